@@ -1,0 +1,76 @@
+"""The `chatterm` command line.
+
+Each subcommand lives in its own module with a `register(subparsers, common)`
+function; they all share the core through `Workspace`. A `ChattermError`
+anywhere becomes one line on stderr and exit status 2 — never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from chatterm import __version__
+from chatterm.core.errors import ChattermError
+
+# Subcommand modules, in the order `chatterm --help` lists them.
+COMMAND_MODULES = ("launch", "ask", "bench", "sessions", "export", "cache", "paths")
+
+
+def _common_options() -> argparse.ArgumentParser:
+    # SUPPRESS defaults let the options go before or after the subcommand
+    # (`chatterm --db X sessions` and `chatterm sessions --db X`) without the
+    # subparser's default overwriting the top-level value.
+    common = argparse.ArgumentParser(add_help=False, argument_default=argparse.SUPPRESS)
+    common.add_argument(
+        "--models", type=Path, metavar="FILE", help="use this models.toml instead of the bundled + user ones"
+    )
+    common.add_argument(
+        "--db", type=Path, metavar="FILE", help="session database (default: the data folder, or $CHATTERM_DB)"
+    )
+    common.add_argument("-v", "--verbose", action="store_true", help="log debug detail to stderr")
+    return common
+
+
+def build_parser() -> argparse.ArgumentParser:
+    import importlib
+
+    common = _common_options()
+    parser = argparse.ArgumentParser(
+        prog="chatterm",
+        description="Chat with local GGUF models and see (and control) every millisecond of latency.",
+        parents=[common],
+    )
+    parser.add_argument("--version", action="version", version=f"chatterm {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        module = importlib.import_module(f"chatterm.cli.{name}_cmd")
+        module.register(sub, common)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    for name, default in (("models", None), ("db", None), ("verbose", False)):
+        if not hasattr(args, name):
+            setattr(args, name, default)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.WARNING,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except ChattermError as exc:
+        print(f"chatterm: error: {exc}", file=sys.stderr)
+        return exc.exit_status
+    except KeyboardInterrupt:
+        print("chatterm: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0

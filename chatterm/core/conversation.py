@@ -1,0 +1,100 @@
+"""A conversation: one persona on one engine, its history, and its record.
+
+Contract:
+- `Conversation.send(text)` starts a turn on the engine with the history so far
+  and returns the `Turn`; whoever drives `Turn.stream()` (a TUI worker, the
+  `ask` command, a test) gets the same bookkeeping: when the turn ends the user
+  message and the reply (partial when cancelled) join the history, and the
+  turn with its metrics is committed to the store, failed turns included.
+- The session row is created on the first turn, so an opened-and-closed app
+  leaves no empty session behind; a resumed conversation passes its id.
+- Energy per turn comes from an optional `EnergyMeter` (GPU power readings).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Protocol
+
+from chatterm.core.cost import energy_cost_usd
+from chatterm.core.engine import ChatMessage, Engine, Turn
+from chatterm.core.metrics import SessionSummary, TurnMetrics
+from chatterm.core.personas import Persona
+
+log = logging.getLogger(__name__)
+
+
+class TurnStore(Protocol):
+    def create_session(
+        self, *, model_id: str, model_identity: str, engine: str, device: str, persona_id: str
+    ) -> int: ...
+
+    def record_turn(
+        self, session_id: int, user_text: str, reply: str, metrics: TurnMetrics
+    ) -> int: ...
+
+
+class EnergyMeter(Protocol):
+    usd_per_kwh: float
+
+    def start(self) -> object: ...
+
+    def stop(self, handle: object) -> float | None:
+        """Energy in Wh since `start`, or None when the device reports no power."""
+
+
+class Conversation:
+    def __init__(
+        self,
+        engine: Engine,
+        persona: Persona,
+        store: TurnStore | None = None,
+        session_id: int | None = None,
+        history: list[ChatMessage] | None = None,
+        turns: list[TurnMetrics] | None = None,
+        energy: EnergyMeter | None = None,
+    ):
+        self.engine = engine
+        self.persona = persona
+        self.store = store
+        self.session_id = session_id
+        self.history: list[ChatMessage] = list(history or [])
+        self.turns: list[TurnMetrics] = list(turns or [])
+        self.energy = energy
+        self.store_error: str | None = None
+
+    def summary(self) -> SessionSummary:
+        return SessionSummary.of(self.turns)
+
+    def send(self, text: str) -> Turn:
+        turn = self.engine.start_turn(self.persona, self.history, text)
+        meter = self.energy.start() if self.energy is not None else None
+        turn.on_finished(lambda t: self._finished(t, text, meter))
+        return turn
+
+    def _finished(self, turn: Turn, text: str, meter: object) -> None:
+        m = turn.metrics
+        if self.energy is not None:
+            wh = self.energy.stop(meter)
+            if wh is not None:
+                m.energy_wh = wh
+                m.energy_cost_usd = energy_cost_usd(wh, self.energy.usd_per_kwh)
+        if m.stop_reason != "error" or turn.reply:
+            self.history.append(ChatMessage("user", text))
+            self.history.append(ChatMessage("assistant", turn.reply))
+        self.turns.append(m)
+        if self.store is None:
+            return
+        try:
+            if self.session_id is None:
+                self.session_id = self.store.create_session(
+                    model_id=self.engine.spec.id,
+                    model_identity=self.engine.model_identity,
+                    engine=self.engine.kind,
+                    device=self.engine.device().name,
+                    persona_id=self.persona.id,
+                )
+            self.store.record_turn(self.session_id, text, turn.reply, m)
+        except Exception as exc:  # noqa: BLE001 - chat goes on; the UI shows store_error
+            log.exception("could not store turn")
+            self.store_error = f"session not saved: {exc}"

@@ -1,0 +1,196 @@
+"""The engine interface shared by the local (llama.cpp) and remote (OpenAI) engines.
+
+Contract:
+- `Engine.load(progress)` loads once (progress gets 0.0..1.0) and raises
+  `ChattermError` with one line on failure. Everything else may be called
+  only after a successful load.
+- `Engine.start_turn(persona, history, user_text)` returns a `Turn` at once; the
+  caller drives `Turn.stream()` from one worker thread. `stream()` yields text
+  deltas and never raises: a failure ends the stream with
+  `metrics.stop_reason == "error"` and `metrics.error` set. `Turn.cancel()` is
+  safe from any thread and stops the stream within one token; the partial
+  reply stays in `Turn.reply`.
+- An engine runs one turn at a time (a lock guards it: llama.cpp contexts have
+  no locking of their own).
+- The UI, the store and the export know nothing of which engine produced a turn
+  beyond `TurnMetrics.engine` and `model_id`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, Sequence
+
+from chatterm.core.cost import apply_cost
+from chatterm.core.errors import ChattermError
+from chatterm.core.metrics import TurnMetrics
+from chatterm.core.models import ModelSpec, PriceProfile
+from chatterm.core.personas import Persona
+
+log = logging.getLogger(__name__)
+
+Progress = Callable[[float], None]
+
+
+@dataclass(frozen=True)
+class ChatMessage:
+    role: str
+    """"user" or "assistant" (the persona supplies the system message)."""
+    content: str
+
+
+@dataclass
+class DeviceInfo:
+    """What the dashboard's model line shows."""
+
+    backend: str
+    """"CPU", "CUDA", ... or "remote"."""
+    name: str
+    """CPU model, GPU name, or the server URL."""
+    n_layers: int | None = None
+    layers_offloaded: int | None = None
+    kv_type: str = ""
+    flash_attn: bool | None = None
+    n_ctx: int = 0
+    notes: list[str] = field(default_factory=list)
+    """Things the user should know, e.g. "fell back to CPU: out of GPU memory"."""
+
+
+@dataclass(frozen=True)
+class PrefixReport:
+    """How a persona's prefix was made ready (switch time or first turn)."""
+
+    outcome: str
+    """"restored", "memory", "cold" or "server" (see metrics.CACHE_OUTCOMES)."""
+    ms: float
+    tokens: int
+    detail: str = ""
+
+
+class Turn(ABC):
+    """One streamed assistant reply. See the module contract."""
+
+    def __init__(self, metrics: TurnMetrics, price: PriceProfile | None):
+        self.metrics = metrics
+        self.reply = ""
+        self.notices: list[str] = []
+        """One-line messages for the user (e.g. "dropped 2 oldest turns")."""
+        self._price = price
+        self._cancel = threading.Event()
+        self._t_submit = time.perf_counter()
+        self._t_first: float | None = None
+        self._finished: list[Callable[[Turn], None]] = []
+        self.done = False
+
+    # -- for callers -----------------------------------------------------
+    def cancel(self) -> None:
+        self._cancel.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancel.is_set()
+
+    def on_finished(self, callback: Callable[["Turn"], None]) -> None:
+        """Run `callback(turn)` in the streaming thread once the turn has ended."""
+        self._finished.append(callback)
+
+    def stream(self) -> Iterator[str]:
+        try:
+            for delta in self._produce():
+                if delta:
+                    self.reply += delta
+                    yield delta
+        except ChattermError as exc:
+            self._fail(str(exc))
+        except GeneratorExit:
+            # The consumer stopped iterating: that is a cancel.
+            self._cancel.set()
+            raise
+        except Exception as exc:  # noqa: BLE001 - a turn must never crash its caller
+            log.exception("turn failed")
+            self._fail(f"{type(exc).__name__}: {exc}")
+        finally:
+            self._finish()
+
+    # -- for engines -----------------------------------------------------
+    @abstractmethod
+    def _produce(self) -> Iterator[str]:
+        """Yield text deltas (may be empty for a token that completes no character).
+
+        Call `_token_arrived()` once per generated token and set
+        `metrics.stop_reason` before returning; check `cancelled` on every token.
+        """
+
+    def _token_arrived(self) -> None:
+        now = time.perf_counter()
+        m = self.metrics
+        if self._t_first is None:
+            self._t_first = now
+            m.ttft_ms = (now - self._t_submit) * 1000.0
+        else:
+            m.decode_ms = (now - self._t_first) * 1000.0
+        m.generated_tokens += 1
+
+    def _fail(self, message: str) -> None:
+        self.metrics.stop_reason = "error"
+        self.metrics.error = message
+
+    def _finish(self) -> None:
+        if self.done:
+            return
+        m = self.metrics
+        if not m.stop_reason:
+            m.stop_reason = "cancelled" if self.cancelled else "eos"
+        m.total_ms = (time.perf_counter() - self._t_submit) * 1000.0
+        if self._price is not None:
+            apply_cost(m, self._price)
+        self.done = True
+        for callback in self._finished:
+            try:
+                callback(self)
+            except Exception:  # noqa: BLE001 - recording must not break the stream
+                log.exception("turn finish callback failed")
+
+
+class Engine(ABC):
+    kind: str = ""
+
+    def __init__(self, spec: ModelSpec, price: PriceProfile):
+        self.spec = spec
+        self.price = price
+        self._lock = threading.Lock()
+
+    @abstractmethod
+    def load(self, progress: Progress | None = None) -> None: ...
+
+    @abstractmethod
+    def device(self) -> DeviceInfo: ...
+
+    @property
+    def model_identity(self) -> str:
+        """A string identifying the exact model (file sha256, or server + model)."""
+        return self.spec.id
+
+    def context_used(self) -> int:
+        """Tokens currently held in the context (0 when unknown)."""
+        return 0
+
+    def persona_cached(self, persona: Persona) -> bool:
+        """Whether a persona's prefix state is ready on disk (always False remotely)."""
+        return False
+
+    def prepare_persona(self, persona: Persona) -> PrefixReport:
+        """Make the persona's prefix ready now (e.g. on a persona switch)."""
+        return PrefixReport("server", 0.0, 0)
+
+    @abstractmethod
+    def start_turn(
+        self, persona: Persona, history: Sequence[ChatMessage], user_text: str
+    ) -> Turn: ...
+
+    def close(self) -> None:
+        """Release the model / connections. Safe to call twice."""

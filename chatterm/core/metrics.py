@@ -1,0 +1,148 @@
+"""Per-turn and per-session latency metrics.
+
+Contract:
+- `TurnMetrics` is the one record of a turn. Engines fill it while a reply
+  streams (the UI may read it at any time), the store persists it, the export
+  writes it. `TurnMetrics.to_dict()` gives the stable, documented field names
+  (units in the names) used by the database, JSONL/CSV/Markdown export and
+  `chatterm ask --json`.
+- Times are milliseconds measured with `time.perf_counter`, except
+  `submitted_at` (Unix seconds, wall clock).
+- decode tokens/s = (K - 1) / (t_K - t_first): the first token's time belongs to
+  TTFT, so a one-token reply has no decode rate.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+from typing import Iterable
+
+CACHE_OUTCOMES = ("restored", "memory", "cold", "server")
+"""restored: persona prefix loaded from its state file on disk;
+memory: the prefix (and maybe history) was already in the context;
+cold: everything was prefilled (the prefix was then saved to disk);
+server: a remote server did (or did not) reuse its own prefix cache."""
+
+STOP_REASONS = ("eos", "length", "cancelled", "error")
+
+
+@dataclass
+class TurnMetrics:
+    engine: str
+    """"local" (llama.cpp in process) or "openai" (remote server)."""
+    model_id: str
+    persona_id: str
+    submitted_at: float
+    """Unix time (s) the user submitted the message."""
+    price_profile: str = ""
+    cache_outcome: str = "cold"
+    cache_detail: str = ""
+    """Why: e.g. "state file rejected: model sha256 differs"."""
+    restore_ms: float | None = None
+    """Time to read and load the persona state file, when one was restored."""
+    prefill_ms: float = 0.0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    """Prompt tokens reused from the KV cache (not prefilled this turn)."""
+    prefilled_tokens: int = 0
+    generated_tokens: int = 0
+    ttft_ms: float | None = None
+    """Submit to first token available."""
+    decode_ms: float = 0.0
+    """First token to last token."""
+    total_ms: float = 0.0
+    stop_reason: str = ""
+    error: str | None = None
+    dropped_turns: int = 0
+    """Oldest history turns dropped so the prompt fits the context."""
+    tokens_estimated: bool = False
+    """True when a server reported no usage and counts were estimated."""
+    cost_input_usd: float = 0.0
+    cost_cached_input_usd: float = 0.0
+    cost_output_usd: float = 0.0
+    saved_prefill_ms: float = 0.0
+    """Estimated prefill time the cache avoided, net of the restore time."""
+    saved_usd: float = 0.0
+    """Input cost avoided: cached tokens at the cached price instead of the full one."""
+    energy_wh: float | None = None
+    """GPU energy for the turn, where the GPU reports power."""
+    energy_cost_usd: float | None = None
+
+    @property
+    def decode_tok_s(self) -> float | None:
+        if self.generated_tokens < 2 or self.decode_ms <= 0:
+            return None
+        return (self.generated_tokens - 1) / (self.decode_ms / 1000.0)
+
+    @property
+    def cost_usd(self) -> float:
+        return self.cost_input_usd + self.cost_cached_input_usd + self.cost_output_usd
+
+    def to_dict(self) -> dict:
+        """Stable field names for storage and export (derived fields included)."""
+        data = asdict(self)
+        data["decode_tok_s"] = self.decode_tok_s
+        data["cost_usd"] = self.cost_usd
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "TurnMetrics":
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+TURN_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(TurnMetrics)) + (
+    "decode_tok_s",
+    "cost_usd",
+)
+"""Every key of `TurnMetrics.to_dict()`, in a stable order."""
+
+
+def percentile(values: Iterable[float], q: float) -> float | None:
+    """Linear-interpolated percentile (q in 0..100) of the values, None when empty."""
+    data = sorted(values)
+    if not data:
+        return None
+    pos = (len(data) - 1) * q / 100.0
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return data[lo] + (data[hi] - data[lo]) * (pos - lo)
+
+
+@dataclass
+class SessionSummary:
+    turns: int = 0
+    ttft_p50_ms: float | None = None
+    ttft_p95_ms: float | None = None
+    ttft_max_ms: float | None = None
+    mean_decode_tok_s: float | None = None
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    prefilled_tokens: int = 0
+    generated_tokens: int = 0
+    cost_usd: float = 0.0
+    saved_prefill_s: float = 0.0
+    saved_usd: float = 0.0
+    energy_wh: float | None = None
+
+    @classmethod
+    def of(cls, turns: Iterable[TurnMetrics]) -> "SessionSummary":
+        turns = list(turns)
+        ttfts = [t.ttft_ms for t in turns if t.ttft_ms is not None]
+        rates = [t.decode_tok_s for t in turns if t.decode_tok_s is not None]
+        energies = [t.energy_wh for t in turns if t.energy_wh is not None]
+        return cls(
+            turns=len(turns),
+            ttft_p50_ms=percentile(ttfts, 50),
+            ttft_p95_ms=percentile(ttfts, 95),
+            ttft_max_ms=max(ttfts) if ttfts else None,
+            mean_decode_tok_s=sum(rates) / len(rates) if rates else None,
+            prompt_tokens=sum(t.prompt_tokens for t in turns),
+            cached_tokens=sum(t.cached_tokens for t in turns),
+            prefilled_tokens=sum(t.prefilled_tokens for t in turns),
+            generated_tokens=sum(t.generated_tokens for t in turns),
+            cost_usd=sum(t.cost_usd for t in turns),
+            saved_prefill_s=sum(t.saved_prefill_ms for t in turns) / 1000.0,
+            saved_usd=sum(t.saved_usd for t in turns),
+            energy_wh=sum(energies) if energies else None,
+        )

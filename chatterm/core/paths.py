@@ -1,0 +1,70 @@
+"""Where chatterm keeps its files.
+
+Every path comes from here. platformdirs gives the per-user defaults; an
+environment variable overrides each folder, which is how tests and CI point
+chatterm at a temporary directory:
+
+- CHATTERM_CONFIG_DIR  models.toml, personas/, themes/, settings.toml
+- CHATTERM_DATA_DIR    the session database and exports
+- CHATTERM_CACHE_DIR   persona KV state files (kv/) and the model hash cache
+- CHATTERM_DB          the session database file itself
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import platformdirs
+
+APP_NAME = "chatterm"
+
+
+def _dir(env_var: str, default: Path) -> Path:
+    value = os.environ.get(env_var)
+    return Path(value).expanduser() if value else default
+
+
+def config_dir() -> Path:
+    return _dir("CHATTERM_CONFIG_DIR", platformdirs.user_config_path(APP_NAME))
+
+
+def data_dir() -> Path:
+    return _dir("CHATTERM_DATA_DIR", platformdirs.user_data_path(APP_NAME))
+
+
+def cache_dir() -> Path:
+    return _dir("CHATTERM_CACHE_DIR", platformdirs.user_cache_path(APP_NAME))
+
+
+def kv_cache_dir() -> Path:
+    return cache_dir() / "kv"
+
+
+def model_hash_cache_file() -> Path:
+    return cache_dir() / "model-hashes.json"
+
+
+def default_db_path() -> Path:
+    value = os.environ.get("CHATTERM_DB")
+    return Path(value).expanduser() if value else data_dir() / "chatterm.db"
+
+
+def exports_dir() -> Path:
+    return data_dir() / "exports"
+
+
+def user_models_file() -> Path:
+    return config_dir() / "models.toml"
+
+
+def user_personas_dir() -> Path:
+    return config_dir() / "personas"
+
+
+def user_themes_dir() -> Path:
+    return config_dir() / "themes"
+
+
+def settings_file() -> Path:
+    return config_dir() / "settings.toml"

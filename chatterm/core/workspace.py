@@ -1,0 +1,60 @@
+"""Everything a command needs, resolved once: catalog, personas, paths, engines.
+
+The CLI commands and the TUI get their catalog, personas, store and engine from
+one `Workspace`, so `--models`, `--db` and the environment overrides in
+`chatterm.core.paths` mean the same thing everywhere. Nothing here loads a
+model or opens a file until asked.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from chatterm.core import paths
+from chatterm.core.models import ModelCatalog, load_catalog
+from chatterm.core.personas import Persona, PersonaSet, load_personas
+
+if TYPE_CHECKING:
+    from chatterm.core.engine import Engine
+    from chatterm.core.kv_cache import KVStateCache
+    from chatterm.core.models import ModelSpec
+
+
+@dataclass
+class Workspace:
+    catalog: ModelCatalog
+    personas: PersonaSet
+    db_path: Path
+    kv_dir: Path = field(default_factory=paths.kv_cache_dir)
+
+    @classmethod
+    def load(cls, models_file: Path | None = None, db_path: Path | None = None) -> "Workspace":
+        return cls(
+            catalog=load_catalog(models_file),
+            personas=load_personas(),
+            db_path=db_path or paths.default_db_path(),
+        )
+
+    def resolve(self, model_id: str | None, persona_id: str | None) -> tuple["ModelSpec", Persona]:
+        """The persona (default "assistant") and the model: explicit id, else the
+        persona's preferred model, else the catalog default."""
+        persona = self.personas.get(persona_id)
+        spec = self.catalog.get(model_id or persona.model)
+        return spec, persona
+
+    def kv_cache(self) -> "KVStateCache":
+        from chatterm.core.kv_cache import KVStateCache
+
+        return KVStateCache(self.kv_dir)
+
+    def make_engine(self, spec: "ModelSpec") -> "Engine":
+        price = self.catalog.price(spec.price_profile)
+        if spec.kind == "openai":
+            from chatterm.core.remote_engine import RemoteEngine
+
+            return RemoteEngine(spec, price)
+        from chatterm.core.local_engine import LocalEngine
+
+        return LocalEngine(spec, price, kv_cache=self.kv_cache())
