@@ -1,12 +1,85 @@
-"""`chatterm bench` (placeholder until implemented)."""
+"""`chatterm bench`: cold vs restored vs in-memory TTFT on this machine (see core.bench)."""
 
-from chatterm.core.errors import ChattermError
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from chatterm.cli.common import workspace
+from chatterm.core.bench import run_bench, write_json
+from chatterm.core.format import fmt_ms, fmt_tok_s
+
+LONG_PERSONA = "shop-support"
 
 
 def register(sub, common) -> None:
-    p = sub.add_parser("bench", parents=[common], help="bench (not yet implemented)")
+    p = sub.add_parser(
+        "bench",
+        parents=[common],
+        help="measure the persona cache's gain on this machine",
+        description="Headless benchmark: median of N runs after a warm-up, in one process.",
+    )
+    p.add_argument("--model", metavar="ID", help="model id (default: the catalog default)")
+    p.add_argument("--persona", metavar="NAME", default=LONG_PERSONA, help=f"persona (default: {LONG_PERSONA})")
+    p.add_argument("--runs", type=int, default=5, metavar="N", help="measured runs per series (default: 5)")
+    p.add_argument("--max-tokens", type=int, default=32, metavar="N", help="reply length per run (default: 32)")
+    p.add_argument("--json", type=Path, metavar="FILE", help="also write the results as JSON")
     p.set_defaults(func=run)
 
 
-def run(args) -> int:
-    raise ChattermError("'bench' is not implemented yet")
+def _fmt_ratio(value: float | None, digits: int = 3) -> str:
+    return "–" if value is None else f"{value:.{digits}f}x"
+
+
+def run(args: argparse.Namespace) -> int:
+    err = Console(stderr=True)
+    ws = workspace(args)
+    spec = ws.catalog.get(args.model)
+    persona = ws.personas.get(args.persona)
+    engine = ws.make_engine(spec)
+    with err.status(f"loading {spec.id}…") as status:
+        engine.load()
+        try:
+            result = run_bench(
+                engine, persona, runs=args.runs, max_tokens=args.max_tokens,
+                report=lambda msg: status.update(f"bench {persona.id}: {msg}"),
+            )
+        finally:
+            engine.close()
+    if args.json:
+        write_json(result, args.json)
+
+    table = Table(title=f"chatterm bench · {spec.id} · persona {persona.id} · median of {args.runs}")
+    table.add_column("measure")
+    table.add_column("value", justify="right")
+    rows = []
+    if engine.kind == "local":
+        r = result["ratios"]
+        rows = [
+            ("persona prefix", f"{result['prefix_tokens']:,} tokens"),
+            ("TTFT cold (full prefill)", fmt_ms(result["ttft_cold_ms"])),
+            ("TTFT restored from disk", fmt_ms(result["ttft_restored_ms"])),
+            ("TTFT prefix in memory", fmt_ms(result["ttft_memory_ms"])),
+            ("restored / cold", _fmt_ratio(r["restored_over_cold"])),
+            ("restored / in memory", _fmt_ratio(r["restored_over_memory"], 2)),
+            ("restore", fmt_ms(result["restore_ms"])),
+            ("read same bytes", fmt_ms(result["state_read_ms"])),
+            ("restore / read", _fmt_ratio(r["restore_over_read"], 2)),
+            ("state bytes (llama_state_get_size)", f"{result['state_bytes']:,}"),
+            ("state file bytes", f"{result['state_file_bytes']:,} ({_fmt_ratio(r['file_over_state_bytes'], 4)})"),
+            ("decode", fmt_tok_s(result["decode_tok_s"])),
+            ("decode (llama.cpp perf counters)", fmt_tok_s(result["decode_tok_s_llama_perf"])),
+            ("baseline create_chat_completion cold", fmt_ms(result["baseline_ttft_cold_ms"])),
+            ("baseline create_chat_completion warm", fmt_ms(result["baseline_ttft_warm_ms"])),
+        ]
+    else:
+        rows = [("TTFT", fmt_ms(result["ttft_ms"])), ("decode", fmt_tok_s(result["decode_tok_s"]))]
+    for name, value in rows:
+        table.add_row(name, value)
+    Console().print(table)
+    if args.json:
+        err.print(f"wrote {args.json}")
+    return 0

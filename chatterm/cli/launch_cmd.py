@@ -1,12 +1,64 @@
-"""`chatterm launch` (placeholder until implemented)."""
+"""`chatterm launch`: the chat app.
 
-from chatterm.core.errors import ChattermError
+Bad ids (model, persona, theme, session) are reported as one line with exit
+status 2 before the terminal is taken over. Textual is imported only here, so
+other subcommands do not pay for it.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from chatterm.cli.common import add_model_persona_options, workspace
+
+
+def _session_id(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"session id must be a number, not {value!r}") from None
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"session id must be 1 or more, not {value!r}")
+    return number
 
 
 def register(sub, common) -> None:
-    p = sub.add_parser("launch", parents=[common], help="launch (not yet implemented)")
+    p = sub.add_parser(
+        "launch",
+        parents=[common],
+        help="open the chat app (streaming replies, live latency dashboard)",
+        description="Open the chat app. With no options: the default model and the "
+        "'assistant' persona. F1 in the app lists every key.",
+    )
+    add_model_persona_options(p)
+    p.add_argument("--theme", metavar="NAME", help="colour theme for this run (the palette's choice is remembered)")
+    p.add_argument(
+        "--resume",
+        nargs="?",
+        const="latest",
+        type=_session_id,
+        metavar="ID",
+        help="continue a stored session (the latest when no ID is given; `chatterm sessions` lists them)",
+    )
     p.set_defaults(func=run)
 
 
-def run(args) -> int:
-    raise ChattermError("'launch' is not implemented yet")
+def run(args: argparse.Namespace) -> int:
+    from chatterm.core.store import SessionStore
+    from chatterm.ui.app import make_app
+
+    ws = workspace(args)
+    store = SessionStore(ws.db_path)
+    try:
+        app = make_app(
+            ws,
+            model_id=args.model,
+            persona_id=args.persona,
+            theme=args.theme,
+            resume=args.resume,
+            store=store,
+        )
+        app.run()
+    finally:
+        store.close()
+    return app.return_code or 0

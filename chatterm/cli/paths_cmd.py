@@ -1,12 +1,33 @@
-"""`chatterm paths` (placeholder until implemented)."""
+"""`chatterm paths`: where chatterm reads and writes its files, and what it loaded."""
 
-from chatterm.core.errors import ChattermError
+from __future__ import annotations
+
+import argparse
+
+from chatterm.cli.common import workspace
+from chatterm.core import paths
 
 
 def register(sub, common) -> None:
-    p = sub.add_parser("paths", parents=[common], help="paths (not yet implemented)")
+    p = sub.add_parser("paths", parents=[common], help="show config, data and cache locations")
     p.set_defaults(func=run)
 
 
-def run(args) -> int:
-    raise ChattermError("'paths' is not implemented yet")
+def run(args: argparse.Namespace) -> int:
+    ws = workspace(args)
+    rows = [
+        ("config folder", paths.config_dir()),
+        ("models files", ", ".join(str(f) for f in ws.catalog.files)),
+        ("user personas", paths.user_personas_dir()),
+        ("user themes", paths.user_themes_dir()),
+        ("session database", ws.db_path),
+        ("exports", paths.exports_dir()),
+        ("persona KV cache", ws.kv_dir),
+        ("default model", f"{ws.catalog.default_model} -> {ws.catalog.get(None).source}"),
+    ]
+    width = max(len(name) for name, _ in rows)
+    for name, value in rows:
+        print(f"{name:<{width}}  {value}")
+    for error in ws.personas.errors:
+        print(f"warning: persona skipped: {error}")
+    return 0

@@ -1,12 +1,65 @@
-"""`chatterm sessions` (placeholder until implemented)."""
+"""`chatterm sessions`: list the stored sessions, newest first.
 
-from chatterm.core.errors import ChattermError
+Reads the database without creating or changing it; a missing or empty one
+gives a single friendly line. Personas and models are shown literally (rich
+`Text`, never markup; control characters made visible); figures use the same
+formatting as the TUI (`chatterm.core.format`).
+"""
+
+from __future__ import annotations
+
+import argparse
+from datetime import datetime
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from chatterm.core import paths
+from chatterm.core.format import fmt_ms, fmt_usd, printable
+from chatterm.core.store import SessionStore
 
 
 def register(sub, common) -> None:
-    p = sub.add_parser("sessions", parents=[common], help="sessions (not yet implemented)")
+    p = sub.add_parser(
+        "sessions",
+        parents=[common],
+        help="list stored sessions (id, date, persona, model, turns, TTFT p50, cost)",
+        description="List the sessions in the session database, newest first. "
+        "Resume one with `chatterm launch --resume ID`; export with `chatterm export ID`.",
+    )
+    p.add_argument("-n", "--limit", type=int, metavar="N", help="show only the N newest sessions")
     p.set_defaults(func=run)
 
 
-def run(args) -> int:
-    raise ChattermError("'sessions' is not implemented yet")
+def run(args: argparse.Namespace) -> int:
+    db = args.db or paths.default_db_path()
+    with SessionStore(db, readonly=True) as store:
+        sessions = store.sessions()
+    console = Console()
+    if not sessions:
+        console.print(Text(f"No sessions yet in {db}. Start one with `chatterm launch`."))
+        return 0
+    shown = sessions[: args.limit] if args.limit and args.limit > 0 else sessions
+    table = Table(title=Text(f"Sessions in {db}"), title_justify="left")
+    table.add_column("ID", justify="right")
+    table.add_column("Date")
+    table.add_column("Persona")
+    table.add_column("Model")
+    table.add_column("Turns", justify="right")
+    table.add_column("TTFT p50", justify="right")
+    table.add_column("Cost", justify="right")
+    for s in shown:
+        table.add_row(
+            str(s.id),
+            datetime.fromtimestamp(s.started_at).strftime("%Y-%m-%d %H:%M"),
+            Text(printable(s.persona_id)),
+            Text(printable(s.model_id)),
+            str(s.turns),
+            fmt_ms(s.ttft_p50_ms),
+            fmt_usd(s.cost_usd),
+        )
+    console.print(table)
+    if len(shown) < len(sessions):
+        console.print(Text(f"({len(sessions) - len(shown)} older sessions not shown)"))
+    return 0

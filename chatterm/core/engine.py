@@ -106,8 +106,8 @@ class Turn(ABC):
                     yield delta
         except ChattermError as exc:
             self._fail(str(exc))
-        except GeneratorExit:
-            # The consumer stopped iterating: that is a cancel.
+        except (GeneratorExit, KeyboardInterrupt):
+            # The consumer stopped iterating (or Ctrl+C): that is a cancel.
             self._cancel.set()
             raise
         except Exception as exc:  # noqa: BLE001 - a turn must never crash its caller

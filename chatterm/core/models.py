@@ -99,6 +99,10 @@ class ModelCatalog:
     prices: dict[str, PriceProfile]
     default_model: str
     files: list[Path]
+    kv_cache_budget_mb: int = 2048
+    """Persona KV state files are evicted (least recently used) beyond this size."""
+    usd_per_kwh: float = 0.30
+    """Electricity price for the energy cost of GPU turns."""
 
     def get(self, model_id: str | None) -> ModelSpec:
         model_id = model_id or self.default_model
@@ -199,9 +203,19 @@ def _merge_file(path: Path, catalog: ModelCatalog) -> None:
         if not isinstance(raw, dict):
             raise _bad(path, f"models.{mid}", "must be a table")
         catalog.models[mid] = _model_from(path, mid, raw)
-    default = (data.get("defaults") or {}).get("model")
-    if default:
-        catalog.default_model = str(default)
+    defaults = data.get("defaults") or {}
+    if defaults.get("model"):
+        catalog.default_model = str(defaults["model"])
+    if "kv_cache_budget_mb" in defaults:
+        budget = defaults["kv_cache_budget_mb"]
+        if not isinstance(budget, int) or budget < 1:
+            raise _bad(path, "defaults", f"kv_cache_budget_mb {budget!r} must be a positive integer")
+        catalog.kv_cache_budget_mb = budget
+    if "usd_per_kwh" in defaults:
+        price = defaults["usd_per_kwh"]
+        if not isinstance(price, (int, float)) or price < 0:
+            raise _bad(path, "defaults", f"usd_per_kwh {price!r} must be a number >= 0")
+        catalog.usd_per_kwh = float(price)
     catalog.files.append(path)
 
 

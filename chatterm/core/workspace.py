@@ -47,7 +47,7 @@ class Workspace:
     def kv_cache(self) -> "KVStateCache":
         from chatterm.core.kv_cache import KVStateCache
 
-        return KVStateCache(self.kv_dir)
+        return KVStateCache(self.kv_dir, budget_bytes=self.catalog.kv_cache_budget_mb << 20)
 
     def make_engine(self, spec: "ModelSpec") -> "Engine":
         price = self.catalog.price(spec.price_profile)

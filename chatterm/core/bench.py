@@ -1,0 +1,264 @@
+"""`chatterm bench`: prove the persona cache's gain on this machine, in one run.
+
+For one persona (default: the long one) and one model it measures, each as the
+median of N runs after a warm-up run:
+- cold TTFT: empty context, the whole prompt prefilled;
+- restored TTFT: empty context, persona prefix restored from its state file,
+  only the user's tokens prefilled (the restore is inside the TTFT);
+- memory TTFT: the persona prefix already in the context;
+- restore ms, the time to read the same file, state bytes and file bytes;
+- decode tokens/s (chatterm's own loop and llama.cpp's perf counters);
+- the same cold and warm TTFT for plain llama-cpp-python
+  `create_chat_completion(stream=True)` on the same loaded model, as a baseline.
+Figures are ratios within the run so they survive a noisy, shared machine.
+A remote (openai) model gets the turn-level figures only: no local state.
+"""
+
+from __future__ import annotations
+
+import platform
+import statistics
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Callable
+
+from chatterm import __version__
+from chatterm.core.engine import Engine
+from chatterm.core.errors import ChattermError
+from chatterm.core.personas import Persona
+
+QUESTIONS = [
+    "Hello! What can you help me with today?",
+    "Can I return hiking boots I wore once?",
+    "How long does shipping to Spain take?",
+    "My parcel is late. What should I do?",
+    "Do you offer gift cards?",
+    "Is there a warranty on tents?",
+    "Can I change my delivery address?",
+    "What payment methods do you take?",
+]
+
+Report = Callable[[str], None]
+
+
+def _median(values: list[float]) -> float | None:
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def _question(i: int) -> str:
+    return QUESTIONS[i % len(QUESTIONS)] + ("" if i < len(QUESTIONS) else f" (#{i})")
+
+
+def run_bench(
+    engine: Engine,
+    persona: Persona,
+    runs: int = 5,
+    max_tokens: int = 32,
+    report: Report | None = None,
+) -> dict[str, Any]:
+    """Run the benchmark on a loaded engine; returns a JSON-ready dict."""
+    if runs < 1:
+        raise ChattermError(f"--runs must be at least 1 (got {runs})")
+    say = report or (lambda _msg: None)
+    persona = replace(
+        persona, sampling=replace(persona.sampling, temperature=0.0, max_tokens=max_tokens)
+    )
+    result: dict[str, Any] = {
+        "chatterm_version": __version__,
+        "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "host": {"machine": platform.machine(), "python": platform.python_version()},
+        "model_id": engine.spec.id,
+        "engine": engine.kind,
+        "device": engine.device().__dict__,
+        "persona_id": persona.id,
+        "runs": runs,
+        "max_tokens": max_tokens,
+    }
+    if engine.kind == "local":
+        result.update(_bench_local(engine, persona, runs, say))
+    else:
+        result.update(_bench_turns(engine, persona, runs, say))
+    return result
+
+
+def _turn(engine: Engine, persona: Persona, question: str):
+    turn = engine.start_turn(persona, [], question)
+    for _ in turn.stream():
+        pass
+    if turn.metrics.stop_reason == "error":
+        raise ChattermError(f"benchmark turn failed: {turn.metrics.error}")
+    return turn
+
+
+def _bench_turns(engine: Engine, persona: Persona, runs: int, say: Report) -> dict[str, Any]:
+    say("warm-up turn")
+    _turn(engine, persona, _question(0))
+    ttfts, rates = [], []
+    for i in range(runs):
+        say(f"turn {i + 1}/{runs}")
+        m = _turn(engine, persona, _question(i + 1)).metrics
+        ttfts.append(m.ttft_ms)
+        rates.append(m.decode_tok_s)
+    return {"ttft_ms": _median(ttfts), "decode_tok_s": _median(rates), "ttft_runs_ms": ttfts}
+
+
+def _bench_local(engine, persona: Persona, runs: int, say: Report) -> dict[str, Any]:
+    from chatterm.core.kv_cache import KVStateCache
+    from chatterm.core.local_engine import LocalEngine
+
+    assert isinstance(engine, LocalEngine)
+    llm = engine.llm
+    cache = engine.kv_cache
+    if cache is None:
+        raise ChattermError("the benchmark needs the persona KV cache (no cache folder)")
+    prefix = engine.prefix_tokens(persona)
+
+    def cold():
+        engine._clear_context()
+        saved, engine.kv_cache = engine.kv_cache, None  # nothing restored, nothing saved
+        try:
+            return _turn(engine, persona, q)
+        finally:
+            engine.kv_cache = saved
+
+    def restored():
+        engine._clear_context()
+        return _turn(engine, persona, q)
+
+    def memory():
+        engine._ensure_prefix(persona, prefix)
+        llm.n_tokens = len(prefix)  # keep only the persona prefix
+        return _turn(engine, persona, q)
+
+    # Make sure a valid state file exists (and is fresh) before measuring restores.
+    engine._clear_context()
+    _turn(engine, persona, _question(0))
+    engine.wait_for_saves()
+    if cache.write_error:
+        raise ChattermError(f"cannot benchmark restores: {cache.write_error}")
+
+    series: dict[str, list] = {"cold": [], "restored": [], "memory": []}
+    perf_rates: list[float] = []
+    restore_ms: list[float] = []
+    for label, fn in (("cold", cold), ("restored", restored), ("memory", memory)):
+        q = _question(0)
+        say(f"{label}: warm-up")
+        fn()
+        for i in range(runs):
+            q = _question(i + 1)
+            say(f"{label}: run {i + 1}/{runs}")
+            turn = fn()
+            m = turn.metrics
+            expected = label
+            if m.cache_outcome != expected:
+                raise ChattermError(
+                    f"benchmark expected a {expected} turn, got {m.cache_outcome} ({m.cache_detail})"
+                )
+            series[label].append(m)
+            if label == "restored" and m.restore_ms is not None:
+                restore_ms.append(m.restore_ms)
+            if turn.perf.get("n_eval") and turn.perf.get("t_eval_ms"):
+                perf_rates.append(turn.perf["n_eval"] / (turn.perf["t_eval_ms"] / 1000.0))
+
+    path = cache.path_for(engine.spec.id, persona.id)
+    file_bytes = path.stat().st_size
+    read_ms = []
+    for _ in range(runs):
+        loaded = KVStateCache(cache.folder).load(
+            engine.spec.id, persona.id, engine._compat(persona, prefix)
+        )
+        read_ms.append(loaded.read_ms)
+    state_bytes = loaded.header.get("state_size", len(loaded.payload))
+
+    baseline = _bench_baseline(engine, persona, runs, say)
+
+    def med(label: str, attr: str):
+        return _median([getattr(m, attr) for m in series[label]])
+
+    cold_ttft, restored_ttft, memory_ttft = (
+        med("cold", "ttft_ms"), med("restored", "ttft_ms"), med("memory", "ttft_ms"),
+    )
+    all_rates = [m.decode_tok_s for label in series for m in series[label]]
+    return {
+        "prefix_tokens": len(prefix),
+        "prompt_tokens": series["cold"][0].prompt_tokens,
+        "ttft_cold_ms": cold_ttft,
+        "ttft_restored_ms": restored_ttft,
+        "ttft_memory_ms": memory_ttft,
+        "prefilled_tokens_restored": series["restored"][0].prefilled_tokens,
+        "restore_ms": _median(restore_ms),
+        "state_read_ms": _median(read_ms),
+        "state_bytes": state_bytes,
+        "state_file_bytes": file_bytes,
+        "decode_tok_s": _median(all_rates),
+        "decode_tok_s_llama_perf": _median(perf_rates),
+        "baseline_ttft_cold_ms": baseline["cold"],
+        "baseline_ttft_warm_ms": baseline["warm"],
+        "ratios": {
+            "restored_over_cold": _ratio(restored_ttft, cold_ttft),
+            "restored_over_memory": _ratio(restored_ttft, memory_ttft),
+            "file_over_state_bytes": _ratio(file_bytes, state_bytes),
+            "restore_over_read": _ratio(_median(restore_ms), _median(read_ms)),
+            "cold_speedup": _ratio(cold_ttft, restored_ttft),
+            "baseline_cold_over_restored": _ratio(baseline["cold"], restored_ttft),
+        },
+        "runs_ms": {
+            label: [m.ttft_ms for m in series[label]] for label in series
+        },
+    }
+
+
+def _bench_baseline(engine, persona: Persona, runs: int, say: Report) -> dict[str, float | None]:
+    """Plain llama-cpp-python: create_chat_completion(stream=True), time to first chunk."""
+    llm = engine.llm
+    s = persona.sampling
+
+    def ttft(question: str) -> float:
+        t0 = time.perf_counter()
+        stream = llm.create_chat_completion(
+            messages=[
+                {"role": "system", "content": persona.system_prompt},
+                {"role": "user", "content": question},
+            ],
+            stream=True,
+            temperature=0.0,
+            max_tokens=s.max_tokens,
+        )
+        first = None
+        for chunk in stream:
+            delta = chunk["choices"][0].get("delta", {})
+            if first is None and delta.get("content"):
+                first = (time.perf_counter() - t0) * 1000.0
+        return first if first is not None else (time.perf_counter() - t0) * 1000.0
+
+    out: dict[str, list[float]] = {"cold": [], "warm": []}
+    with engine._lock:
+        for label in ("cold", "warm"):
+            say(f"baseline {label}: warm-up")
+            if label == "cold":
+                engine._clear_context()
+            ttft(_question(0))
+            for i in range(runs):
+                say(f"baseline {label}: run {i + 1}/{runs}")
+                if label == "cold":
+                    engine._clear_context()
+                out[label].append(ttft(_question(i + 1)))
+        engine._clear_context()
+    return {k: _median(v) for k, v in out.items()}
+
+
+def write_json(result: dict[str, Any], path: Path) -> None:
+    import json
+
+    from chatterm.core.atomic import atomic_write_bytes
+
+    try:
+        atomic_write_bytes(path, (json.dumps(result, indent=2) + "\n").encode(), mode=0o644)
+    except OSError as exc:
+        raise ChattermError(f"{path}: cannot write benchmark JSON: {exc.strerror or exc}") from None

@@ -1,0 +1,125 @@
+"""Human-readable figures for turns and sessions, shared by the TUI and the CLI.
+
+Contract:
+- Pure functions from core objects (`TurnMetrics`, numbers) to plain `str`;
+  no rich/textual markup is produced, so callers render the result literally.
+- `footer_line(metrics)` is THE one-line summary of a turn, e.g.
+  `TTFT 142 ms · 47.9 tok/s · 18 in (1,612 cached) · 96 out · $0.0031 · restored 41 ms`.
+- `printable(text)` makes untrusted text (model output, file contents) inert for
+  a terminal: C0/C1 control characters other than newline and tab become
+  visible symbols, so an ANSI escape sequence is shown, never obeyed.
+- No arithmetic on metrics beyond unit conversion: rates, costs and savings come
+  from `TurnMetrics` / `SessionSummary` themselves.
+"""
+
+from __future__ import annotations
+
+import re
+
+from chatterm.core.metrics import TurnMetrics
+
+SEP = " · "
+
+# C0 controls except \t and \n, DEL, and C1 controls (U+0080..U+009F: 8-bit CSI
+# and friends, which some terminals still obey).
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def _control_picture(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    if code < 0x20:
+        return chr(0x2400 + code)  # U+2400 block: ␀ .. ␟, e.g. ESC -> ␛
+    if code == 0x7F:
+        return "\u2421"  # ␡
+    return f"\\x{code:02x}"
+
+
+def printable(text: str) -> str:
+    """`text` with control characters (ANSI escapes included) made visible and inert."""
+    text = text.replace("\r\n", "\n")
+    return _CONTROL.sub(_control_picture, text)
+
+
+def fmt_int(n: int | None) -> str:
+    return "–" if n is None else f"{n:,}"
+
+
+def fmt_ms(ms: float | None) -> str:
+    """`142 ms` below ten seconds' worth of precision, `12.4 s` above."""
+    if ms is None:
+        return "–"
+    if ms < 10_000:
+        return f"{ms:,.0f} ms"
+    return f"{ms / 1000.0:,.1f} s"
+
+
+def fmt_tok_s(rate: float | None) -> str:
+    return "– tok/s" if rate is None else f"{rate:,.1f} tok/s"
+
+
+def fmt_usd(usd: float | None) -> str:
+    """Dollars with enough digits to tell a local turn's fractions of a cent apart."""
+    if usd is None:
+        return "–"
+    if usd == 0:
+        return "$0"
+    if usd >= 1:
+        return f"${usd:,.2f}"
+    if usd >= 0.0001:
+        return f"${usd:.4f}"
+    return f"${usd:.6f}"
+
+
+def cache_label(m: TurnMetrics) -> str:
+    """Where the prompt prefix came from, with its cost in time when there was one."""
+    if m.cache_outcome == "restored":
+        return f"restored {fmt_ms(m.restore_ms)}" if m.restore_ms is not None else "restored"
+    if m.cache_outcome == "memory":
+        return "prefix in memory"
+    if m.cache_outcome == "cold":
+        return f"cold prefill {fmt_ms(m.prefill_ms)}"
+    if m.cache_outcome == "server":
+        return "server cache" if m.cached_tokens else "server (no cache hit)"
+    return m.cache_outcome
+
+
+def prefix_outcome_label(outcome: str, ms: float, tokens: int) -> str:
+    """A `PrefixReport` (persona made ready) in words."""
+    what = {
+        "restored": "restored from disk",
+        "memory": "already in memory",
+        "cold": "prefilled cold",
+        "server": "served remotely",
+    }.get(outcome, outcome)
+    if outcome == "server":
+        return what
+    return f"{what} in {fmt_ms(ms)} ({fmt_int(tokens)} tokens)"
+
+
+def stop_label(m: TurnMetrics) -> str:
+    return {
+        "cancelled": "stopped",
+        "length": "max tokens reached",
+        "error": "error",
+    }.get(m.stop_reason, "")
+
+
+def footer_line(m: TurnMetrics) -> str:
+    """The one-line summary printed under a reply (TUI) or after it (`chatterm ask`)."""
+    approx = "~" if m.tokens_estimated else ""
+    parts = [f"TTFT {fmt_ms(m.ttft_ms)}"]
+    if m.decode_tok_s is not None:
+        parts.append(fmt_tok_s(m.decode_tok_s))
+    tokens_in = f"{approx}{fmt_int(m.prefilled_tokens)} in"
+    if m.cached_tokens:
+        tokens_in += f" ({approx}{fmt_int(m.cached_tokens)} cached)"
+    parts.append(tokens_in)
+    parts.append(f"{approx}{fmt_int(m.generated_tokens)} out")
+    parts.append(fmt_usd(m.cost_usd))
+    if m.energy_wh is not None:
+        parts.append(f"{m.energy_wh:.3f} Wh")
+    parts.append(cache_label(m))
+    stop = stop_label(m)
+    if stop:
+        parts.append(stop)
+    return SEP.join(parts)

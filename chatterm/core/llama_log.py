@@ -1,0 +1,51 @@
+"""Route llama.cpp's log into Python logging with the right levels.
+
+llama-cpp-python's stock callback maps ggml's levels from an old enum, so with
+verbose=False errors are hidden (DESIGN.md). ggml's current enum is
+NONE=0, DEBUG=1, INFO=2, WARN=3, ERROR=4, CONT=5 (continue the previous line).
+Records go to the "llama.cpp" logger; lines are joined until a newline.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import threading
+
+import llama_cpp
+
+logger = logging.getLogger("llama.cpp")
+
+_LEVELS = {0: logging.DEBUG, 1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING, 4: logging.ERROR}
+_state = threading.local()
+_installed = False
+
+
+def _emit(level: int, text: str) -> None:
+    pending = getattr(_state, "pending", "")
+    pending_level = getattr(_state, "level", logging.DEBUG)
+    if level != 5:
+        pending_level = _LEVELS.get(level, logging.DEBUG)
+    pending += text
+    *lines, pending = pending.split("\n")
+    for line in lines:
+        if line.strip():
+            logger.log(pending_level, "%s", line)
+    _state.pending = pending
+    _state.level = pending_level
+
+
+@llama_cpp.llama_log_callback
+def _callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+    try:
+        _emit(level, text.decode("utf-8", "replace"))
+    except Exception:  # noqa: BLE001 - never raise into C
+        pass
+
+
+def install() -> None:
+    """Install the callback (idempotent). llama-cpp-python installs its own at import."""
+    global _installed
+    if not _installed:
+        llama_cpp.llama_log_set(_callback, ctypes.c_void_p(0))
+        _installed = True

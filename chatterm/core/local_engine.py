@@ -1,0 +1,591 @@
+"""The local engine: llama.cpp in process, with persona KV state on disk.
+
+Contract (beyond chatterm.core.engine):
+- `load()` loads the model once with llama.cpp's progress callback, routes
+  llama.cpp's log into Python logging, hashes the model file (cached) and
+  warms the context up so the first turn's TTFT carries no one-time cost.
+- A turn makes the persona's system prefix ready first: already in the context
+  ("memory"), restored from its state file ("restored"), or prefilled and then
+  saved in the background ("cold"). The full prompt is the model's own chat
+  template over [system, history..., user]; llama-cpp-python's prefix matching
+  then prefills only the tokens after the longest common prefix.
+- The prefix is the system message rendered with add_generation_prompt=False
+  and tokenized like the chat handler (add_bos=False, special=True). When a
+  template does not make it an exact token prefix of the full prompt, the turn
+  falls back to a plain prefill and says why in `cache_detail`.
+- Metrics are exact: TTFT from submit to the first sampled token; decode
+  tokens/s from first to last token; llama.cpp's own perf counters for the
+  turn are kept in `LocalTurn.perf` (tests compare the two).
+- When the prompt would not fit n_ctx (leaving room for the reply), the oldest
+  history turns are dropped (never the persona) and the turn says how many;
+  a single message that alone cannot fit keeps its last tokens, and says so.
+"""
+
+from __future__ import annotations
+
+import codecs
+import contextlib
+import ctypes
+import hashlib
+import logging
+import platform
+import threading
+import time
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import llama_cpp
+from llama_cpp import llama_chat_format
+
+from chatterm.core import llama_log, offload
+from chatterm.core.engine import ChatMessage, DeviceInfo, Engine, PrefixReport, Progress, Turn
+from chatterm.core.errors import ChattermError
+from chatterm.core.file_identity import sha256_of_file
+from chatterm.core.kv_cache import KVStateCache, LoadedState
+from chatterm.core.metrics import TurnMetrics
+from chatterm.core.models import ModelSpec, PriceProfile
+from chatterm.core.personas import Persona
+
+log = logging.getLogger(__name__)
+
+# Room always left for the reply when trimming history to fit the context.
+MIN_REPLY_TOKENS = 64
+# llama-cpp-python reads llama_model_default_params() inside Llama.__init__ and
+# offers no way to pass a progress callback; we swap the function for the
+# duration of one load, under this lock.
+_params_patch_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def _load_progress(progress: Progress | None):
+    if progress is None:
+        yield
+        return
+
+    @llama_cpp.llama_progress_callback
+    def on_progress(value: float, _user_data) -> bool:
+        try:
+            progress(min(max(float(value), 0.0), 1.0) * 0.9)
+        except Exception:  # noqa: BLE001 - never raise into C
+            pass
+        return True
+
+    original = llama_cpp.llama_cpp.llama_model_default_params
+
+    def with_callback():
+        params = original()
+        params.progress_callback = on_progress
+        return params
+
+    with _params_patch_lock:
+        llama_cpp.llama_cpp.llama_model_default_params = with_callback
+        try:
+            yield
+        finally:
+            llama_cpp.llama_cpp.llama_model_default_params = original
+
+
+def _check_gguf(path: Path) -> None:
+    if not path.exists():
+        raise ChattermError(f"{path}: model file not found")
+    if not path.is_file():
+        raise ChattermError(f"{path}: not a file")
+    try:
+        with open(path, "rb") as fh:
+            magic = fh.read(4)
+    except OSError as exc:
+        raise ChattermError(f"{path}: cannot read model file: {exc.strerror}") from None
+    if magic != b"GGUF":
+        raise ChattermError(f"{path}: not a GGUF model file (bad magic {magic!r})")
+
+
+def _llama_library_sha256() -> str:
+    """Identity of the llama.cpp build: restore silently accepts a different
+    llama.cpp version (DESIGN.md), so the library's own bytes are part of `compat`."""
+    lib_dir = Path(llama_cpp.__file__).parent / "lib"
+    for name in ("libllama.so", "libllama.dylib", "llama.dll"):
+        if (lib_dir / name).exists():
+            return sha256_of_file(lib_dir / name)
+    return "unknown"
+
+
+class LocalEngine(Engine):
+    kind = "local"
+
+    def __init__(self, spec: ModelSpec, price: PriceProfile, kv_cache: KVStateCache | None = None):
+        super().__init__(spec, price)
+        self.kv_cache = kv_cache
+        self.llm: llama_cpp.Llama | None = None
+        self.plan: offload.OffloadPlan | None = None
+        self.load_notes: list[str] = []
+        self._model_sha256 = ""
+        self._compat_base: dict[str, Any] = {}
+        self._prefix_cache: dict[str, list[int]] = {}
+        self._pending: dict[str, PrefixReport] = {}
+        self._cache_warned = False
+        self._savers: list[threading.Thread] = []
+        self._prefill_ms_per_token: dict[str, float] = {}
+
+    # -- loading ---------------------------------------------------------
+    def load(self, progress: Progress | None = None) -> None:
+        path = self.spec.model_path()
+        _check_gguf(path)
+        llama_log.install()
+        plan = offload.plan_offload(self.spec, llama_cpp.llama_supports_gpu_offload())
+
+        def try_load(n_gpu_layers: int, flash_attn: bool) -> llama_cpp.Llama:
+            with _load_progress(progress):
+                return llama_cpp.Llama(
+                    str(path),
+                    n_ctx=self.spec.n_ctx,
+                    n_gpu_layers=n_gpu_layers,
+                    flash_attn=flash_attn,
+                    type_k=plan.type_k,
+                    type_v=plan.type_v,
+                    n_threads=self.spec.n_threads,
+                    verbose=False,
+                )
+
+        try:
+            self.llm, self.plan, notes = offload.load_with_fallback(
+                plan, try_load, offload.gguf_block_count(path)
+            )
+        except (ValueError, RuntimeError) as exc:
+            raise ChattermError(f"{path}: llama.cpp could not load the model: {exc}") from None
+        self.load_notes = list(notes)
+        self._model_sha256 = sha256_of_file(path)
+        self._compat_base = self._compat_fields(path)
+        self._formatters()
+        self._warm_up()
+        if progress is not None:
+            progress(1.0)
+
+    def _compat_fields(self, path: Path) -> dict[str, Any]:
+        llm = self.llm
+        assert llm is not None and self.plan is not None
+        meta = llm.metadata
+        arch = meta.get("general.architecture", "")
+        cp = llm.context_params
+        return {
+            "model_sha256": self._model_sha256,
+            "model_size": path.stat().st_size,
+            "llama_cpp_python": metadata.version("llama-cpp-python"),
+            "llama_cpp_build": _llama_library_sha256(),
+            "architecture": arch,
+            "n_layer": llama_cpp.llama_model_n_layer(llm.model),
+            "n_ctx": llm.n_ctx(),
+            "type_k": int(cp.type_k),
+            "type_v": int(cp.type_v),
+            "flash_attn": bool(self.plan.flash_attn),
+            "rope": {
+                "freq_base": meta.get(f"{arch}.rope.freq_base"),
+                "freq_scale_train": llama_cpp.llama_model_rope_freq_scale_train(llm.model),
+                "scaling_type": meta.get(f"{arch}.rope.scaling.type"),
+                "ctx_freq_base": cp.rope_freq_base,
+                "ctx_freq_scale": cp.rope_freq_scale,
+                "yarn": [cp.yarn_ext_factor, cp.yarn_attn_factor, cp.yarn_beta_fast,
+                         cp.yarn_beta_slow, cp.yarn_orig_ctx],
+            },
+            "template_sha256": _sha256_text(self._template()),
+            "lora": None,
+        }
+
+    def _template(self) -> str:
+        assert self.llm is not None
+        template = self.llm.metadata.get("tokenizer.chat_template")
+        if not template:
+            raise ChattermError(
+                f"{self.spec.model_path()}: the model has no chat template (tokenizer.chat_template)"
+            )
+        return template
+
+    def _formatters(self) -> None:
+        llm = self.llm
+        assert llm is not None
+        eos = llm._model.token_get_text(llm.token_eos()) if llm.token_eos() != -1 else ""
+        bos = llm._model.token_get_text(llm.token_bos()) if llm.token_bos() != -1 else ""
+        template = self._template()
+        self._prefix_format = llama_chat_format.Jinja2ChatFormatter(
+            template, eos_token=eos, bos_token=bos, add_generation_prompt=False
+        )
+        self._prompt_format = llama_chat_format.Jinja2ChatFormatter(
+            template, eos_token=eos, bos_token=bos, add_generation_prompt=True
+        )
+        self._vocab = llama_cpp.llama_model_get_vocab(llm.model)
+        self._piece = ctypes.create_string_buffer(64)
+
+    def _warm_up(self) -> None:
+        """Decode a short batch and a single token, then forget them: the first
+        decode of a fresh context carries a one-time cost (DESIGN.md)."""
+        llm = self.llm
+        assert llm is not None
+        tokens = llm.tokenize(b"Hello, warm up.", add_bos=False, special=False)[:8] or [0]
+        llm.eval(tokens)
+        llm.eval(tokens[:1])
+        # llama.cpp books decode time into its perf counters only at the next
+        # synchronize; without this the warm-up would be charged to turn one.
+        llama_cpp.llama_synchronize(llm.ctx)
+        self._clear_context()
+
+    def _clear_context(self) -> None:
+        llm = self.llm
+        assert llm is not None
+        llm.reset()
+        llm._ctx.kv_cache_seq_rm(-1, 0, -1)
+
+    # -- information -----------------------------------------------------
+    @property
+    def model_identity(self) -> str:
+        return self._model_sha256 or self.spec.id
+
+    def device(self) -> DeviceInfo:
+        plan = self.plan
+        llm = self.llm
+        n_layer = llama_cpp.llama_model_n_layer(llm.model) if llm is not None else None
+        offloaded = 0
+        if plan is not None and n_layer is not None:
+            offloaded = n_layer if plan.n_gpu_layers < 0 else min(plan.n_gpu_layers, n_layer)
+        on_gpu = offloaded > 0
+        return DeviceInfo(
+            backend="GPU" if on_gpu else "CPU",
+            name=_gpu_name() if on_gpu else _cpu_name(),
+            n_layers=n_layer,
+            layers_offloaded=offloaded,
+            kv_type=self.spec.kv_type,
+            flash_attn=plan.flash_attn if plan else None,
+            n_ctx=llm.n_ctx() if llm is not None else self.spec.n_ctx,
+            notes=list(self.load_notes),
+        )
+
+    def context_used(self) -> int:
+        return self.llm.n_tokens if self.llm is not None else 0
+
+    def persona_cached(self, persona: Persona) -> bool:
+        return self.kv_cache is not None and self.kv_cache.exists(self.spec.id, persona.id)
+
+    # -- tokens ----------------------------------------------------------
+    def _tokenize_prompt(self, text: str) -> list[int]:
+        assert self.llm is not None
+        return self.llm.tokenize(text.encode("utf-8"), add_bos=False, special=True)
+
+    def token_bytes(self, token: int) -> bytes:
+        """The token's text bytes (control tokens give b"").
+
+        llama-cpp-python's `token_to_piece` returns its whole 32-byte buffer,
+        NUL padding included, so we call llama.cpp with the returned length."""
+        n = llama_cpp.llama_token_to_piece(self._vocab, token, self._piece, len(self._piece), 0, False)
+        if n < 0:  # buffer too small: -n is the size needed
+            self._piece = ctypes.create_string_buffer(-n)
+            n = llama_cpp.llama_token_to_piece(self._vocab, token, self._piece, len(self._piece), 0, False)
+        return self._piece.raw[:n]
+
+    def prefix_tokens(self, persona: Persona) -> list[int]:
+        key = persona.fingerprint
+        if key not in self._prefix_cache:
+            rendered = self._prefix_format(messages=[{"role": "system", "content": persona.system_prompt}])
+            self._prefix_cache[key] = self._tokenize_prompt(rendered.prompt)
+        return self._prefix_cache[key]
+
+    def _compat(self, persona: Persona, prefix: list[int]) -> dict[str, Any]:
+        return {
+            **self._compat_base,
+            "persona_sha256": persona.fingerprint,
+            "prefix_tokens": prefix,
+        }
+
+    def _prompt_tokens(self, persona: Persona, history: Sequence[ChatMessage], user_text: str) -> list[int]:
+        messages = [{"role": "system", "content": persona.system_prompt}]
+        messages += [{"role": m.role, "content": m.content} for m in history]
+        messages.append({"role": "user", "content": user_text})
+        return self._tokenize_prompt(self._prompt_format(messages=messages).prompt)
+
+    def fit_prompt(
+        self, persona: Persona, history: Sequence[ChatMessage], user_text: str, max_tokens: int
+    ) -> tuple[list[int], int, list[str]]:
+        """Prompt tokens that fit n_ctx with room for the reply; (tokens, dropped turns, notices)."""
+        assert self.llm is not None
+        n_ctx = self.llm.n_ctx()
+        reply_room = min(max_tokens, max(MIN_REPLY_TOKENS, n_ctx // 4))
+        history = list(history)
+        dropped = 0
+        tokens = self._prompt_tokens(persona, history, user_text)
+        while len(tokens) + reply_room > n_ctx and history:
+            # Drop the oldest exchange (user + assistant), never the persona.
+            history = history[2:]
+            dropped += 1
+            tokens = self._prompt_tokens(persona, history, user_text)
+        notices = []
+        if dropped:
+            notices.append(
+                f"Context full ({n_ctx} tokens): dropped the oldest {dropped} "
+                f"turn{'s' if dropped != 1 else ''} from the prompt."
+            )
+        if len(tokens) + MIN_REPLY_TOKENS > n_ctx:
+            prefix_len = len(self.prefix_tokens(persona))
+            message = self.llm.tokenize(user_text.encode("utf-8"), add_bos=False, special=False)
+            overflow = len(tokens) + MIN_REPLY_TOKENS - n_ctx
+            keep = len(message) - overflow - 8  # template tokens may shift by a few
+            if prefix_len + MIN_REPLY_TOKENS + 16 >= n_ctx or keep <= 0:
+                raise ChattermError(
+                    f"the persona prompt ({prefix_len} tokens) leaves no room in the "
+                    f"{n_ctx}-token context of model {self.spec.id!r}"
+                )
+            clipped = self.llm.detokenize(message[-keep:]).decode("utf-8", "ignore")
+            tokens = self._prompt_tokens(persona, history, clipped)
+            notices.append(
+                f"Message too long ({len(message)} tokens): kept its last {keep} tokens "
+                f"to fit the {n_ctx}-token context."
+            )
+        return tokens, dropped, notices
+
+    # -- persona prefix ----------------------------------------------------
+    def _prefix_in_context(self, prefix: list[int]) -> bool:
+        llm = self.llm
+        assert llm is not None
+        n = len(prefix)
+        return llm.n_tokens >= n and llm.input_ids[:n].tolist() == prefix
+
+    def _ensure_prefix(self, persona: Persona, prefix: list[int]) -> PrefixReport:
+        """Make `prefix` the start of the context: memory, restore, or prefill+save."""
+        if self._prefix_in_context(prefix):
+            return PrefixReport("memory", 0.0, len(prefix))
+        detail = ""
+        if self.kv_cache is not None:
+            t0 = time.perf_counter()
+            loaded = self.kv_cache.load(self.spec.id, persona.id, self._compat(persona, prefix))
+            if isinstance(loaded, LoadedState):
+                reason = self._restore(loaded, prefix)
+                if reason is None:
+                    self._prefill_ms_per_token[persona.fingerprint] = (
+                        float(loaded.header.get("prefill_ms", 0.0)) / max(len(prefix), 1)
+                    )
+                    return PrefixReport("restored", (time.perf_counter() - t0) * 1000.0, len(prefix))
+                detail = reason
+            else:
+                detail = loaded.reason
+        t0 = time.perf_counter()
+        self._clear_context()
+        self.llm.eval(prefix)
+        prefill_ms = (time.perf_counter() - t0) * 1000.0
+        self._prefill_ms_per_token[persona.fingerprint] = prefill_ms / max(len(prefix), 1)
+        self._save_prefix(persona, prefix, prefill_ms)
+        return PrefixReport("cold", prefill_ms, len(prefix), detail)
+
+    def _restore(self, loaded: LoadedState, prefix: list[int]) -> str | None:
+        """Load a checked state into the context; None on success, else the reason."""
+        llm = self.llm
+        assert llm is not None
+        # Verify the payload's sha256 on the other core while llama.cpp copies
+        # it in (both release the GIL); a mismatch discards the restored state.
+        verdict: list[bool] = []
+        checker = threading.Thread(target=lambda: verdict.append(loaded.verify()), daemon=True)
+        checker.start()
+        size = len(loaded.payload)
+        buffer = (ctypes.c_uint8 * size).from_buffer(loaded.payload)
+        used = llama_cpp.llama_state_set_data(llm.ctx, buffer, size)
+        checker.join()
+        del buffer
+        if used == 0 or not verdict or not verdict[0]:
+            # llama.cpp clears the KV cache on failure; our bookkeeping must follow.
+            self._clear_context()
+            return (
+                "state file rejected: payload checksum mismatch"
+                if verdict and not verdict[0]
+                else "state file rejected by llama.cpp"
+            )
+        n = len(prefix)
+        llm.input_ids[:n] = prefix
+        llm.n_tokens = n
+        llm._requires_eval = True  # the blob holds no logits
+        return None
+
+    def _save_prefix(self, persona: Persona, prefix: list[int], prefill_ms: float) -> None:
+        if self.kv_cache is None or self.kv_cache.write_error is not None:
+            return
+        llm = self.llm
+        assert llm is not None
+        size = llama_cpp.llama_state_get_size(llm.ctx)
+        buffer = (ctypes.c_uint8 * size)()
+        written = llama_cpp.llama_state_get_data(llm.ctx, buffer, size)
+        payload = memoryview(buffer)[:written]
+        info = {"n_prefix_tokens": len(prefix), "prefill_ms": prefill_ms, "state_size": size}
+        compat = self._compat(persona, prefix)
+        # The copy above took a few ms; writing and fsync-ing tens of MB must not
+        # delay the first token, so it happens in the background.
+        thread = threading.Thread(
+            target=self.kv_cache.save,
+            args=(self.spec.id, persona.id, compat, info, payload),
+            name=f"kv-save-{persona.id}",
+            daemon=True,
+        )
+        thread.start()
+        self._savers = [t for t in self._savers if t.is_alive()] + [thread]
+
+    def wait_for_saves(self) -> None:
+        """Block until background state-file writes are done (CLI exit, tests)."""
+        for thread in self._savers:
+            thread.join()
+        self._savers = []
+
+    def prepare_persona(self, persona: Persona) -> PrefixReport:
+        with self._lock:
+            report = self._ensure_prefix(persona, self.prefix_tokens(persona))
+            self._pending[persona.fingerprint] = report
+            return report
+
+    def cache_notice(self) -> str | None:
+        """One notice, once, when state files cannot be written."""
+        if self.kv_cache is not None and self.kv_cache.write_error and not self._cache_warned:
+            self._cache_warned = True
+            return f"Persona cache off: {self.kv_cache.write_error}. Chat continues without it."
+        return None
+
+    # -- turns -----------------------------------------------------------
+    def start_turn(self, persona: Persona, history: Sequence[ChatMessage], user_text: str) -> "LocalTurn":
+        metrics = TurnMetrics(
+            engine=self.kind,
+            model_id=self.spec.id,
+            persona_id=persona.id,
+            submitted_at=time.time(),
+        )
+        return LocalTurn(self, persona, list(history), user_text, metrics)
+
+    def close(self) -> None:
+        self.wait_for_saves()
+        if self.llm is not None:
+            self.llm.close()
+            self.llm = None
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "CPU"
+
+
+def _gpu_name() -> str:
+    from chatterm.core.gpu_telemetry import gpu_status
+
+    status = gpu_status()
+    return status.name if status is not None else "GPU (llama.cpp offload)"
+
+
+def _sha256_text(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+class LocalTurn(Turn):
+    def __init__(self, engine: LocalEngine, persona: Persona, history: list[ChatMessage],
+                 user_text: str, metrics: TurnMetrics):
+        super().__init__(metrics, engine.price)
+        self.engine = engine
+        self.persona = persona
+        self.history = history
+        self.user_text = user_text
+        self.perf: dict[str, float] = {}
+        """llama.cpp's own counters for this turn (llama_perf_context)."""
+
+    def _produce(self) -> Iterator[str]:
+        engine = self.engine
+        with engine._lock:
+            llm = engine.llm
+            if llm is None:
+                raise ChattermError("the model is not loaded")
+            m = self.metrics
+            s = self.persona.sampling
+            llama_cpp.llama_synchronize(llm.ctx)
+            llama_cpp.llama_perf_context_reset(llm.ctx)
+            prefix = engine.prefix_tokens(self.persona)
+            pending = engine._pending.pop(self.persona.fingerprint, None)
+            report = engine._ensure_prefix(self.persona, prefix)
+            if pending is not None and report.outcome == "memory":
+                report = pending  # made ready at switch time: report how, not "memory"
+            m.cache_outcome = report.outcome
+            m.cache_detail = report.detail
+            if report.outcome == "restored":
+                m.restore_ms = report.ms
+            notice = engine.cache_notice()
+            if notice:
+                self.notices.append(notice)
+
+            tokens, m.dropped_turns, notices = engine.fit_prompt(
+                self.persona, self.history, self.user_text, s.max_tokens
+            )
+            self.notices.extend(notices)
+            if tokens[: len(prefix)] != prefix:
+                m.cache_detail = "chat template does not start with the persona prefix: full prefill"
+            n_ctx = llm.n_ctx()
+            max_tokens = min(s.max_tokens, n_ctx - len(tokens))
+            common = _common_prefix(llm.input_ids[: llm.n_tokens].tolist(), tokens)
+            m.prompt_tokens = len(tokens)
+            m.cached_tokens = min(common, len(tokens) - 1)
+            m.prefilled_tokens = len(tokens) - m.cached_tokens
+            rate = engine._prefill_ms_per_token.get(self.persona.fingerprint)
+            if rate:
+                m.saved_prefill_ms = max(m.cached_tokens * rate - (m.restore_ms or 0.0), 0.0)
+
+            if report.outcome == "cold" and pending is None:
+                # The prefix was prefilled by this turn, not reused.
+                m.cached_tokens = max(m.cached_tokens - len(prefix), 0)
+                m.prefilled_tokens = len(tokens) - m.cached_tokens
+                prefix_prefill_ms = report.ms
+            else:
+                prefix_prefill_ms = 0.0
+
+            decoder = codecs.getincrementaldecoder("utf-8")("replace")
+            if s.temperature > 0:
+                llm.set_seed(s.seed)
+            t_prefill = time.perf_counter()
+            generator = llm.generate(
+                tokens,
+                top_k=s.top_k,
+                top_p=s.top_p,
+                min_p=s.min_p,
+                temp=s.temperature,
+                repeat_penalty=s.repeat_penalty,
+                reset=True,
+            )
+            try:
+                for token in generator:
+                    self._token_arrived()
+                    if m.generated_tokens == 1:
+                        m.prefill_ms = prefix_prefill_ms + (time.perf_counter() - t_prefill) * 1000.0
+                    if llama_cpp.llama_vocab_is_eog(engine._vocab, token):
+                        m.stop_reason = "eos"
+                        break
+                    yield decoder.decode(engine.token_bytes(token))
+                    if self.cancelled:
+                        m.stop_reason = "cancelled"
+                        break
+                    if m.generated_tokens >= max_tokens:
+                        m.stop_reason = "length"
+                        break
+                else:
+                    m.stop_reason = "eos"
+            finally:
+                generator.close()
+                tail = decoder.decode(b"", final=True)
+                if tail:
+                    self.reply += tail
+                perf = llama_cpp.llama_perf_context(llm.ctx)
+                self.perf = {
+                    "t_p_eval_ms": perf.t_p_eval_ms,
+                    "n_p_eval": perf.n_p_eval,
+                    "t_eval_ms": perf.t_eval_ms,
+                    "n_eval": perf.n_eval,
+                }
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n

@@ -1,0 +1,469 @@
+"""The session store: every session and turn, durably, in one SQLite file.
+
+Contract:
+- `SessionStore(path)` opens (creating when needed) the database read-write;
+  `SessionStore(path, readonly=True)` never creates, migrates or writes it (a
+  missing file reads as an empty store). Export and `chatterm sessions` use the
+  read-only form, so they never change the database.
+- `record_turn` commits the turn in one transaction before it returns: a
+  process killed afterwards (SIGKILL included) keeps it; a turn whose commit
+  had not finished is absent, never half there. Cancelled and failed turns are
+  recorded like the others; `TurnMetrics.stop_reason` marks them.
+- Several processes may use one database at once: WAL mode lets readers run
+  beside the writer, writers wait for each other (busy timeout) and take the
+  write lock before computing the next turn index, so indexes never collide.
+- One connection per store, shared by the caller's threads behind a lock
+  (the TUI records turns from a worker thread).
+- The schema is versioned with `PRAGMA user_version`; `_MIGRATIONS[n]` brings a
+  database from version n to n + 1 and runs in one transaction. A database
+  from a newer chatterm, one that is not a chatterm database, or a corrupt file
+  is refused with a `ChattermError` naming the file, and left untouched.
+- Turns have one column per `TURN_FIELDS` name (derived `decode_tok_s` and
+  `cost_usd` included, so SQL queries need no formulas). Reading tolerates an
+  older schema opened read-only: a missing column reads as the field's default.
+- Turn indexes count from 1 within a session.
+"""
+
+from __future__ import annotations
+
+import numbers
+import sqlite3
+import threading
+import time
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Callable
+
+from chatterm.core.engine import ChatMessage
+from chatterm.core.errors import ChattermError
+from chatterm.core.metrics import TURN_FIELDS, TurnMetrics, percentile
+
+BUSY_TIMEOUT_S = 10.0
+"""How long a write waits for another process's write to finish."""
+
+_METRIC_FIELDS = {f.name for f in fields(TurnMetrics)}
+_BOOL_FIELDS = {f.name for f in fields(TurnMetrics) if f.type in ("bool", bool)}
+
+
+def _sql_value(value: object) -> object:
+    """A plain value for sqlite3. Engines may hand over numpy or ctypes numbers,
+    which sqlite3 would silently store as BLOBs (they support the buffer protocol)."""
+    if value is None or isinstance(value, (str, int, float)):
+        return value
+    if callable(getattr(value, "item", None)):  # numpy scalar -> Python scalar
+        value = value.item()
+        if value is None or isinstance(value, (str, int, float)):
+            return value
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    return str(value)
+
+
+@dataclass(frozen=True)
+class SessionInfo:
+    id: int
+    started_at: float
+    """Unix time (s) the session was created."""
+    model_id: str
+    model_identity: str
+    """The exact model: file sha256, or server + model name."""
+    engine: str
+    device: str
+    persona_id: str
+    turns: int
+    ttft_p50_ms: float | None
+    cost_usd: float
+    """Sum of the turns' API-equivalent cost."""
+
+
+@dataclass
+class TurnRecord:
+    index: int
+    """1 for the session's first turn."""
+    user_text: str
+    reply: str
+    """The reply as streamed: partial for a cancelled turn, maybe empty on error."""
+    metrics: TurnMetrics
+
+
+# -- schema ------------------------------------------------------------------
+# Migrations are written out in full and never edited once released: a new
+# TurnMetrics field needs a new migration (tests/test_store.py checks that every
+# TURN_FIELDS name has a column).
+
+
+def _to_v1(conn: sqlite3.Connection) -> None:
+    conn.execute(
+        """
+        CREATE TABLE sessions (
+            id INTEGER PRIMARY KEY,
+            started_at REAL NOT NULL,
+            model_id TEXT NOT NULL,
+            model_identity TEXT NOT NULL,
+            engine TEXT NOT NULL,
+            device TEXT NOT NULL,
+            persona_id TEXT NOT NULL
+        )"""
+    )
+    # Metric columns are nullable on purpose: a turn must be stored even when
+    # an engine left a field unset.
+    conn.execute(
+        """
+        CREATE TABLE turns (
+            id INTEGER PRIMARY KEY,
+            session_id INTEGER NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
+            turn_index INTEGER NOT NULL,
+            recorded_at REAL NOT NULL,
+            user_text TEXT NOT NULL,
+            reply TEXT NOT NULL,
+            engine TEXT,
+            model_id TEXT,
+            persona_id TEXT,
+            submitted_at REAL,
+            price_profile TEXT,
+            cache_outcome TEXT,
+            cache_detail TEXT,
+            restore_ms REAL,
+            prefill_ms REAL,
+            prompt_tokens INTEGER,
+            cached_tokens INTEGER,
+            prefilled_tokens INTEGER,
+            generated_tokens INTEGER,
+            ttft_ms REAL,
+            decode_ms REAL,
+            total_ms REAL,
+            stop_reason TEXT,
+            error TEXT,
+            dropped_turns INTEGER,
+            tokens_estimated INTEGER,
+            cost_input_usd REAL,
+            cost_cached_input_usd REAL,
+            cost_output_usd REAL,
+            saved_prefill_ms REAL,
+            saved_usd REAL,
+            decode_tok_s REAL,
+            cost_usd REAL
+        )"""
+    )
+
+
+def _to_v2(conn: sqlite3.Connection) -> None:
+    # v2: GPU energy per turn, and an index that makes per-session reads and
+    # the next-index lookup cheap while also forbidding duplicate indexes.
+    conn.execute("ALTER TABLE turns ADD COLUMN energy_wh REAL")
+    conn.execute("ALTER TABLE turns ADD COLUMN energy_cost_usd REAL")
+    conn.execute("CREATE UNIQUE INDEX turns_by_session ON turns(session_id, turn_index)")
+
+
+_MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_to_v1, _to_v2)
+SCHEMA_VERSION = len(_MIGRATIONS)
+
+
+class SessionStore:
+    """Sessions and turns in one SQLite file. See the module contract."""
+
+    def __init__(self, path: Path, *, readonly: bool = False):
+        self.path = Path(path)
+        self.readonly = readonly
+        self._lock = threading.Lock()
+        self._conn: sqlite3.Connection | None = None
+        self._turn_columns: set[str] = set()
+        """Empty when there is no schema yet (a missing or new file opened read-only)."""
+        self._closed = False
+        if readonly and not self.path.exists():
+            return  # nothing stored yet; reading gives empty results
+        try:
+            self._conn = self._connect()
+            self._prepare()
+        except sqlite3.Error as exc:
+            self.close()
+            raise ChattermError(
+                f"{self.path} is not a usable chatterm database ({exc}); "
+                "move it away, or pass --db NEW_FILE to start a fresh one"
+            ) from None
+        except OSError as exc:
+            self.close()
+            raise ChattermError(f"cannot open {self.path}: {exc.strerror or exc}") from None
+        except BaseException:
+            self.close()
+            raise
+
+    # -- opening ------------------------------------------------------------
+    def _connect(self) -> sqlite3.Connection:
+        if self.readonly:
+            target, uri = self.path.resolve().as_uri() + "?mode=ro", True
+        else:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            target, uri = str(self.path), False
+        # isolation_level=None: transactions are explicit (BEGIN IMMEDIATE), so
+        # nothing stays open between calls behind the caller's back.
+        conn = sqlite3.connect(
+            target, uri=uri, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False
+        )
+        conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+        return conn
+
+    def _prepare(self) -> None:
+        conn = self._conn
+        assert conn is not None
+        # Check the version before anything that writes (journal_mode=WAL writes
+        # the header): a refused file must stay byte for byte as it was. One
+        # read transaction, so another process's first migration cannot land
+        # between reading the version and counting the tables.
+        conn.execute("BEGIN")
+        try:
+            self._check_version(conn.execute("PRAGMA user_version").fetchone()[0])
+        finally:
+            if conn.in_transaction:
+                conn.execute("COMMIT")
+        if not self.readonly:
+            self._switch_to_wal()
+            conn.execute("PRAGMA foreign_keys = ON")
+            self._migrate()
+        self._turn_columns = {row[1] for row in conn.execute("PRAGMA table_info(turns)")}
+
+    def _switch_to_wal(self) -> None:
+        conn = self._conn
+        assert conn is not None
+        # Switching a new file to WAL needs an exclusive lock and SQLite reports
+        # "database is locked" at once, without its busy handler, while another
+        # process is opening the same file: retry for the busy timeout.
+        deadline = time.monotonic() + BUSY_TIMEOUT_S
+        while True:
+            try:
+                mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+                break
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) and "busy" not in str(exc):
+                    raise
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.01)
+        if str(mode).lower() != "wal":
+            raise sqlite3.OperationalError(f"cannot switch to WAL mode (got {mode})")
+
+    def _check_version(self, version: int) -> None:
+        if version > SCHEMA_VERSION:
+            raise ChattermError(
+                f"{self.path} was written by a newer chatterm (schema v{version}; this one "
+                f"knows up to v{SCHEMA_VERSION}); upgrade chatterm or pass --db NEW_FILE"
+            )
+        if version == 0 and self._conn is not None:
+            tables = self._conn.execute(
+                "SELECT count(*) FROM sqlite_master WHERE type = 'table'"
+            ).fetchone()[0]
+            if tables:
+                raise ChattermError(
+                    f"{self.path} is an SQLite database but not a chatterm one; "
+                    "pass --db NEW_FILE to use another file"
+                )
+
+    def _migrate(self) -> None:
+        conn = self._conn
+        assert conn is not None
+        while True:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                # Re-read under the write lock: another process may have
+                # migrated while we waited.
+                version = conn.execute("PRAGMA user_version").fetchone()[0]
+                self._check_version(version)
+                if version == SCHEMA_VERSION:
+                    conn.execute("COMMIT")
+                    return
+                _MIGRATIONS[version](conn)
+                conn.execute(f"PRAGMA user_version = {version + 1}")
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+
+    # -- writing ------------------------------------------------------------
+    def create_session(
+        self,
+        *,
+        model_id: str,
+        model_identity: str,
+        engine: str,
+        device: str,
+        persona_id: str,
+        started_at: float | None = None,
+    ) -> int:
+        """Create a session row and return its id (`started_at` defaults to now)."""
+        values = (
+            time.time() if started_at is None else started_at,
+            model_id,
+            model_identity,
+            engine,
+            device,
+            persona_id,
+        )
+
+        def insert(conn: sqlite3.Connection) -> int:
+            cur = conn.execute(
+                "INSERT INTO sessions (started_at, model_id, model_identity, engine, device, "
+                "persona_id) VALUES (?, ?, ?, ?, ?, ?)",
+                values,
+            )
+            return int(cur.lastrowid)
+
+        return self._write("could not create a session", insert)
+
+    def record_turn(self, session_id: int, user_text: str, reply: str, metrics: TurnMetrics) -> int:
+        """Commit one turn (all its metrics) and return its index in the session."""
+        data = metrics.to_dict()
+
+        def insert(conn: sqlite3.Connection) -> int:
+            if conn.execute("SELECT 1 FROM sessions WHERE id = ?", (session_id,)).fetchone() is None:
+                raise ChattermError(f"unknown session {session_id} in {self.path}")
+            # The write lock is held (BEGIN IMMEDIATE), so no other process can
+            # take the same index between this read and the insert.
+            index = conn.execute(
+                "SELECT COALESCE(MAX(turn_index), 0) + 1 FROM turns WHERE session_id = ?",
+                (session_id,),
+            ).fetchone()[0]
+            names = ["session_id", "turn_index", "recorded_at", "user_text", "reply", *TURN_FIELDS]
+            values = [
+                session_id, index, time.time(), user_text, reply, *(_sql_value(data[k]) for k in TURN_FIELDS)
+            ]
+            conn.execute(
+                f"INSERT INTO turns ({', '.join(names)}) VALUES ({', '.join('?' * len(names))})",
+                values,
+            )
+            return int(index)
+
+        return self._write(f"could not save a turn of session {session_id}", insert)
+
+    def _write(self, what: str, action: Callable[[sqlite3.Connection], int]) -> int:
+        if self.readonly:
+            raise ChattermError(f"{self.path} is open read-only; {what}")
+        with self._lock:
+            conn = self._require()
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                try:
+                    result = action(conn)
+                    conn.execute("COMMIT")
+                except BaseException:
+                    if conn.in_transaction:
+                        conn.execute("ROLLBACK")
+                    raise
+            except sqlite3.Error as exc:
+                raise ChattermError(f"{self.path}: {what}: {exc}") from None
+            return result
+
+    # -- reading ------------------------------------------------------------
+    def sessions(self) -> list[SessionInfo]:
+        """Every session, newest first."""
+        return self._session_infos("", ())
+
+    def session(self, session_id: int) -> SessionInfo:
+        infos = self._session_infos("WHERE s.id = ?", (session_id,))
+        if not infos:
+            raise self._unknown(session_id)
+        return infos[0]
+
+    def _session_infos(self, where: str, params: tuple) -> list[SessionInfo]:
+        with self._lock:
+            if self._empty():
+                return []
+            rows = self._query(
+                "SELECT s.id, s.started_at, s.model_id, s.model_identity, s.engine, s.device, "
+                "s.persona_id, COUNT(t.id), COALESCE(SUM(t.cost_usd), 0.0) "
+                f"FROM sessions s LEFT JOIN turns t ON t.session_id = s.id {where} "
+                "GROUP BY s.id ORDER BY s.started_at DESC, s.id DESC",
+                params,
+            )
+            ttfts: dict[int, list[float]] = {}
+            for sid, ttft in self._query(
+                "SELECT s.id, t.ttft_ms FROM sessions s JOIN turns t ON t.session_id = s.id "
+                f"{where}{' AND' if where else 'WHERE'} t.ttft_ms IS NOT NULL",
+                params,
+            ):
+                ttfts.setdefault(sid, []).append(ttft)
+        return [
+            SessionInfo(
+                *row[:7],
+                turns=row[7],
+                ttft_p50_ms=percentile(ttfts.get(row[0], []), 50),
+                cost_usd=row[8],
+            )
+            for row in rows
+        ]
+
+    def latest_session_id(self) -> int | None:
+        """The most recently started session, or None when there is none."""
+        with self._lock:
+            if self._empty():
+                return None
+            row = self._query("SELECT id FROM sessions ORDER BY started_at DESC, id DESC LIMIT 1")
+        return row[0][0] if row else None
+
+    def turns(self, session_id: int) -> list[TurnRecord]:
+        """The session's turns in order (ChattermError when the session is unknown)."""
+        with self._lock:
+            if self._empty() or not self._query("SELECT 1 FROM sessions WHERE id = ?", (session_id,)):
+                raise self._unknown(session_id)
+            columns = ["turn_index", "user_text", "reply", *sorted(_METRIC_FIELDS & self._turn_columns)]
+            rows = self._query(
+                f"SELECT {', '.join(columns)} FROM turns WHERE session_id = ? ORDER BY turn_index",
+                (session_id,),
+            )
+        records = []
+        for row in rows:
+            data = dict(zip(columns[3:], row[3:]))
+            for name in _BOOL_FIELDS & data.keys():
+                data[name] = bool(data[name])
+            records.append(TurnRecord(row[0], row[1], row[2], TurnMetrics.from_dict(data)))
+        return records
+
+    def history(self, session_id: int) -> list[ChatMessage]:
+        """The conversation to resume: user and assistant messages alternating.
+
+        Matches what `Conversation` keeps in memory: a turn that failed before
+        producing any text is not part of the history.
+        """
+        messages: list[ChatMessage] = []
+        for record in self.turns(session_id):
+            if record.metrics.stop_reason == "error" and not record.reply:
+                continue
+            messages.append(ChatMessage("user", record.user_text))
+            messages.append(ChatMessage("assistant", record.reply))
+        return messages
+
+    def _query(self, sql: str, params: tuple = ()) -> list[tuple]:
+        try:
+            return self._require().execute(sql, params).fetchall()
+        except sqlite3.Error as exc:
+            raise ChattermError(f"{self.path}: cannot read the session database ({exc})") from None
+
+    def _empty(self) -> bool:
+        """No schema to read: nothing stored yet (raises once the store is closed)."""
+        if self._closed:
+            self._require()
+        return not self._turn_columns
+
+    def _require(self) -> sqlite3.Connection:
+        if self._conn is None:
+            raise ChattermError(f"{self.path}: the session store is closed")
+        return self._conn
+
+    def _unknown(self, session_id: int) -> ChattermError:
+        return ChattermError(f"unknown session {session_id} in {self.path}; `chatterm sessions` lists them")
+
+    # -- closing ------------------------------------------------------------
+    def close(self) -> None:
+        """Close the connection. Safe to call twice."""
+        with self._lock:
+            self._closed = True
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+    def __enter__(self) -> "SessionStore":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()

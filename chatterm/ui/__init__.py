@@ -1,0 +1,8 @@
+"""The Textual user interface of `chatterm launch`.
+
+It shows and drives the headless core (`chatterm.core`): a `Conversation` on an
+`Engine`, the session store and the export. It never computes a metric itself;
+figures come from `TurnMetrics` / `SessionSummary` and are worded by
+`chatterm.core.format`. Build the app with `chatterm.ui.app.make_app`, the one
+factory the CLI and the tests share. Importing this package loads no model.
+"""

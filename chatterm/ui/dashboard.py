@@ -1,0 +1,141 @@
+"""The latency dashboard: current turn, session, history sparklines, persona, model.
+
+Contract:
+- The app calls the `show_*` methods from timers and message handlers (4-10 Hz
+  while a reply streams, never per token). Each section is one `Static`
+  updated with `layout=False` (about 1-2 ms per update, DESIGN.md); sparklines
+  get new data only when a turn ends.
+- It formats, it does not compute: every figure comes from `TurnMetrics`,
+  `SessionSummary`, `DeviceInfo`, `PrefixReport` or `GpuStatus` and is worded by
+  `chatterm.core.format`. Missing values (no GPU, no power reading, no turn yet)
+  read "n/a" or "–".
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Iterable, Sequence
+
+from textual.containers import VerticalScroll
+from textual.content import Content
+from textual.widgets import Sparkline, Static
+
+from chatterm.core.format import cache_label, fmt_int, fmt_ms, fmt_tok_s, fmt_usd, printable
+from chatterm.core.metrics import SessionSummary, TurnMetrics
+
+if TYPE_CHECKING:
+    from chatterm.core.engine import DeviceInfo
+    from chatterm.core.gpu_telemetry import GpuStatus
+
+LABEL_WIDTH = 11
+NA = "n/a"
+
+
+def rows(pairs: Iterable[tuple[str, str]]) -> Content:
+    """Aligned `label value` lines; values are literal text."""
+    lines = [
+        Content.assemble((label.ljust(LABEL_WIDTH), "dim"), printable(value))
+        for label, value in pairs
+    ]
+    return Content("\n").join(lines)
+
+
+def turn_state(m: TurnMetrics, running: bool) -> str:
+    if running:
+        return "prefilling…" if m.ttft_ms is None else "streaming…"
+    return {"cancelled": "stopped", "error": "error", "length": "max tokens", "eos": "done"}.get(
+        m.stop_reason, m.stop_reason or "done"
+    )
+
+
+class Dashboard(VerticalScroll):
+    can_focus = False
+
+    def compose(self):
+        yield Static(Content("Turn"), classes="title")
+        yield Static(rows([("state", "no turn yet")]), id="dash-turn")
+        yield Static(Content("Session"), classes="title")
+        yield Static(rows([("turns", "0")]), id="dash-session")
+        yield Static(Content("TTFT per turn"), classes="spark-label")
+        yield Sparkline([], id="spark-ttft")
+        yield Static(Content("tok/s per turn"), classes="spark-label")
+        yield Sparkline([], id="spark-rate")
+        yield Static(Content("Persona"), classes="title")
+        yield Static(rows([("persona", "–")]), id="dash-persona")
+        yield Static(Content("Model"), classes="title")
+        yield Static(rows([("model", "loading…")]), id="dash-model")
+
+    def _set(self, widget_id: str, content: Content) -> None:
+        self.query_one(f"#{widget_id}", Static).update(content, layout=False)
+
+    def show_turn(self, m: TurnMetrics | None, running: bool = False) -> None:
+        if m is None:
+            self._set("dash-turn", rows([("state", "no turn yet")]))
+            return
+        pairs = [
+            ("state", turn_state(m, running)),
+            ("TTFT", fmt_ms(m.ttft_ms)),
+            ("decode", fmt_tok_s(m.decode_tok_s)),
+            ("prompt", fmt_int(m.prompt_tokens)),
+            ("cached", fmt_int(m.cached_tokens)),
+            ("prefilled", fmt_int(m.prefilled_tokens)),
+            ("generated", fmt_int(m.generated_tokens)),
+            ("cache", cache_label(m) if m.prompt_tokens or not running else "–"),
+            ("cost", fmt_usd(m.cost_usd) if not running else "…"),
+        ]
+        if m.energy_wh is not None:
+            pairs.append(("energy", f"{m.energy_wh:.3f} Wh"))
+        if m.error:
+            pairs.append(("error", m.error))
+        self._set("dash-turn", rows(pairs))
+
+    def show_session(self, summary: SessionSummary, turns: Sequence[TurnMetrics]) -> None:
+        pairs = [
+            ("turns", fmt_int(summary.turns)),
+            ("TTFT p50", fmt_ms(summary.ttft_p50_ms)),
+            ("TTFT p95", fmt_ms(summary.ttft_p95_ms)),
+            ("mean rate", fmt_tok_s(summary.mean_decode_tok_s)),
+            ("tokens", f"{fmt_int(summary.prompt_tokens)} in · {fmt_int(summary.generated_tokens)} out"),
+            ("total cost", fmt_usd(summary.cost_usd)),
+            ("cache saved", f"{summary.saved_prefill_s:,.2f} s · {fmt_usd(summary.saved_usd)}"),
+        ]
+        if summary.energy_wh is not None:
+            pairs.append(("energy", f"{summary.energy_wh:.3f} Wh"))
+        self._set("dash-session", rows(pairs))
+        self.query_one("#spark-ttft", Sparkline).data = [
+            t.ttft_ms for t in turns if t.ttft_ms is not None
+        ]
+        self.query_one("#spark-rate", Sparkline).data = [
+            rate for t in turns if (rate := t.decode_tok_s) is not None
+        ]
+
+    def show_persona(self, name: str, state: str) -> None:
+        self._set("dash-persona", rows([("persona", name), ("prefix", state)]))
+
+    def show_model(
+        self,
+        label: str,
+        device: "DeviceInfo | None",
+        context_used: int | None,
+        gpu: "GpuStatus | None",
+        status: str = "",
+    ) -> None:
+        pairs = [("model", label)]
+        if status:
+            pairs.append(("status", status))
+        if device is not None:
+            pairs.append(("device", f"{device.backend} · {device.name}"))
+            if device.n_layers is not None:
+                pairs.append(("layers", f"{fmt_int(device.layers_offloaded or 0)}/{fmt_int(device.n_layers)} on GPU"))
+            flash = {True: "flash attn on", False: "flash attn off"}.get(device.flash_attn, "")
+            pairs.append(("KV", " · ".join(p for p in (device.kv_type or "–", flash) if p)))
+            used = fmt_int(context_used) if context_used is not None else "–"
+            pairs.append(("context", f"{used} / {fmt_int(device.n_ctx)}"))
+            pairs += [("note", note) for note in device.notes]
+        if gpu is not None:
+            pairs.append(("GPU", gpu.name))
+            pairs.append(("GPU mem", f"{gpu.memory_used_mb:,.0f} / {gpu.memory_total_mb:,.0f} MiB"))
+            pairs.append(("power", f"{gpu.power_w:,.0f} W" if gpu.power_w is not None else NA))
+        else:
+            pairs.append(("GPU mem", NA))
+            pairs.append(("power", NA))
+        self._set("dash-model", rows(pairs))

@@ -1,0 +1,56 @@
+"""The message prompt: a multi-line text area where Enter sends.
+
+Enter posts `PromptArea.Submitted` with the text (blank text is ignored and the
+prompt is kept). A newline is inserted with Ctrl+J, which every terminal sends
+as a distinct byte (LF); Shift+Enter and Alt+Enter also work in terminals that
+report them (kitty keyboard protocol, most xterm-likes for Alt).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from textual import events
+from textual.message import Message
+from textual.widgets import TextArea
+
+NEWLINE_KEYS = ("ctrl+j", "shift+enter", "alt+enter")
+
+
+class PromptArea(TextArea):
+    @dataclass
+    class Submitted(Message):
+        """The user pressed Enter on a non-blank prompt."""
+
+        prompt: "PromptArea"
+        text: str
+
+        @property
+        def control(self) -> "PromptArea":
+            return self.prompt
+
+    def __init__(self, **kwargs) -> None:
+        kwargs.setdefault("soft_wrap", True)
+        kwargs.setdefault("tab_behavior", "focus")
+        kwargs.setdefault("show_line_numbers", False)
+        kwargs.setdefault("highlight_cursor_line", False)
+        kwargs.setdefault("compact", True)
+        super().__init__(**kwargs)
+
+    async def _on_key(self, event: events.Key) -> None:
+        if self.read_only:
+            return
+        if event.key == "enter":
+            event.stop()
+            event.prevent_default()
+            text = self.text
+            if text.strip():
+                self.post_message(self.Submitted(self, text))
+            return
+        if event.key in NEWLINE_KEYS:
+            event.stop()
+            event.prevent_default()
+            start, end = self.selection
+            self._replace_via_keyboard("\n", start, end)
+            return
+        await super()._on_key(event)

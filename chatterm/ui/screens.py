@@ -1,0 +1,149 @@
+"""Modal screens: help, persona picker, past sessions.
+
+Each screen gets plain data from the app (no engine or store calls here) and
+dismisses with the user's choice: a persona id, a session id, or None.
+Every string that comes from a file or the database is shown literally
+(`Content`, rich `Text` cells), never parsed as markup.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Sequence
+
+from rich.text import Text
+from textual import on
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.content import Content
+from textual.screen import ModalScreen
+from textual.widgets import DataTable, OptionList, Static
+from textual.widgets.option_list import Option
+
+from chatterm.core.format import fmt_ms, fmt_usd, printable
+from chatterm.core.personas import Persona
+from chatterm.core.store import SessionInfo
+
+HELP_KEYS: tuple[tuple[str, str], ...] = (
+    ("Enter", "send the message"),
+    ("Ctrl+J", "new line in the message (also Shift+Enter / Alt+Enter where the terminal reports them)"),
+    ("Esc", "stop the reply that is streaming (the partial text is kept, marked stopped)"),
+    ("F1 or ?", "this help (? when the prompt is not focused)"),
+    ("F2", "persona picker: switch persona (starts a new conversation)"),
+    ("F3", "past sessions: open one to continue it"),
+    ("F4", "show / hide the latency dashboard"),
+    ("Ctrl+S", "export this session as a Markdown report (data folder, path shown)"),
+    ("Ctrl+N", "new conversation with the same persona"),
+    ("Ctrl+P", "command palette: personas, themes, sessions, export formats"),
+    ("Tab / Shift+Tab", "move focus between the prompt and the conversation"),
+    ("Ctrl+Q", "quit (also mid-reply and while the model loads)"),
+)
+"""Every key the app answers to; docs/tui.md has the same table."""
+
+
+class HelpScreen(ModalScreen[None]):
+    BINDINGS = [Binding("escape,f1,q,question_mark", "dismiss", "Close")]
+
+    def compose(self):
+        width = max(len(k) for k, _ in HELP_KEYS) + 2
+        lines = [Content.assemble((key.ljust(width), "bold"), what) for key, what in HELP_KEYS]
+        with Vertical(id="help-box", classes="modal-box"):
+            yield Static(Content("chatterm — keys"), classes="modal-title")
+            yield Static(Content("\n").join(lines), id="help-keys")
+            yield Static(Content("Esc closes this help."), classes="modal-hint")
+
+
+class PersonaPicker(ModalScreen[str | None]):
+    """Lists personas with whether their KV prefix state is cached on disk."""
+
+    BINDINGS = [Binding("escape", "dismiss_none", "Close")]
+
+    def __init__(self, personas: Sequence[Persona], current: str, cached: dict[str, bool | None]):
+        super().__init__()
+        self._personas = list(personas)
+        self._current = current
+        self._cached = cached
+
+    def _prompt(self, persona: Persona) -> Content:
+        cached = self._cached.get(persona.id)
+        state = {True: "KV state cached on disk", False: "not cached (first use prefills)"}.get(
+            cached, "cache state unknown until the model has loaded"
+        )
+        mark = "● " if persona.id == self._current else "  "
+        return Content.assemble(
+            mark,
+            (printable(persona.name), "bold"),
+            f"  ({persona.id})  ",
+            (state, "italic"),
+            f"\n    {printable(persona.description)}" if persona.description else "",
+        )
+
+    def compose(self):
+        with Vertical(id="persona-box", classes="modal-box"):
+            yield Static(Content("Switch persona"), classes="modal-title")
+            yield OptionList(*[Option(self._prompt(p), id=p.id) for p in self._personas], id="persona-list")
+            yield Static(Content("Enter switches (a new conversation starts) · Esc cancels"), classes="modal-hint")
+
+    def on_mount(self) -> None:
+        options = self.query_one(OptionList)
+        for index, persona in enumerate(self._personas):
+            if persona.id == self._current:
+                options.highlighted = index
+
+    @on(OptionList.OptionSelected)
+    def _chosen(self, event: OptionList.OptionSelected) -> None:
+        self.dismiss(event.option.id)
+
+    def action_dismiss_none(self) -> None:
+        self.dismiss(None)
+
+
+def _when(ts: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(ts))
+
+
+class SessionsScreen(ModalScreen[int | None]):
+    """Past sessions, newest first; Enter opens one."""
+
+    BINDINGS = [Binding("escape", "dismiss_none", "Close")]
+    COLUMNS = ("id", "started", "persona", "model", "turns", "TTFT p50", "cost")
+
+    def __init__(self, sessions: Sequence[SessionInfo], current: int | None):
+        super().__init__()
+        self._sessions = list(sessions)
+        self._current = current
+
+    def compose(self):
+        with Vertical(id="sessions-box", classes="modal-box"):
+            yield Static(Content("Sessions"), classes="modal-title")
+            if self._sessions:
+                yield DataTable(id="sessions-table", cursor_type="row", zebra_stripes=True)
+            else:
+                yield Static(Content("No stored sessions yet: they appear after the first reply."))
+            yield Static(Content("Enter opens a session to continue it · Esc cancels"), classes="modal-hint")
+
+    def on_mount(self) -> None:
+        if not self._sessions:
+            return
+        table = self.query_one(DataTable)
+        table.add_columns(*self.COLUMNS)
+        for info in self._sessions:
+            marker = " ●" if info.id == self._current else ""
+            table.add_row(
+                Text(f"{info.id}{marker}"),
+                Text(_when(info.started_at)),
+                Text(printable(info.persona_id)),
+                Text(printable(info.model_id)),
+                Text(str(info.turns), justify="right"),
+                Text(fmt_ms(info.ttft_p50_ms), justify="right"),
+                Text(fmt_usd(info.cost_usd), justify="right"),
+                key=str(info.id),
+            )
+        table.focus()
+
+    @on(DataTable.RowSelected)
+    def _chosen(self, event: DataTable.RowSelected) -> None:
+        self.dismiss(int(event.row_key.value))
+
+    def action_dismiss_none(self) -> None:
+        self.dismiss(None)

@@ -1,0 +1,62 @@
+"""Fixtures for the Pilot tests: a workspace in tmp_path and an app on a FakeEngine."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from fake_engine import FakeEngine
+
+from chatterm.core.workspace import Workspace
+from chatterm.ui.app import make_app
+
+
+@pytest.fixture
+def workspace(isolated_dirs, tmp_path) -> Workspace:
+    return Workspace.load(db_path=tmp_path / "data" / "chatterm.db")
+
+
+@pytest.fixture
+def build(workspace):
+    """build(replies=..., **make_app_kwargs) -> (app, engine)."""
+
+    def _build(replies=(), *, engine_kwargs=None, **kwargs):
+        engines: list[FakeEngine] = []
+
+        def factory(spec):
+            engine = FakeEngine(spec, workspace.catalog.price(spec.price_profile), replies,
+                                **(engine_kwargs or {}))
+            engines.append(engine)
+            return engine
+
+        kwargs.setdefault("gpu_status", lambda: None)
+        app = make_app(workspace, engine_factory=factory, **kwargs)
+        return app, engines
+
+    return _build
+
+
+async def wait_for(pilot, predicate, timeout: float = 10.0, what: str = "condition") -> None:
+    """Let the app run until `predicate()` holds (never a timing assertion)."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await pilot.pause(0.02)
+        await asyncio.sleep(0)
+
+
+async def loaded(pilot) -> None:
+    await wait_for(pilot, lambda: pilot.app.conversation is not None, what="the model to load")
+
+
+async def send(pilot, text: str) -> None:
+    """Type `text` into the prompt, press Enter, wait for the turn to end."""
+    app = pilot.app
+    before = len(app.conversation.turns)
+    app.query_one("#prompt").focus()
+    app.query_one("#prompt").insert(text)
+    await pilot.press("enter")
+    await wait_for(pilot, lambda: len(app.conversation.turns) > before and not app._turn_active,
+                   what="the reply to finish")
