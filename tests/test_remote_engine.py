@@ -39,24 +39,6 @@ SERVER_KEY = "sk-test-7f3a9c2e41d8b6"
 PRICE = PriceProfile("test-price", "Test", 2.0, 0.5, 8.0, "2025-01-01")
 SERVER_START_S = 90
 
-# Run llama_cpp.server unchanged except for one model parameter. llama.cpp's
-# "extra buffer types" repack weights for AMX where the CPU reports it; on VMs that
-# advertise AMX without enabling its tile state, the first matrix multiply dies
-# with a general protection fault at `ldtilecfg` (seen on this project's CI VM).
-# Plain CPU kernels give the same tokens, so the server under test is unaffected.
-SERVER_LAUNCHER = """
-import runpy, sys
-import llama_cpp.llama_cpp as C
-_default = C.llama_model_default_params
-def _params():
-    p = _default()
-    p.use_extra_bufts = False
-    return p
-C.llama_model_default_params = _params
-sys.argv[0] = "llama_cpp.server"
-runpy.run_module("llama_cpp.server", run_name="__main__", alter_sys=True)
-"""
-
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -116,7 +98,7 @@ def llama_server(tmp_path_factory):
     with log.open("wb") as out:
         proc = subprocess.Popen(
             [
-                sys.executable, "-c", SERVER_LAUNCHER,
+                sys.executable, "-m", "llama_cpp.server",
                 "--model", str(model), "--host", "127.0.0.1", "--port", str(port),
                 "--n_ctx", "2048", "--api_key", SERVER_KEY, "--verbose", "False",
             ],
@@ -129,7 +111,14 @@ def llama_server(tmp_path_factory):
         deadline = time.monotonic() + SERVER_START_S
         while True:
             if proc.poll() is not None:
-                pytest.fail(f"llama_cpp.server exited ({proc.returncode}):\n{log.read_text()[-2000:]}")
+                hint = ""
+                if proc.returncode == -11:
+                    # Seen with a -march=native build on a VM that reports AMX without
+                    # enabling it: llama.cpp faults at `ldtilecfg` on the first matmul.
+                    hint = " (SIGSEGV: rebuild llama-cpp-python with CMAKE_ARGS=-DGGML_NATIVE=OFF)"
+                pytest.fail(
+                    f"llama_cpp.server exited ({proc.returncode}){hint}:\n{log.read_text()[-2000:]}"
+                )
             try:
                 r = httpx.get(f"{url}/models", headers={"Authorization": f"Bearer {SERVER_KEY}"}, timeout=1)
                 if r.status_code == 200:

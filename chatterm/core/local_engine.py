@@ -306,6 +306,8 @@ class LocalEngine(Engine):
         """Prompt tokens that fit n_ctx with room for the reply; (tokens, dropped turns, notices)."""
         assert self.llm is not None
         n_ctx = self.llm.n_ctx()
+        # Room kept for the reply: the persona's max_tokens, capped at a quarter of
+        # the context so a long history is not dropped for a reply that stays short.
         reply_room = min(max_tokens, max(MIN_REPLY_TOKENS, n_ctx // 4))
         history = list(history)
         dropped = 0
@@ -321,12 +323,13 @@ class LocalEngine(Engine):
                 f"Context full ({n_ctx} tokens): dropped the oldest {dropped} "
                 f"turn{'s' if dropped != 1 else ''} from the prompt."
             )
-        if len(tokens) + MIN_REPLY_TOKENS > n_ctx:
+        if len(tokens) + reply_room > n_ctx:
+            # No history left to drop: the message alone is too long. Keep its end
+            # (a pasted document usually ends with the question about it).
             prefix_len = len(self.prefix_tokens(persona))
             message = self.llm.tokenize(user_text.encode("utf-8"), add_bos=False, special=False)
-            overflow = len(tokens) + MIN_REPLY_TOKENS - n_ctx
-            keep = len(message) - overflow - 8  # template tokens may shift by a few
-            if prefix_len + MIN_REPLY_TOKENS + 16 >= n_ctx or keep <= 0:
+            keep = len(message) - (len(tokens) + reply_room - n_ctx) - 8  # template may shift a few
+            if keep <= 0:
                 raise ChattermError(
                     f"the persona prompt ({prefix_len} tokens) leaves no room in the "
                     f"{n_ctx}-token context of model {self.spec.id!r}"
@@ -334,8 +337,8 @@ class LocalEngine(Engine):
             clipped = self.llm.detokenize(message[-keep:]).decode("utf-8", "ignore")
             tokens = self._prompt_tokens(persona, history, clipped)
             notices.append(
-                f"Message too long ({len(message)} tokens): kept its last {keep} tokens "
-                f"to fit the {n_ctx}-token context."
+                f"Message too long ({len(message):,} tokens): kept its last {keep:,} tokens "
+                f"to fit the {n_ctx:,}-token context."
             )
         return tokens, dropped, notices
 

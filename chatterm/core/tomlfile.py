@@ -20,6 +20,11 @@ def read_toml(path: Path) -> dict[str, Any]:
     except FileNotFoundError:
         raise ChattermError(f"{path}: file not found") from None
     except tomllib.TOMLDecodeError as exc:
-        raise ChattermError(f"{path}: invalid TOML: {exc}") from None
+        message = str(exc)
+        if "(at end of document)" in message:
+            # e.g. an unclosed string: name the last line so the user knows where to look.
+            lines = path.read_bytes().count(b"\n") + 1
+            message = message.replace("(at end of document)", f"(at end of document, line {lines})")
+        raise ChattermError(f"{path}: invalid TOML: {message}") from None
     except OSError as exc:
         raise ChattermError(f"{path}: cannot read: {exc.strerror}") from None

@@ -336,6 +336,8 @@ class ChatApp(App[None]):
             self.notify(note, severity="warning", markup=False, timeout=8)
         self._set_status("ready")
         self._show_model()
+        self._persona_state = "preparing…"
+        self.query_one(Dashboard).show_persona(self.persona.name, self._persona_state)
         if event.gpu is not None:
             self.set_interval(self.GPU_POLL_S, self._poll_gpu)
 

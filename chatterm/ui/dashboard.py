@@ -3,7 +3,7 @@
 Contract:
 - The app calls the `show_*` methods from timers and message handlers (4-10 Hz
   while a reply streams, never per token). Each section is one `Static`
-  updated with `layout=False` (about 1-2 ms per update, DESIGN.md); sparklines
+  updated without layout when its size is unchanged (about 1-2 ms, DESIGN.md); sparklines
   get new data only when a turn ends.
 - It formats, it does not compute: every figure comes from `TurnMetrics`,
   `SessionSummary`, `DeviceInfo`, `PrefixReport` or `GpuStatus` and is worded by
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Iterable, Sequence
 
-from textual.containers import VerticalScroll
+from textual.containers import Horizontal, VerticalScroll
 from textual.content import Content
 from textual.widgets import Sparkline, Static
 
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from chatterm.core.engine import DeviceInfo
     from chatterm.core.gpu_telemetry import GpuStatus
 
-LABEL_WIDTH = 11
+LABEL_WIDTH = 12
 NA = "n/a"
 
 
@@ -50,22 +50,35 @@ def turn_state(m: TurnMetrics, running: bool) -> str:
 class Dashboard(VerticalScroll):
     can_focus = False
 
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self._lines: dict[str, int] = {}
+
     def compose(self):
         yield Static(Content("Turn"), classes="title")
         yield Static(rows([("state", "no turn yet")]), id="dash-turn")
         yield Static(Content("Session"), classes="title")
         yield Static(rows([("turns", "0")]), id="dash-session")
-        yield Static(Content("TTFT per turn"), classes="spark-label")
-        yield Sparkline([], id="spark-ttft")
-        yield Static(Content("tok/s per turn"), classes="spark-label")
-        yield Sparkline([], id="spark-rate")
+        yield Static(Content("History (one bar per turn)"), classes="title")
+        with Horizontal(classes="spark-row"):
+            yield Static(Content("TTFT".ljust(LABEL_WIDTH)), classes="spark-label")
+            yield Sparkline([], id="spark-ttft")
+        with Horizontal(classes="spark-row"):
+            yield Static(Content("tok/s".ljust(LABEL_WIDTH)), classes="spark-label")
+            yield Sparkline([], id="spark-rate")
         yield Static(Content("Persona"), classes="title")
         yield Static(rows([("persona", "–")]), id="dash-persona")
         yield Static(Content("Model"), classes="title")
         yield Static(rows([("model", "loading…")]), id="dash-model")
 
-    def _set(self, widget_id: str, content: Content) -> None:
-        self.query_one(f"#{widget_id}", Static).update(content, layout=False)
+    def _set(self, widget_id: str, content: Content, live: bool = False) -> None:
+        # A live update (5 Hz while streaming) skips layout unless its number of
+        # lines changed: a same-size update repaints one widget (about 1 ms)
+        # instead of re-laying out the panel. Rare updates always lay out.
+        lines = len(content.plain.split("\n"))
+        relayout = not live or self._lines.get(widget_id) != lines
+        self._lines[widget_id] = lines
+        self.query_one(f"#{widget_id}", Static).update(content, layout=relayout)
 
     def show_turn(self, m: TurnMetrics | None, running: bool = False) -> None:
         if m is None:
@@ -86,7 +99,7 @@ class Dashboard(VerticalScroll):
             pairs.append(("energy", f"{m.energy_wh:.3f} Wh"))
         if m.error:
             pairs.append(("error", m.error))
-        self._set("dash-turn", rows(pairs))
+        self._set("dash-turn", rows(pairs), live=running)
 
     def show_session(self, summary: SessionSummary, turns: Sequence[TurnMetrics]) -> None:
         pairs = [
@@ -96,7 +109,7 @@ class Dashboard(VerticalScroll):
             ("mean rate", fmt_tok_s(summary.mean_decode_tok_s)),
             ("tokens", f"{fmt_int(summary.prompt_tokens)} in · {fmt_int(summary.generated_tokens)} out"),
             ("total cost", fmt_usd(summary.cost_usd)),
-            ("cache saved", f"{summary.saved_prefill_s:,.2f} s · {fmt_usd(summary.saved_usd)}"),
+            ("cache saved", f"{summary.saved_prefill_s:,.2f} s prefill · {fmt_usd(summary.saved_usd)}"),
         ]
         if summary.energy_wh is not None:
             pairs.append(("energy", f"{summary.energy_wh:.3f} Wh"))

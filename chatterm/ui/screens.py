@@ -43,6 +43,7 @@ HELP_KEYS: tuple[tuple[str, str], ...] = (
 
 class HelpScreen(ModalScreen[None]):
     BINDINGS = [Binding("escape,f1,q,question_mark", "dismiss", "Close")]
+    AUTO_FOCUS = None
 
     def compose(self):
         width = max(len(k) for k, _ in HELP_KEYS) + 2
@@ -57,6 +58,7 @@ class PersonaPicker(ModalScreen[str | None]):
     """Lists personas with whether their KV prefix state is cached on disk."""
 
     BINDINGS = [Binding("escape", "dismiss_none", "Close")]
+    AUTO_FOCUS = "#persona-list"
 
     def __init__(self, personas: Sequence[Persona], current: str, cached: dict[str, bool | None]):
         super().__init__()
@@ -106,6 +108,7 @@ class SessionsScreen(ModalScreen[int | None]):
     """Past sessions, newest first; Enter opens one."""
 
     BINDINGS = [Binding("escape", "dismiss_none", "Close")]
+    AUTO_FOCUS = "#sessions-table"
     COLUMNS = ("id", "started", "persona", "model", "turns", "TTFT p50", "cost")
 
     def __init__(self, sessions: Sequence[SessionInfo], current: int | None):

@@ -1,0 +1,112 @@
+"""End to end: the real `chatterm launch` in a real terminal (tmux), the real default model.
+
+Types a question, waits for the reply and its footer on the captured screen,
+quits with Ctrl+Q, and checks the screen against what the session store
+recorded. Skipped when tmux is missing (CI installs it: .ci/run).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from chatterm.core.format import fmt_ms
+from chatterm.core.store import SessionStore
+
+pytestmark = [
+    pytest.mark.tmux,
+    pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed"),
+]
+
+REPO = Path(__file__).resolve().parent.parent
+FOOTER = re.compile(r"TTFT ([\d,]+ ms|[\d.,]+ s) · [\d.,]+ tok/s")
+
+
+class Tmux:
+    """One private tmux server (its own socket), so a user's tmux is never touched."""
+
+    def __init__(self, name: str):
+        self.socket = name
+        self.target = name
+
+    def run(self, *args: str) -> str:
+        out = subprocess.run(["tmux", "-L", self.socket, *args], capture_output=True, text=True, check=True)
+        return out.stdout
+
+    def screen(self) -> str:
+        return self.run("capture-pane", "-p", "-t", self.target)
+
+    def wait_for(self, predicate, timeout: float, what: str) -> str:
+        """Poll the screen until `predicate(screen)` holds (no fixed sleeps)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            screen = self.screen()
+            if predicate(screen):
+                return screen
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out waiting for {what}; screen:\n{screen}")
+            time.sleep(0.1)
+
+    def kill(self) -> None:
+        subprocess.run(["tmux", "-L", self.socket, "kill-server"], capture_output=True)
+
+
+def title(screen: str) -> str:
+    """The app's title bar (first line): it ends with the app's state."""
+    lines = screen.splitlines()
+    return lines[0] if lines else ""
+
+
+def flat(text: str) -> str:
+    """Screen text with the wrapping and the dashboard's column undone enough to search."""
+    return " ".join(text.split())
+
+
+def test_launch_answers_a_question_in_tmux(tmp_path):
+    db = tmp_path / "data" / "chatterm.db"
+    env = {
+        "CHATTERM_CONFIG_DIR": str(tmp_path / "config"),
+        "CHATTERM_DATA_DIR": str(tmp_path / "data"),
+        "CHATTERM_CACHE_DIR": str(tmp_path / "cache"),
+        "TERM": "xterm-256color",
+    }
+    launch = shlex.join(
+        ["env", *(f"{k}={v}" for k, v in env.items()), sys.executable, "-m", "chatterm", "launch", "--db", str(db)]
+    )
+    # The pane outlives the app so its exit status can be read from the screen.
+    command = f"cd {shlex.quote(str(REPO))} && {launch}; echo CHATTERM-EXIT=$?; sleep 120"
+    tmux = Tmux(f"chatterm-e2e-{os.getpid()}")
+    try:
+        tmux.run("new-session", "-d", "-s", tmux.target, "-x", "120", "-y", "40", command)
+        tmux.wait_for(lambda s: "· ready" in title(s), 90, "the model to load")
+        tmux.run("send-keys", "-t", tmux.target, "-l", "What is the capital of France?")
+        tmux.run("send-keys", "-t", tmux.target, "Enter")
+        screen = tmux.wait_for(
+            lambda s: FOOTER.search(flat(s)) is not None and "· ready" in title(s),
+            120,
+            "the reply and its footer",
+        )
+        tmux.run("send-keys", "-t", tmux.target, "C-q")
+        tmux.wait_for(lambda s: "CHATTERM-EXIT=" in s, 30, "the app to quit")
+        assert "CHATTERM-EXIT=0" in tmux.screen()
+    finally:
+        tmux.kill()
+
+    assert "What is the capital of France?" in screen
+    with SessionStore(db, readonly=True) as store:
+        (session,) = store.sessions()
+        (record,) = store.turns(session.id)
+    assert record.user_text == "What is the capital of France?"
+    assert record.metrics.stop_reason in ("eos", "length") and record.reply.strip()
+    # The reply on screen is the stored one, and so is the TTFT in its footer.
+    first_words = " ".join(re.sub(r"[*_`#>\[\]]", "", record.reply).split()[:4])
+    assert first_words in flat(screen)
+    assert f"TTFT {fmt_ms(record.metrics.ttft_ms)}" in flat(screen)

@@ -1,0 +1,426 @@
+"""Pilot tests of `chatterm launch`'s app on a scripted engine (layout and behaviour).
+
+The engine is fake (tests/ui/fake_engine.py); the store, the settings file,
+the theme files and the export are real files in tmp_path.
+"""
+
+from __future__ import annotations
+
+import sys
+import subprocess
+
+import pytest
+from conftest import loaded, send, wait_for
+from textual.geometry import Region
+from textual.widgets import DataTable, Markdown, OptionList, Static
+
+from chatterm.core.errors import ChattermError
+from chatterm.core.metrics import TurnMetrics
+from chatterm.core.store import SessionStore
+from chatterm.ui.app import ChatApp
+from chatterm.ui.conversation import AssistantReply, Notice, UserMessage
+from chatterm.ui.dashboard import Dashboard
+from chatterm.ui.screens import HELP_KEYS, HelpScreen, PersonaPicker, SessionsScreen
+
+SIZE = (120, 40)
+
+
+def rendered(widget) -> str:
+    """The text a widget draws on screen (what the user sees, styles dropped)."""
+    width, height = widget.size
+    return "\n".join(strip.text for strip in widget.render_lines(Region(0, 0, width, height)))
+
+
+def strips(widget):
+    width, height = widget.size
+    return widget.render_lines(Region(0, 0, width, height))
+
+
+def all_text(app) -> str:
+    return "\n".join(rendered(w) for w in app.screen.query(Static) if w.size.area)
+
+
+async def test_reply_streams_and_dashboard_fills(build):
+    app, engines = build(["Hello **there**, general Kenobi.\n\n- one\n- two"], store=None)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        await send(pilot, "Hi")
+        engine = engines[0]
+        assert engine.received[0][2] == "Hi"
+        reply = app.query_one(AssistantReply)
+        body = rendered(reply.query_one(".body"))
+        assert "Hello there, general Kenobi." in body and "• one" in body
+        # Collapsed: no Markdown widget tree stays behind once the reply ended.
+        assert not reply.query(Markdown)
+        footer = rendered(reply.query_one(".meta"))
+        assert "TTFT" in footer and "tok/s" in footer and "(30 cached)" in footer
+        assert "restored 12 ms" in footer
+        m = app.conversation.turns[0]
+        dash = app.query_one(Dashboard)
+        turn_text = rendered(dash.query_one("#dash-turn"))
+        assert f"generated   {m.generated_tokens}" in turn_text
+        assert "restored 12 ms" in turn_text and "done" in turn_text
+        session_text = rendered(dash.query_one("#dash-session"))
+        assert "turns       1" in session_text and "TTFT p50" in session_text
+        model_text = rendered(dash.query_one("#dash-model"))
+        assert "Fake CPU 9000" in model_text and "123 / 8,192" in model_text
+        assert "GPU mem     n/a" in model_text
+        assert [msg.role for msg in app.conversation.history] == ["user", "assistant"]
+        # A second turn carries the history to the engine.
+        await send(pilot, "And?")
+        assert [msg.content for msg in engine.received[1][1]][0] == "Hi"
+        assert "turns       2" in rendered(dash.query_one("#dash-session"))
+
+
+async def test_turns_are_stored_and_exported_with_the_key(build, workspace, isolated_dirs):
+    store = SessionStore(workspace.db_path)
+    app, _ = build(["Stored reply."], store=store)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        await send(pilot, "Keep this")
+        session_id = app.conversation.session_id
+        assert session_id is not None
+        assert [r.user_text for r in store.turns(session_id)] == ["Keep this"]
+        await pilot.press("ctrl+s")
+        target = isolated_dirs["CHATTERM_DATA_DIR"] / "exports" / f"session-{session_id}.md"
+        await wait_for(pilot, target.exists, what="the export file")
+        await wait_for(pilot, lambda: any(str(target) in n.message for n in app._notifications),
+                       what="the export notification")
+        assert "Keep this" in target.read_text()
+    store.close()
+
+
+async def test_escape_stops_a_reply_and_keeps_the_partial_text(build):
+    app, engines = build(["one two three four five six seven eight"])
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        engines[0].hold_after = 3
+        app.query_one("#prompt").insert("count")
+        await pilot.press("enter")
+        await wait_for(pilot, engines[0].held.is_set, what="the stream to be held")
+        await pilot.press("escape")
+        engines[0].gate.set()
+        await wait_for(pilot, lambda: app.conversation.turns and not app._turn_active,
+                       what="the stopped turn")
+        m = app.conversation.turns[0]
+        assert m.stop_reason == "cancelled" and m.generated_tokens == 3
+        reply = app.query_one(AssistantReply)
+        assert reply.has_class("-stopped")
+        assert "one two three" in rendered(reply.query_one(".body"))
+        assert "four" not in rendered(reply.query_one(".body"))
+        assert "stopped" in rendered(reply.query_one(".meta"))
+        # The partial reply is part of the history the next turn sees.
+        assert app.conversation.history[-1].content == "one two three"
+
+
+async def test_persona_switch_starts_a_new_conversation_and_shows_restore(build):
+    app, engines = build(["First reply."])
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        await wait_for(pilot, lambda: engines[0].prepared == ["assistant"], what="the first prepare")
+        await send(pilot, "Hello")
+        old = app.conversation
+        await pilot.press("f2")
+        picker = app.screen
+        assert isinstance(picker, PersonaPicker)
+        options = picker.query_one(OptionList)
+        texts = [str(options.get_option_at_index(i).prompt) for i in range(options.option_count)]
+        assert any("Assistant" in t and "KV state cached on disk" in t for t in texts)
+        assert any("Terse coder" in t and "not cached" in t for t in texts)
+        index = next(i for i, t in enumerate(texts) if "terse-coder" in t)
+        options.highlighted = index
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: engines[0].prepared[-1:] == ["terse-coder"], what="the prepare")
+        await wait_for(pilot, lambda: "restored from disk" in rendered(app.query_one("#dash-persona")),
+                       what="the persona line")
+        assert app.persona.id == "terse-coder"
+        assert app.conversation is not old and app.conversation.turns == []
+        assert not app.query(UserMessage)
+        assert "New conversation with Terse coder" in rendered(app.query_one(Notice))
+        persona_text = rendered(app.query_one("#dash-persona"))
+        assert "Terse coder" in persona_text and "12 ms" in persona_text
+        assert "turns       0" in rendered(app.query_one("#dash-session"))
+        await send(pilot, "Code?")
+        assert engines[0].received[-1][0] == "terse-coder" and engines[0].received[-1][1] == []
+
+
+async def test_theme_switch_through_the_palette_is_remembered(build, isolated_dirs):
+    settings = isolated_dirs["CHATTERM_CONFIG_DIR"] / "settings.toml"
+    settings.parent.mkdir(parents=True)
+    settings.write_text('[other]\nkeep = "me"\n')
+    app, _ = build()
+    async with app.run_test(size=SIZE) as pilot:
+        assert app.theme == "chatterm-dark"
+        background_before = app.screen.styles.background
+        await pilot.press("ctrl+p")
+        await pilot.press(*"theme")
+        await pilot.pause(0.3)
+        await pilot.press("enter")
+        await pilot.pause(0.3)
+        await pilot.press(*"chatterm-light")
+        await pilot.pause(0.3)
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: app.theme == "chatterm-light", what="the theme to change")
+        await pilot.pause(0.1)
+        assert app.screen.styles.background != background_before
+    text = settings.read_text()
+    assert 'theme = "chatterm-light"' in text and 'keep = "me"' in text
+    again, _ = build()
+    assert again.theme == "chatterm-light"
+    # An explicit --theme wins for that run (and is not saved).
+    explicit, _ = build(theme="chatterm-high-contrast")
+    assert explicit.theme == "chatterm-high-contrast"
+
+
+async def test_broken_theme_file_is_reported_once_and_skipped(build, isolated_dirs):
+    folder = isolated_dirs["CHATTERM_CONFIG_DIR"] / "themes"
+    folder.mkdir(parents=True)
+    (folder / "bad.toml").write_text('name = "bad"\nprimary = "#12345G"\n')
+    (folder / "mine.toml").write_text('name = "mine"\nprimary = "#FF8800"\ndark = false\n')
+    app, _ = build()
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause(0.1)
+        messages = [n.message for n in app._notifications]
+        assert sum("bad.toml" in m for m in messages) == 1
+        assert "bad" not in app.available_themes and "mine" in app.available_themes
+        app.theme = "mine"
+        await pilot.pause(0.1)
+    with pytest.raises(ChattermError, match="unknown theme 'bad'"):
+        build(theme="bad")
+
+
+MARKUP = (
+    "[bold]not bold[/] and [/] and [link=https://example.com]not a link[/link] "
+    "[@click=app.quit]quit[/] \x1b[31mnot red\x1b[0m end"
+)
+
+
+async def test_markup_and_escapes_in_model_output_are_literal(build):
+    app, engines = build([MARKUP, MARKUP])
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        # Held mid-stream: the live Markdown widget shows it literally too.
+        engines[0].hold_after = 6
+        app.query_one("#prompt").insert("[bold]user[/] [/]")
+        await pilot.press("enter")
+        await wait_for(pilot, engines[0].held.is_set, what="the stream to be held")
+        await wait_for(pilot, lambda: "[/] and" in rendered(app.query_one(AssistantReply).query_one(Markdown).query_one("MarkdownParagraph")),
+                       what="streamed text")
+        engines[0].gate.set()
+        await wait_for(pilot, lambda: app.conversation.turns and not app._turn_active, what="the turn")
+        assert app.is_running
+        body = app.query_one(AssistantReply).query_one(".body")
+        text = " ".join(rendered(body).split())  # undo the wrapping
+        assert "[bold]not bold[/] and [/]" in text
+        assert "[link=https://example.com]not a link[/link]" in text
+        assert "[@click=app.quit]quit[/]" in text
+        assert "␛[31mnot red␛[0m" in text and "\x1b" not in text
+        for strip in strips(body):
+            for segment in strip:
+                style = segment.style
+                assert style is None or (not style.link and "@click" not in (style.meta or {}))
+        assert "[bold]user[/] [/]" in rendered(app.query_one(UserMessage))
+        # Stored and shown again after a persona-less restart: still literal.
+        await send(pilot, "again")
+        assert app.is_running
+
+
+async def test_engine_errors_are_shown_not_raised(build):
+    app, engines = build(engine_kwargs={"fail_load": "model [/] file [bold]broken[/bold]: bad magic"})
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.engine_error is not None, what="the load failure")
+        await pilot.pause(0.05)
+        notice = app.query_one(Notice)
+        assert "model [/] file [bold]broken[/bold]: bad magic" in rendered(notice)
+        assert any("bad magic" in n.message for n in app._notifications)
+        app.query_one("#prompt").insert("hello?")
+        await pilot.press("enter")
+        await pilot.pause(0.05)
+        assert app.is_running and not app.query(UserMessage)
+        assert app.query_one("#prompt").text == "hello?"  # kept for later
+
+
+async def test_generation_error_appears_in_the_conversation(build):
+    app, engines = build()
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        engines[0].fail_turn = "context [/] exploded"
+        await send(pilot, "boom")
+        m = app.conversation.turns[0]
+        assert m.stop_reason == "error"
+        errors = [rendered(n) for n in app.query(Notice) if n.has_class("-error")]
+        assert any("Generation failed: context [/] exploded" in e for e in errors)
+        assert app.query_one(AssistantReply).has_class("-error")
+        engines[0].fail_turn = None
+        await send(pilot, "better?")
+        assert app.conversation.turns[1].stop_reason == "eos"
+
+
+async def test_turn_notices_are_shown(build):
+    app, engines = build()
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        engines[0].turn_notices = ["Context full (8192 tokens): dropped the oldest 2 turns from the prompt."]
+        await send(pilot, "hi")
+        assert any("dropped the oldest 2 turns" in rendered(n) for n in app.query(Notice))
+
+
+async def test_empty_message_is_ignored_and_huge_paste_is_accepted(build):
+    app, engines = build()
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        app.query_one("#prompt").insert("   \n  ")
+        await pilot.press("enter")
+        await pilot.pause(0.05)
+        assert not app.query(UserMessage) and engines[0].received == []
+        app.query_one("#prompt").clear()
+        huge = ("word " * 20_000)[:100_000]
+        app.query_one("#prompt").insert(huge)
+        await send(pilot, "!")
+        assert engines[0].received[0][2] == huge + "!"
+        shown = rendered(app.query_one(UserMessage))
+        assert "more characters not shown" in shown
+
+
+async def test_newline_key_inserts_a_line_and_enter_sends(build):
+    app, engines = build()
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        await pilot.press("a", "ctrl+j", "b")
+        assert app.query_one("#prompt").text == "a\nb"
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: app.conversation.turns and not app._turn_active, what="the turn")
+        assert engines[0].received[0][2] == "a\nb"
+        assert app.query_one("#prompt").text == ""
+
+
+async def test_small_terminal_hides_the_dashboard_and_f4_toggles_it(build):
+    app, _ = build()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await loaded(pilot)
+        dashboard = app.query_one(Dashboard)
+        assert not dashboard.display
+        prompt = app.query_one("#prompt")
+        assert prompt.region.width >= 70 and prompt.region.height >= 3
+        assert app.query_one("#conversation").region.height >= 10
+        await pilot.press("f4")
+        await pilot.pause(0.05)
+        assert dashboard.display and dashboard.region.width > 0
+        assert prompt.region.width > 20
+        await pilot.press("f4")
+        await pilot.pause(0.05)
+        assert not dashboard.display
+        await pilot.resize_terminal(140, 40)
+        await pilot.pause(0.05)
+        assert not dashboard.display  # the user's choice holds after a resize
+
+
+async def test_help_screen_lists_every_binding(build):
+    app, _ = build()
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("f1")
+        assert isinstance(app.screen, HelpScreen)
+        text = rendered(app.screen.query_one("#help-keys"))
+        documented = " ".join(key for key, _ in HELP_KEYS).lower()
+        for binding in ChatApp.BINDINGS:
+            for key in binding.key.split(","):
+                name = {"question_mark": "?", "escape": "esc"}.get(key, key)
+                assert name in documented, key
+        assert "Ctrl+J" in text
+        await pilot.press("escape")
+        assert not isinstance(app.screen, HelpScreen)
+        # `?` opens help when the prompt is not focused, and types `?` when it is.
+        await pilot.press("?")
+        assert app.query_one("#prompt").text == "?"
+        app.query_one("#conversation").focus()
+        await pilot.press("question_mark")
+        assert isinstance(app.screen, HelpScreen)
+
+
+def _stored_session(store: SessionStore) -> int:
+    sid = store.create_session(model_id="smollm2-135m", model_identity="abc", engine="local",
+                               device="CPU", persona_id="terse-coder")
+    for i, (question, answer) in enumerate([("What is 2+2?", "4."), ("And 3+3?", "6.")]):
+        m = TurnMetrics(engine="local", model_id="smollm2-135m", persona_id="terse-coder",
+                        submitted_at=1.7e9 + i, ttft_ms=100.0 + i, generated_tokens=3,
+                        decode_ms=40.0, stop_reason="eos")
+        store.record_turn(sid, question, answer, m)
+    return sid
+
+
+async def test_sessions_screen_opens_a_past_session_and_continues_it(build, workspace):
+    store = SessionStore(workspace.db_path)
+    sid = _stored_session(store)
+    app, engines = build(["8."], store=store)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        await pilot.press("f3")
+        screen = app.screen
+        assert isinstance(screen, SessionsScreen)
+        table = screen.query_one(DataTable)
+        assert table.row_count == 1
+        assert str(table.get_row_at(0)[2]) == "terse-coder"
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: app.conversation.session_id == sid, what="the resumed session")
+        users = [rendered(u) for u in app.query(UserMessage)]
+        assert any("What is 2+2?" in u for u in users) and any("And 3+3?" in u for u in users)
+        assert app.persona.id == "terse-coder"
+        await wait_for(pilot, lambda: engines[0].prepared[-1:] == ["terse-coder"], what="the restore")
+        assert "turns       2" in rendered(app.query_one("#dash-session"))
+        await send(pilot, "And 4+4?")
+        assert [m.content for m in engines[0].received[-1][1]] == ["What is 2+2?", "4.", "And 3+3?", "6."]
+        assert [r.user_text for r in store.turns(sid)][-1] == "And 4+4?"
+    store.close()
+
+
+async def test_resume_latest_at_launch_and_bad_ids(build, workspace):
+    store = SessionStore(workspace.db_path)
+    with pytest.raises(ChattermError, match="no stored session"):
+        build(resume="latest", store=store)
+    sid = _stored_session(store)
+    app, engines = build(resume="latest", store=store)
+    assert app.persona.id == "terse-coder"
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        assert len(app.query(UserMessage)) == 2
+        assert app.conversation.session_id == sid and len(app.conversation.history) == 4
+        assert any("Resumed session" in rendered(n) for n in app.query(Notice))
+        footers = [rendered(r.query_one(".meta")) for r in app.query(AssistantReply)]
+        assert footers[0].strip().startswith("TTFT 100 ms · 50.0 tok/s")
+    with pytest.raises(ChattermError, match="unknown session 999"):
+        build(resume=999, store=store)
+    store.close()
+
+
+async def test_quit_mid_reply_cancels_and_closes_the_engine(build):
+    app, engines = build(["a b c d e f g h i j"])
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        engines[0].hold_after = 2
+        app.query_one("#prompt").insert("go")
+        await pilot.press("enter")
+        await wait_for(pilot, engines[0].held.is_set, what="the stream to be held")
+        await pilot.press("ctrl+q")
+        engines[0].gate.set()
+    assert not app.is_running
+    # The turn thread saw the cancel; whoever was last closed the engine.
+    await wait_for_thread(lambda: engines[0].closed)
+
+
+async def wait_for_thread(predicate, timeout: float = 10.0) -> None:
+    import asyncio
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "engine was not closed"
+        await asyncio.sleep(0.02)
+
+
+def test_importing_the_app_loads_no_model():
+    code = (
+        "import sys, chatterm.ui.app, chatterm.cli.launch_cmd; "
+        "print('llama_cpp' in sys.modules, 'torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "False"]
