@@ -29,12 +29,9 @@ LONG_PERSONA = "shop-support"
 
 
 @pytest.fixture
-def workspace(tmp_path, monkeypatch) -> Workspace:
-    monkeypatch.setenv("CHATTERM_CONFIG_DIR", str(tmp_path / "config"))
-    monkeypatch.setenv("CHATTERM_CACHE_DIR", str(tmp_path / "cache"))
-    ws = Workspace.load(resources.bundled_models_file(), tmp_path / "chatterm.db")
-    ws.kv_dir = tmp_path / "cache" / "kv"
-    return ws
+def workspace(tmp_path) -> Workspace:
+    # conftest's isolated_dirs points the KV cache folder at tmp_path.
+    return Workspace.load(resources.bundled_models_file(), tmp_path / "chatterm.db")
 
 
 def greedy(persona, max_tokens=16):

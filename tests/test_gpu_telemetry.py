@@ -204,3 +204,16 @@ def test_a_bad_price_in_the_environment_is_one_clear_error(monkeypatch, raw):
     with pytest.raises(ChattermError) as err:
         resolve_usd_per_kwh(0.2)
     assert USD_PER_KWH_ENV in str(err.value) and repr(raw) in str(err.value)
+
+
+def test_default_price_is_the_catalogs(monkeypatch):
+    from dataclasses import fields
+
+    from chatterm.core import resources
+    from chatterm.core.models import ModelCatalog, load_catalog
+
+    monkeypatch.delenv(USD_PER_KWH_ENV, raising=False)
+    default = next(f.default for f in fields(ModelCatalog) if f.name == "usd_per_kwh")
+    assert DEFAULT_USD_PER_KWH == default
+    catalog = load_catalog(resources.bundled_models_file())
+    assert resolve_usd_per_kwh(catalog.usd_per_kwh) == catalog.usd_per_kwh

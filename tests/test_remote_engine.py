@@ -222,6 +222,20 @@ def test_cancel_closes_the_stream_and_the_server_stops(engine, llama_server):
     assert after.metrics.error is None and after.reply
 
 
+def test_prompt_over_the_server_context_is_explained(engine):
+    # ~2,500 real tokens against the server's 2,048: llama-cpp-python fails inside
+    # the stream and just ends it. The turn must say why, not hang or crash.
+    persona = make_persona(prompt="You are a helpful assistant. " + "word " * 2500)
+    turn = engine.start_turn(persona, [], "Hello")
+    drain(turn)
+    m = turn.metrics
+    assert m.stop_reason == "error" and "may exceed its context" in m.error
+    assert any("may not fit the 2048-token context" in n for n in turn.notices)
+    after = engine.start_turn(make_persona(max_tokens=4), [], "Hi")
+    drain(after)
+    assert after.metrics.error is None
+
+
 def test_wrong_api_key_is_refused_and_never_shown(llama_server, monkeypatch):
     wrong = "sk-wrong-5be1c0ffee9d"
     monkeypatch.setenv(KEY_ENV, wrong)
@@ -383,6 +397,46 @@ def test_malformed_event_ends_the_turn_and_keeps_the_partial_reply(scripted):
     assert turn.reply == "Hel" and m.stop_reason == "error"
     assert "malformed event" in m.error and "{not json" in m.error
     assert m.ttft_ms is not None and m.generated_tokens == 1
+    eng.close()
+
+
+@pytest.mark.parametrize(
+    "error_event",
+    [
+        {"error": {"message": "KV cache exhausted", "type": "server_error"}},  # OpenAI shape
+        {"object": "error", "message": "KV cache exhausted", "code": 500},  # older vLLM
+    ],
+)
+def test_error_event_mid_stream_surfaces_its_message(scripted, error_event):
+    def script(h):
+        h.start_events()
+        h.event(chunk("Par"))
+        h.event(error_event)
+
+    scripted.script = script
+    eng = RemoteEngine(make_spec(scripted.url), PRICE)
+    turn = eng.start_turn(make_persona(), [], "Hello")
+    drain(turn)
+    assert turn.reply == "Par" and turn.metrics.stop_reason == "error"
+    assert "KV cache exhausted" in turn.metrics.error
+    eng.close()
+
+
+def test_a_reply_that_is_not_a_stream_is_an_error(scripted):
+    def script(h):
+        body = json.dumps({"message": "streaming disabled on this deployment"}).encode()
+        h.send_response(200)
+        h.send_header("Content-Type", "application/json")
+        h.send_header("Content-Length", str(len(body)))
+        h.end_headers()
+        h.wfile.write(body)
+
+    scripted.script = script
+    eng = RemoteEngine(make_spec(scripted.url), PRICE)
+    turn = eng.start_turn(make_persona(), [], "Hello")
+    drain(turn)
+    assert turn.metrics.stop_reason == "error"
+    assert "did not stream" in turn.metrics.error and "streaming disabled" in turn.metrics.error
     eng.close()
 
 

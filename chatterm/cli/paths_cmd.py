@@ -13,6 +13,14 @@ def register(sub, common) -> None:
     p.set_defaults(func=run)
 
 
+def _gpu_offload() -> str:
+    import llama_cpp
+
+    if llama_cpp.llama_supports_gpu_offload():
+        return "available (this llama-cpp-python was built with a GPU backend)"
+    return "not available (CPU build of llama-cpp-python; see README, GPU)"
+
+
 def run(args: argparse.Namespace) -> int:
     ws = workspace(args)
     rows = [
@@ -24,6 +32,7 @@ def run(args: argparse.Namespace) -> int:
         ("exports", paths.exports_dir()),
         ("persona KV cache", ws.kv_dir),
         ("default model", f"{ws.catalog.default_model} -> {ws.catalog.get(None).source}"),
+        ("GPU offload", _gpu_offload()),
     ]
     width = max(len(name) for name, _ in rows)
     for name, value in rows:

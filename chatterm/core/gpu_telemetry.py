@@ -18,9 +18,8 @@ Contract:
   and returns the trapezoid integral in Wh, or None when no sample was read.
   NVML's reading is itself an average over 1/6..1 s (per torch's docs; 1 s on
   Ampere and newer), so energies of turns shorter than a second are estimates.
-- The electricity price: `CHATTERM_USD_PER_KWH` overrides the catalog's
-  `[energy] usd_per_kwh`, which defaults to `DEFAULT_USD_PER_KWH`
-  (`resolve_usd_per_kwh`).
+- The electricity price: `CHATTERM_USD_PER_KWH` overrides models.toml's
+  `[defaults] usd_per_kwh` (`ModelCatalog.usd_per_kwh`); see `resolve_usd_per_kwh`.
 """
 
 from __future__ import annotations
@@ -38,8 +37,8 @@ from chatterm.core.errors import ChattermError
 log = logging.getLogger(__name__)
 
 USD_PER_KWH_ENV = "CHATTERM_USD_PER_KWH"
-DEFAULT_USD_PER_KWH = 0.15
-"""A round placeholder, not a measured tariff: set your own price."""
+DEFAULT_USD_PER_KWH = 0.30
+"""Same as ModelCatalog.usd_per_kwh's default: a round figure, not a measured tariff."""
 
 PowerReader = Callable[[], "float | None"]
 """Returns the current power draw in watts, or None when it cannot be read."""
@@ -203,7 +202,7 @@ def energy_meter_or_none(
 
 def resolve_usd_per_kwh(configured: float | None = None) -> float:
     """The electricity price: $CHATTERM_USD_PER_KWH, else `configured` (the
-    catalog's `[energy] usd_per_kwh`), else DEFAULT_USD_PER_KWH."""
+    catalog's `[defaults] usd_per_kwh`), else DEFAULT_USD_PER_KWH."""
     raw = os.environ.get(USD_PER_KWH_ENV)
     if raw is None or not raw.strip():
         return DEFAULT_USD_PER_KWH if configured is None else configured

@@ -23,11 +23,13 @@ Contract (in addition to `chatterm.core.engine`):
   the prompt plus the reply's token budget fits `spec.n_ctx`.
 - Cancel closes the HTTP stream, which is how every one of these servers learns
   to stop generating. `Turn.cancel()` from another thread also shuts the
-  socket down, so a server that is silent (a long prefill) cannot hold the
-  worker thread until its next event.
+  socket down once response headers have arrived, so a server that is silent
+  (a long prefill) cannot hold the worker thread until its next event.
 - Failures (connection, timeout, HTTP 4xx/5xx with the server's own reason,
   malformed events, a stream cut short) end the turn with
   `stop_reason == "error"` and a one-line `metrics.error`; the partial reply stays.
+  After a failed turn the pooled connections are dropped: a server that failed
+  mid-reply often closes the connection just after answering.
 """
 
 from __future__ import annotations
@@ -288,6 +290,15 @@ class RemoteEngine(Engine):
             )
         messages = [system, *past[start:], user]
         metrics.prompt_tokens = estimate_prompt_tokens(messages)
+        if metrics.prompt_tokens + MIN_REPLY_TOKENS > n_ctx:
+            # Sent anyway: the estimate may be wrong, and the server's answer says
+            # what really happened. This notice explains a rejection or a cut stream.
+            turn.prompt_may_overflow = True
+            turn.notices.append(
+                f"The prompt (~{metrics.prompt_tokens} tokens, estimated at {CHARS_PER_TOKEN} "
+                f"characters per token) may not fit the {n_ctx}-token context of model "
+                f"{self.spec.id!r} (n_ctx in models.toml)."
+            )
         metrics.prefilled_tokens = metrics.prompt_tokens
         # Servers such as vLLM reject prompt + max_tokens > context outright; ask for
         # no more than what is left (by the estimate), and never less than the room
@@ -304,6 +315,10 @@ class RemoteEngine(Engine):
         }
         return turn
 
+    def _drop_connections(self) -> None:
+        """Forget pooled connections (after a failed turn); the next request reconnects."""
+        self.close()
+
     def close(self) -> None:
         if self._client is not None:
             self._client.close()
@@ -318,6 +333,16 @@ def _read_timeout(exc: Exception, default: float) -> float:
         return default
 
 
+def _read_bounded(resp: httpx.Response) -> bytes:
+    """The start of a response body (an error reason), never more than ERROR_BODY_MAX_BYTES."""
+    body = b""
+    for chunk in resp.iter_bytes():
+        body += chunk
+        if len(body) >= ERROR_BODY_MAX_BYTES:
+            break
+    return body[:ERROR_BODY_MAX_BYTES]
+
+
 def _redact(text: str, key: str) -> str:
     return text.replace(key, "***") if key else text
 
@@ -330,6 +355,8 @@ class RemoteTurn(Turn):
         """The request body (messages after trimming); never holds the key."""
         self._sock: socket.socket | None = None
         self._sock_lock = threading.Lock()
+        self.prompt_may_overflow = False
+        """The estimated prompt leaves no room for a reply in n_ctx."""
         self._usage: dict[str, Any] | None = None
         self._timings: dict[str, Any] | None = None
 
@@ -354,17 +381,20 @@ class RemoteTurn(Turn):
                     return
                 key = engine._api_key()
                 yield from self._exchange(key)
-            except ChattermError as exc:
-                if not self.cancelled:
-                    raise ChattermError(_redact(str(exc), key)) from None
-            except httpx.HTTPError as exc:
-                if not self.cancelled:
-                    raise ChattermError(engine._transport_error(exc, key)) from None
-            except Exception as exc:  # noqa: BLE001 - redact before Turn.stream reports it
-                if not self.cancelled:
-                    raise ChattermError(
-                        _redact(f"{type(exc).__name__}: {_one_line(exc, 120)}", key)
-                    ) from None
+            except Exception as exc:  # noqa: BLE001 - redacted here, reported by Turn.stream
+                if self.cancelled:
+                    return  # a cancel that broke the read is not an error
+                # A server that failed mid-reply may close the connection right after
+                # answering; reusing it from the pool would fail the next turn with
+                # "connection reset". Start the next turn on a fresh connection.
+                engine._drop_connections()
+                if isinstance(exc, ChattermError):
+                    message = str(exc)
+                elif isinstance(exc, httpx.HTTPError):
+                    message = engine._transport_error(exc, key)
+                else:
+                    message = f"{type(exc).__name__}: {_one_line(exc, 120)}"
+                raise ChattermError(_redact(message, key)) from None
             finally:
                 self._settle_counts()
 
@@ -374,19 +404,14 @@ class RemoteTurn(Turn):
             "POST", "/chat/completions", json=self.body, headers=engine._headers(key)
         ) as resp:
             if resp.status_code >= 400:
-                body = b""
-                for chunk in resp.iter_bytes():
-                    body += chunk
-                    if len(body) > ERROR_BODY_MAX_BYTES:
-                        break
-                reason = _reason_from_body(body) or resp.reason_phrase
-                raise ChattermError(
-                    _redact(f"server {engine._url}: HTTP {resp.status_code} {reason}", key)
-                )
+                reason = _reason_from_body(_read_bounded(resp)) or resp.reason_phrase
+                raise ChattermError(f"server {engine._url}: HTTP {resp.status_code} {reason}")
             ctype = resp.headers.get("content-type", "")
             if "text/event-stream" not in ctype:
+                reason = _reason_from_body(_read_bounded(resp))
                 raise ChattermError(
-                    f"server {engine._url} did not stream (content-type {_one_line(ctype, 60)!r})"
+                    f"server {engine._url} did not stream (content-type "
+                    f"{_one_line(ctype, 60)!r}){': ' + reason if reason else ''}"
                 )
             stream = resp.extensions.get("network_stream")
             with self._sock_lock:
@@ -416,8 +441,10 @@ class RemoteTurn(Turn):
                 raise ChattermError(
                     _redact(f"malformed event from {self._engine._url}: {_one_line(data, 80)!r}", key)
                 ) from None
-            if "error" in event:
-                err = event["error"]
+            if "error" in event or event.get("object") == "error":
+                # {"error": {...}} (OpenAI shape) or {"object": "error", "message": ...}
+                # (older vLLM): the server gave up mid-reply and said why.
+                err = event.get("error") or event
                 msg = err.get("message", err) if isinstance(err, dict) else err
                 raise ChattermError(
                     _redact(f"server {self._engine._url}: {_one_line(msg)}", key)
@@ -439,8 +466,15 @@ class RemoteTurn(Turn):
         if self.cancelled:
             return
         if finish is None and not done:
+            # Servers that fail mid-stream (llama-cpp-python: prompt over its context)
+            # just end the stream; the reason is only in the server's log.
+            hint = (
+                "; the prompt may exceed its context"
+                if self.prompt_may_overflow
+                else "; its log has the reason"
+            )
             raise ChattermError(
-                f"server {self._engine._url} closed the stream before the reply finished"
+                f"server {self._engine._url} closed the stream before the reply finished{hint}"
             )
         self.metrics.stop_reason = _FINISH_TO_STOP.get(finish or "", "eos")
 
