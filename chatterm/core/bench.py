@@ -168,13 +168,10 @@ def _bench_local(engine, persona: Persona, runs: int, say: Report) -> dict[str, 
 
     path = cache.path_for(engine.spec.id, persona.id)
     file_bytes = path.stat().st_size
-    read_ms = []
-    for _ in range(runs):
-        loaded = KVStateCache(cache.folder).load(
-            engine.spec.id, persona.id, engine._compat(persona, prefix)
-        )
-        read_ms.append(loaded.read_ms)
-    state_bytes = loaded.header.get("state_size", len(loaded.payload))
+    read_ms = [cache.read_ms(engine.spec.id, persona.id) for _ in range(runs)]
+    with open(path, "rb") as fh:
+        header = KVStateCache.read_header(fh)
+    state_bytes = header["state_size"]
 
     baseline = _bench_baseline(engine, persona, runs, say)
 

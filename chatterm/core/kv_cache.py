@@ -6,18 +6,27 @@ File layout (little-endian):
     u32               format version (FORMAT_VERSION)
     u32               header length H
     H bytes           UTF-8 JSON header
-    payload           the raw `llama_state_get_data` blob
+    payload           the raw `llama_state_seq_get_data` blob of sequence 0
 
 Contract:
 - No pickle anywhere: the header is JSON, the payload raw bytes handed to
   llama.cpp only after every check passed.
-- `load()` returns the payload only when the header's `compat` equals the
-  caller's expected `compat` key by key (model sha256, llama.cpp build, KV types,
-  flash attention, rope parameters, template hash, persona hash, prefix tokens
-  ...), the payload length matches and its sha256 matches. Anything else is a
-  `Miss` with a one-line reason; the caller rebuilds and overwrites the file.
-  The sha256 check can run on another core while llama.cpp loads the payload
-  (`LoadedState.verify()`); the caller must discard the state if it fails.
+- `load()` maps the file and returns its payload only when the header's
+  `compat` equals the caller's expected `compat` key by key (model sha256,
+  llama.cpp build, KV types, flash attention, rope parameters, template hash,
+  persona hash, prefix tokens ...) and the payload length matches. Anything
+  else is a `Miss` with a one-line reason; the caller rebuilds and overwrites
+  the file. The payload's integrity is checked by `LoadedState.verify()`: the
+  CRC-32 of every 4 MiB chunk, listed in the header beside the whole payload's
+  sha256, computed on all cores while llama.cpp copies the payload in; the
+  caller discards the restored state when it fails. CRC-32 rather than sha256
+  at restore time because it is twice as fast here (12.7 vs 22.5 ms for 54 MB
+  on 2 cores) and catches corruption as well; neither digest could stop a
+  deliberate forgery (whoever can rewrite the payload can rewrite the header),
+  which is what the 0700 folder is for.
+- The payload is memory-mapped (copy-on-write), not read: llama.cpp copies it
+  straight from the page cache into the KV cache, so a restore costs about
+  what reading the file would (`chatterm bench` reports both).
 - `save()` writes atomically (temp + fsync + rename) into a 0700 folder with
   0600 files, then evicts least-recently-used files beyond the size budget.
   A failed write disables saving for this process and keeps the reason in
@@ -29,9 +38,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import mmap
 import os
 import struct
 import time
+import zlib
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,15 +62,33 @@ class Miss:
     reason: str
 
 
+CHUNK_BYTES = 4 << 20
+
+
+def chunk_crc32s(payload: memoryview, workers: int | None = None) -> list[int]:
+    """CRC-32 of each CHUNK_BYTES slice, computed on all cores (zlib releases the GIL)."""
+    chunks = [payload[i : i + CHUNK_BYTES] for i in range(0, payload.nbytes, CHUNK_BYTES)]
+    workers = workers or max(os.cpu_count() or 1, 1)
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        return list(pool.map(zlib.crc32, chunks))
+
+
 @dataclass
 class LoadedState:
     header: dict[str, Any]
-    payload: bytearray
-    read_ms: float
+    payload: memoryview
+    """The payload, mapped from the file (writable copy-on-write pages, as ctypes needs)."""
+    map_ms: float
+    _mapping: mmap.mmap
 
     def verify(self) -> bool:
-        """sha256 of the payload equals the header's (hashlib releases the GIL)."""
-        return hashlib.sha256(self.payload).hexdigest() == self.header.get("payload_sha256")
+        """Every chunk's CRC-32 equals the header's."""
+        return chunk_crc32s(self.payload) == self.header.get("chunk_crc32")
+
+    def close(self) -> None:
+        """Unmap the file; every buffer made from `payload` must be gone by now."""
+        self.payload.release()
+        self._mapping.close()
 
 
 @dataclass(frozen=True)
@@ -126,7 +156,7 @@ class KVStateCache:
         path = self.path_for(model_id, persona_id)
         t0 = time.perf_counter()
         try:
-            with open(path, "rb", buffering=0) as fh:
+            with open(path, "rb") as fh:
                 try:
                     header = self.read_header(fh)
                 except ValueError as exc:
@@ -138,26 +168,39 @@ class KVStateCache:
                             "state file rejected: "
                             + _describe_difference(key, found.get(key), compat.get(key))
                         )
+                offset = fh.tell()
                 size = header.get("payload_len")
-                if not isinstance(size, int) or size <= 0:
-                    return Miss("state file rejected: corrupt header (payload length)")
-                payload = bytearray(size)
-                got = fh.readinto(payload)
-                extra = fh.read(1)
+                if not isinstance(size, int) or size <= 0 or not isinstance(header.get("chunk_crc32"), list):
+                    return Miss("state file rejected: corrupt header (payload length or digests)")
+                file_size = os.fstat(fh.fileno()).st_size
+                if file_size < offset + size:
+                    return Miss(
+                        f"state file rejected: payload truncated ({file_size - offset} of {size} bytes)"
+                    )
+                if file_size > offset + size:
+                    return Miss("state file rejected: trailing bytes after payload")
+                mapping = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY)
         except FileNotFoundError:
             return Miss("no state file yet")
         except OSError as exc:
-            return Miss(f"state file unreadable: {exc.strerror}")
-        if got != size:
-            return Miss(f"state file rejected: payload truncated ({got} of {size} bytes)")
-        if extra:
-            return Miss("state file rejected: trailing bytes after payload")
-        read_ms = (time.perf_counter() - t0) * 1000.0
+            return Miss(f"state file unreadable: {exc.strerror or exc}")
+        if hasattr(mapping, "madvise"):
+            mapping.madvise(mmap.MADV_WILLNEED)
         try:
             os.utime(path)  # last used, for LRU eviction
         except OSError:
             pass
-        return LoadedState(header, payload, read_ms)
+        payload = memoryview(mapping)[offset : offset + size]
+        return LoadedState(header, payload, (time.perf_counter() - t0) * 1000.0, mapping)
+
+    def read_ms(self, model_id: str, persona_id: str) -> float:
+        """Time to read the whole file into memory (what a plain load would cost)."""
+        path = self.path_for(model_id, persona_id)
+        t0 = time.perf_counter()
+        with open(path, "rb", buffering=0) as fh:
+            buffer = bytearray(os.fstat(fh.fileno()).st_size)
+            fh.readinto(buffer)
+        return (time.perf_counter() - t0) * 1000.0
 
     # -- writing ---------------------------------------------------------
     def save(
@@ -174,6 +217,8 @@ class KVStateCache:
             "compat": compat,
             "payload_len": view.nbytes,
             "payload_sha256": hashlib.sha256(view).hexdigest(),
+            "chunk_bytes": CHUNK_BYTES,
+            "chunk_crc32": chunk_crc32s(view),
             "created_at": time.time(),
         }
         blob = json.dumps(header, separators=(",", ":")).encode("utf-8")

@@ -379,18 +379,22 @@ class LocalEngine(Engine):
         """Load a checked state into the context; None on success, else the reason."""
         llm = self.llm
         assert llm is not None
-        # Verify the payload's sha256 on the other core while llama.cpp copies
-        # it in (both release the GIL); a mismatch discards the restored state.
+        self._clear_context()
+        # Verify the payload's chunk digests on the other core(s) while llama.cpp
+        # copies it in (both release the GIL); a mismatch discards the state.
         verdict: list[bool] = []
         checker = threading.Thread(target=lambda: verdict.append(loaded.verify()), daemon=True)
         checker.start()
-        size = len(loaded.payload)
+        size = loaded.payload.nbytes
         buffer = (ctypes.c_uint8 * size).from_buffer(loaded.payload)
-        used = llama_cpp.llama_state_set_data(llm.ctx, buffer, size)
+        # The sequence API, not llama_state_set_data: the latter first clears the
+        # whole n_ctx-sized KV buffer (~190 MB memset for 8k context on SmolLM2).
+        used = llama_cpp.llama_state_seq_set_data(llm.ctx, buffer, size, 0)
         checker.join()
         del buffer
+        loaded.close()
         if used == 0 or not verdict or not verdict[0]:
-            # llama.cpp clears the KV cache on failure; our bookkeeping must follow.
+            # llama.cpp may have loaded some cells; our bookkeeping must match an empty cache.
             self._clear_context()
             return (
                 "state file rejected: payload checksum mismatch"
@@ -408,11 +412,16 @@ class LocalEngine(Engine):
             return
         llm = self.llm
         assert llm is not None
-        size = llama_cpp.llama_state_get_size(llm.ctx)
+        size = llama_cpp.llama_state_seq_get_size(llm.ctx, 0)
         buffer = (ctypes.c_uint8 * size)()
-        written = llama_cpp.llama_state_get_data(llm.ctx, buffer, size)
+        written = llama_cpp.llama_state_seq_get_data(llm.ctx, buffer, size, 0)
         payload = memoryview(buffer)[:written]
-        info = {"n_prefix_tokens": len(prefix), "prefill_ms": prefill_ms, "state_size": size}
+        info = {
+            "n_prefix_tokens": len(prefix),
+            "prefill_ms": prefill_ms,
+            "state_size": llama_cpp.llama_state_get_size(llm.ctx),
+            "seq_state_size": size,
+        }
         compat = self._compat(persona, prefix)
         # The copy above took a few ms; writing and fsync-ing tens of MB must not
         # delay the first token, so it happens in the background.
