@@ -267,15 +267,17 @@ class ChatApp(App[None]):
     # -- model loading ----------------------------------------------------------
     @work(thread=True, exclusive=True, group="load", exit_on_error=False)
     def _load_engine(self) -> None:
+        engine: Engine | None = None
         try:
             engine = self.engine_factory(self.spec)
             engine.load(lambda fraction: self.post_message(self.LoadProgressed(fraction)))
-        except ChattermError as exc:
-            self.post_message(self.LoadFailed(str(exc)))
-            return
         except Exception as exc:  # noqa: BLE001 - shown to the user, never a traceback
-            log.exception("model load failed")
-            self.post_message(self.LoadFailed(f"{type(exc).__name__}: {exc}"))
+            if not isinstance(exc, ChattermError):
+                log.exception("model load failed")
+            message = str(exc) if isinstance(exc, ChattermError) else f"{type(exc).__name__}: {exc}"
+            if engine is not None:
+                _close_quietly(engine)
+            self.post_message(self.LoadFailed(message))
             return
         if not self.lease.adopt(engine):
             return  # the app quit while the model loaded
@@ -284,7 +286,7 @@ class ChatApp(App[None]):
                 device = engine.device()
                 # The GPU probe may import torch (seconds): here, off the UI thread.
                 gpu = self._probe_gpu()
-                energy = self.energy_meter_factory() if gpu is not None else None
+                energy = self._make_energy_meter() if gpu is not None else None
                 self.post_message(self.EngineLoaded(engine, device, gpu, energy))
                 self._prepare(engine, self.persona)
         except EngineClosing:
@@ -292,6 +294,13 @@ class ChatApp(App[None]):
         except Exception as exc:  # noqa: BLE001
             log.exception("engine set-up failed")
             self.post_message(self.LoadFailed(f"{type(exc).__name__}: {exc}"))
+
+    def _make_energy_meter(self) -> "EnergyMeter | None":
+        try:
+            return self.energy_meter_factory()
+        except Exception:  # noqa: BLE001 - no meter means energy shows "n/a"
+            log.debug("no energy meter", exc_info=True)
+            return None
 
     def _probe_gpu(self) -> "GpuStatus | None":
         try:
@@ -410,10 +419,10 @@ class ChatApp(App[None]):
                 severity="warning",
                 markup=False,
             )
-        await self._start_over(f"New conversation with {persona.name}.")
         if self.lease.engine is not None:
             self._persona_state = "preparing…"
-            self.query_one(Dashboard).show_persona(persona.name, self._persona_state)
+        await self._start_over(f"New conversation with {persona.name}.")
+        if self.lease.engine is not None:
             self._prepare_worker(persona)
 
     async def _start_over(self, notice: str, resume: Resume | None = None) -> None:
@@ -638,9 +647,10 @@ class ChatApp(App[None]):
             self.notify(warning, severity="warning", markup=False)
         self._cancel_turn()
         self.persona = persona or self.persona
-        await self._start_over(f"Resumed session {session_id} ({len(resume.records)} turns).", resume)
         if self.lease.engine is not None:
             self._persona_state = "preparing…"
+        await self._start_over(f"Resumed session {session_id} ({len(resume.records)} turns).", resume)
+        if self.lease.engine is not None:
             self._prepare_worker(self.persona)
 
     async def action_new_conversation(self) -> None:
@@ -722,6 +732,13 @@ class ChatApp(App[None]):
                                 partial(self.action_export, fmt))
         yield SystemCommand("Toggle dashboard", "Show or hide the latency dashboard (F4)", self.action_toggle_dashboard)
         yield SystemCommand("Help", "Every key (F1)", self.action_help)
+
+
+def _close_quietly(engine: Engine) -> None:
+    try:
+        engine.close()
+    except Exception:  # noqa: BLE001 - the load error is the one to show
+        log.debug("closing a half-loaded engine failed", exc_info=True)
 
 
 def read_resume(

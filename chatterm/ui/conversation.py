@@ -134,8 +134,12 @@ class AssistantReply(Vertical):
         markdown = self.query_one(Markdown)
         with self.app.batch_update():
             await self.mount(collapsed_body(done), before=markdown)
-            await markdown.update(self._live)
+            # update("") then append, not update(tail): after update(text)
+            # Markdown resumes appending from the text's LAST line, which would
+            # re-parse an open code fence from its middle.
+            await markdown.update("")
         self._stream = Markdown.get_stream(markdown)
+        await self._stream.write(self._live)
 
     async def stop_stream(self) -> None:
         if self._stream is not None:

@@ -11,10 +11,11 @@ from __future__ import annotations
 import time
 from typing import Sequence
 
+from rich.table import Table
 from rich.text import Text
 from textual import on
 from textual.binding import Binding
-from textual.containers import Vertical
+from textual.containers import Vertical, VerticalScroll
 from textual.content import Content
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, OptionList, Static
@@ -46,11 +47,16 @@ class HelpScreen(ModalScreen[None]):
     AUTO_FOCUS = None
 
     def compose(self):
-        width = max(len(k) for k, _ in HELP_KEYS) + 2
-        lines = [Content.assemble((key.ljust(width), "bold"), what) for key, what in HELP_KEYS]
+        # A grid, so a wrapped description stays in its column (80x24 included).
+        grid = Table.grid(padding=(0, 2))
+        grid.add_column(no_wrap=True, style="bold")
+        grid.add_column()
+        for key, what in HELP_KEYS:
+            grid.add_row(Text(key), Text(what))
         with Vertical(id="help-box", classes="modal-box"):
             yield Static(Content("chatterm — keys"), classes="modal-title")
-            yield Static(Content("\n").join(lines), id="help-keys")
+            with VerticalScroll(id="help-scroll"):
+                yield Static(grid, id="help-keys")
             yield Static(Content("Esc closes this help."), classes="modal-hint")
 
 

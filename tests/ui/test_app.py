@@ -424,3 +424,25 @@ def test_importing_the_app_loads_no_model():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False"]
+
+
+async def test_command_palette_switches_persona_and_exports_csv(build, workspace, isolated_dirs):
+    store = SessionStore(workspace.db_path)
+    app, engines = build(store=store)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        await pilot.press("ctrl+p")
+        await pilot.press(*"Persona: Terse")
+        await pilot.pause(0.3)
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: app.persona.id == "terse-coder", what="the persona switch")
+        await wait_for(pilot, lambda: engines[0].prepared[-1:] == ["terse-coder"], what="the prepare")
+        await send(pilot, "hello")
+        await pilot.press("ctrl+p")
+        await pilot.press(*"Export session: CSV")
+        await pilot.pause(0.3)
+        await pilot.press("enter")
+        target = isolated_dirs["CHATTERM_DATA_DIR"] / "exports" / f"session-{app.conversation.session_id}.csv"
+        await wait_for(pilot, target.exists, what="the CSV export")
+        assert "terse-coder" in target.read_text()
+    store.close()
