@@ -181,14 +181,17 @@ def test_mismatched_kv_settings_are_a_miss(ws, persona):
     assert "flash attn differs" in detail or "type k differs" in detail, detail
 
 
-def test_q8_0_kv_cache_restores_like_f16(ws, persona):
-    first = make_engine(ws, "smollm2-135m-q8kv")
+@pytest.mark.parametrize("kv_type", ["q8_0", "q4_0"])
+def test_quantized_kv_cache_restores_like_f16(ws, persona, kv_type):
+    spec = replace(ws.catalog.get("smollm2-135m-q8kv"), id=f"smollm2-{kv_type}", kv_type=kv_type)
+    ws.catalog.models[spec.id] = spec
+    first = make_engine(ws, spec.id)
     try:
         _, reply = run_turn(first, persona)
         first.wait_for_saves()
     finally:
         first.close()
-    second = make_engine(ws, "smollm2-135m-q8kv")
+    second = make_engine(ws, spec.id)
     try:
         turn, again = run_turn(second, persona)
     finally:
