@@ -538,9 +538,10 @@ class LocalTurn(Turn):
             m.prompt_tokens = len(tokens)
             m.cached_tokens = min(common, len(tokens) - 1)
             m.prefilled_tokens = len(tokens) - m.cached_tokens
+            # Saved = cached tokens at this persona's measured cold prefill rate, net of
+            # the restore; a cold prefix was paid for (now or at switch time).
             rate = engine._prefill_ms_per_token.get(self.persona.fingerprint)
             if rate and report.outcome in ("restored", "memory"):
-                # A cold prefix was paid for (now or at switch time): nothing saved.
                 m.saved_prefill_ms = max(m.cached_tokens * rate - (m.restore_ms or 0.0), 0.0)
 
             if report.outcome == "cold" and pending is None:
