@@ -125,6 +125,16 @@ def test_missing_model_file_is_exit_2_with_the_path(tmp_path):
     assert "Traceback" not in result.stderr
 
 
+def test_wrong_types_in_models_toml_are_one_line_errors(tmp_path):
+    models = tmp_path / "models.toml"
+    models.write_text(
+        (REPO / "models.toml").read_text().replace("n_ctx = 8192\nn_gpu_layers", 'n_ctx = 8192\nn_threads = "x"\nn_gpu_layers', 1)
+    )
+    result = chatterm(tmp_path, "--models", str(models), "ask", "hi")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "n_threads" in result.stderr and str(models) in result.stderr
+
+
 def test_malformed_models_toml_names_file_and_line(tmp_path):
     models = tmp_path / "bad.toml"
     models.write_text('[defaults]\nmodel = "x"\n[models.x\n')
@@ -141,4 +151,6 @@ def test_malformed_persona_file_is_reported_and_others_still_load(tmp_path):
     assert result.returncode == 0
     assert "broken.toml" in result.stdout and "line" in result.stdout
     bad = chatterm(tmp_path, "ask", "--persona", "broken", "hi")
-    assert bad.returncode == 2 and "assistant" in bad.stderr  # the others are listed
+    assert bad.returncode == 2 and "broken.toml" in bad.stderr  # why it is missing
+    other = chatterm(tmp_path, "ask", "--persona", "nobody", "hi")
+    assert other.returncode == 2 and "assistant" in other.stderr  # the others are listed

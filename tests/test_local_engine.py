@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import threading
+import time
 import stat
 import struct
 from dataclasses import replace
@@ -267,6 +269,29 @@ def test_cancel_keeps_partial_reply_and_context_stays_usable(ws):
         engine.close()
 
 
+def test_cancel_interrupts_a_long_prefill(ws):
+    persona = greedy(ws.personas.get("shop-support"), max_tokens=8)
+    engine = make_engine(ws)
+    try:
+        turn = engine.start_turn(persona, [], "Hello?")
+        worker = threading.Thread(target=lambda: list(turn.stream()))
+        worker.start()
+        time.sleep(0.5)  # the 2,365-token prefill takes seconds on the CPU
+        turn.cancel()
+        worker.join()
+        assert turn.metrics.stop_reason == "cancelled"
+        assert turn.metrics.generated_tokens == 0
+        prefix = engine.prefix_tokens(persona)
+        assert engine.llm.n_tokens < len(prefix)  # aborted mid-prefill, not run to the end
+        assert not engine.persona_cached(persona)  # a partial prefix is never saved
+
+        small = greedy(ws.personas.get("terse-coder"))
+        follow, reply = run_turn(engine, small)  # the context is usable afterwards
+        assert reply.strip() and follow.metrics.stop_reason in ("eos", "length")
+    finally:
+        engine.close()
+
+
 def test_context_overflow_drops_oldest_turns_never_the_persona(ws, tmp_path):
     persona = greedy(ws.personas.get("terse-coder"), max_tokens=16)
     small = replace(ws.catalog.get(None), id="tiny-ctx", n_ctx=512)
@@ -334,9 +359,9 @@ def test_missing_and_corrupt_gguf_are_one_line_errors(ws, tmp_path):
     bogus_path.write_bytes(b"this is not a model" * 100)
     bogus = replace(missing, id="bogus", source=str(bogus_path))
     truncated_path = tmp_path / "truncated.gguf"
-    truncated_path.write_bytes(ws.catalog.get(None).model_path().read_bytes()[:4096])
+    truncated_path.write_bytes(ws.catalog.get(None).model_path().read_bytes()[:50_000_000])
     truncated = replace(missing, id="truncated", source=str(truncated_path))
-    for spec, words in ((missing, "not found"), (bogus, "not a GGUF"), (truncated, "could not load")):
+    for spec, words in ((missing, "not found"), (bogus, "not a GGUF"), (truncated, "not within the file bounds")):
         engine = LocalEngine(spec, ws.catalog.price(spec.price_profile))
         with pytest.raises(ChattermError) as info:
             engine.load()

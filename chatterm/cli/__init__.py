@@ -14,6 +14,7 @@ from pathlib import Path
 
 from chatterm import __version__
 from chatterm.core.errors import ChattermError
+from chatterm.core.format import printable
 
 # Subcommand modules, in the order `chatterm --help` lists them.
 COMMAND_MODULES = ("launch", "ask", "bench", "sessions", "export", "cache", "paths")
@@ -67,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except ChattermError as exc:
-        print(f"chatterm: error: {exc}", file=sys.stderr)
+        print(f"chatterm: error: {printable(str(exc))}", file=sys.stderr)
         return exc.exit_status
     except KeyboardInterrupt:
         print("chatterm: interrupted", file=sys.stderr)

@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     text = _message(args)
     store = None if args.no_store else SessionStore(ws.db_path)
     try:
-        history, turns, persona_id = [], [], args.persona
+        history, turns, persona_id, model_id = [], [], args.persona, args.model
         if args.session is not None:
             if store is None:
                 raise ChattermError("--session needs the session database (drop --no-store)")
@@ -62,10 +62,14 @@ def run(args: argparse.Namespace) -> int:
                 raise ChattermError(
                     f"session {args.session} uses persona {info.persona_id!r}, not {args.persona!r}"
                 )
-            persona_id = info.persona_id
+            if args.model and args.model != info.model_id:
+                raise ChattermError(
+                    f"session {args.session} uses model {info.model_id!r}, not {args.model!r}"
+                )
+            persona_id, model_id = info.persona_id, info.model_id
             history = store.history(args.session)
             turns = [record.metrics for record in store.turns(args.session)]
-        spec, persona = ws.resolve(args.model, persona_id)
+        spec, persona = ws.resolve(model_id, persona_id)
         engine = ws.make_engine(spec)
         engine.load()
         try:
@@ -83,11 +87,16 @@ def run(args: argparse.Namespace) -> int:
             m = turn.metrics
         finally:
             engine.close()  # waits for a background state-file write
+        # The state file is written after the reply; a failed write shows up here.
+        late = engine.cache_notice()
+        if late:
+            turn.notices.append(late)
         if args.json:
             print(json.dumps({
                 "reply": turn.reply,
                 "session_id": conversation.session_id,
                 "notices": turn.notices,
+                "store_error": conversation.store_error,
                 "metrics": m.to_dict(),
             }, indent=2))
         else:
@@ -95,12 +104,12 @@ def run(args: argparse.Namespace) -> int:
                 sys.stdout.write("\n")
             sys.stdout.flush()
             for notice in turn.notices:
-                print(f"note: {notice}", file=sys.stderr)
+                print(f"note: {printable(notice)}", file=sys.stderr)
             print(footer_line(m), file=sys.stderr)
             if conversation.store_error:
-                print(f"warning: {conversation.store_error}", file=sys.stderr)
+                print(f"warning: {printable(conversation.store_error)}", file=sys.stderr)
         if m.stop_reason == "error":
-            print(f"chatterm: error: {m.error}", file=sys.stderr)
+            print(f"chatterm: error: {printable(m.error or '')}", file=sys.stderr)
             return 1
         return 130 if m.stop_reason == "cancelled" else 0
     finally:

@@ -8,11 +8,19 @@ other subcommands do not pay for it.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
+from typing import Iterator
 
 from chatterm.cli.common import add_model_persona_options, workspace
+from chatterm.core import paths
+
+LOG_FILE_NAME = "launch.log"
 
 
-def _session_id(value: str) -> int:
+def _session_id(value: str) -> int | str:
+    if value == "latest":  # argparse passes the const through `type` too
+        return value
     try:
         number = int(value)
     except ValueError:
@@ -43,6 +51,31 @@ def register(sub, common) -> None:
     p.set_defaults(func=run)
 
 
+@contextlib.contextmanager
+def _logging_to_file() -> Iterator[None]:
+    """While the app owns the terminal, log records go to the data folder's
+    launch.log: a record written to stderr would draw over the screen."""
+    root = logging.getLogger()
+    handlers = root.handlers[:]
+    path = paths.data_dir() / LOG_FILE_NAME
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handler: logging.Handler = logging.FileHandler(path, encoding="utf-8")
+    except OSError:
+        handler = logging.NullHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    for old in handlers:
+        root.removeHandler(old)
+    root.addHandler(handler)
+    try:
+        yield
+    finally:
+        root.removeHandler(handler)
+        handler.close()
+        for old in handlers:
+            root.addHandler(old)
+
+
 def run(args: argparse.Namespace) -> int:
     from chatterm.core.store import SessionStore
     from chatterm.ui.app import make_app
@@ -58,7 +91,8 @@ def run(args: argparse.Namespace) -> int:
             resume=args.resume,
             store=store,
         )
-        app.run()
+        with _logging_to_file():
+            app.run()
     finally:
         store.close()
     return app.return_code or 0

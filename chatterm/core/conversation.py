@@ -96,5 +96,5 @@ class Conversation:
                 )
             self.store.record_turn(self.session_id, text, turn.reply, m)
         except Exception as exc:  # noqa: BLE001 - chat goes on; the UI shows store_error
-            log.exception("could not store turn")
+            log.debug("could not store turn", exc_info=True)
             self.store_error = f"session not saved: {exc}"

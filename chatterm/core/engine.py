@@ -111,7 +111,9 @@ class Turn(ABC):
             self._cancel.set()
             raise
         except Exception as exc:  # noqa: BLE001 - a turn must never crash its caller
-            log.exception("turn failed")
+            # The error reaches the user through metrics.error; the traceback
+            # only with debug logging (chatterm -v), never in their face.
+            log.debug("turn failed", exc_info=True)
             self._fail(f"{type(exc).__name__}: {exc}")
         finally:
             self._finish()
@@ -152,8 +154,9 @@ class Turn(ABC):
         for callback in self._finished:
             try:
                 callback(self)
-            except Exception:  # noqa: BLE001 - recording must not break the stream
-                log.exception("turn finish callback failed")
+            except Exception as exc:  # noqa: BLE001 - recording must not break the stream
+                log.warning("turn finish callback failed: %s", exc)
+                log.debug("turn finish callback failed", exc_info=True)
 
 
 class Engine(ABC):
@@ -182,6 +185,10 @@ class Engine(ABC):
     def persona_cached(self, persona: Persona) -> bool:
         """Whether a persona's prefix state is ready on disk (always False remotely)."""
         return False
+
+    def cache_notice(self) -> str | None:
+        """A one-time notice about the persona cache (e.g. it cannot be written)."""
+        return None
 
     def prepare_persona(self, persona: Persona) -> PrefixReport:
         """Make the persona's prefix ready now (e.g. on a persona switch)."""

@@ -262,8 +262,23 @@ class KVStateCache:
                 found.append(CacheEntry(path, path.parent.name, path.stem, 0, st.st_size, st.st_mtime, False))
         return found
 
+    def sweep_temp_files(self, older_than_s: float = 3600.0) -> int:
+        """Delete temp files left by writers that died mid-write (a live writer's
+        temp file is seconds old; an hour-old one has no owner)."""
+        removed = 0
+        cutoff = time.time() - older_than_s
+        for tmp in self.folder.glob("*/.*.tmp") if self.folder.is_dir() else []:
+            try:
+                if tmp.stat().st_mtime < cutoff:
+                    tmp.unlink()
+                    removed += 1
+            except OSError:
+                pass
+        return removed
+
     def evict(self, keep: Path | None = None) -> list[Path]:
         """Remove least-recently-used files until the total fits the budget."""
+        self.sweep_temp_files()
         entries = sorted(self.entries(), key=lambda e: e.last_used)
         total = sum(e.bytes for e in entries)
         removed: list[Path] = []
@@ -281,6 +296,8 @@ class KVStateCache:
         return removed
 
     def clear(self, persona_id: str | None = None) -> int:
+        if persona_id is None:
+            self.sweep_temp_files(older_than_s=60.0)
         count = 0
         for entry in self.entries():
             if persona_id is None or entry.persona_id == persona_id:

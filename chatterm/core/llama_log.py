@@ -8,9 +8,11 @@ Records go to the "llama.cpp" logger; lines are joined until a newline.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import threading
+from typing import Iterator
 
 import llama_cpp
 
@@ -41,6 +43,31 @@ def _callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
         _emit(level, text.decode("utf-8", "replace"))
     except Exception:  # noqa: BLE001 - never raise into C
         pass
+
+
+class _Collector(logging.Handler):
+    def __init__(self, into: list[str]):
+        super().__init__(logging.ERROR)
+        self.into = into
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.into.append(record.getMessage())
+
+
+@contextlib.contextmanager
+def capture_errors() -> Iterator[list[str]]:
+    """Collect llama.cpp's ERROR lines while the block runs.
+
+    llama-cpp-python points stderr at /dev/null while it loads a model, so the
+    reason a load failed ("tensor ... data is not within the file bounds") would
+    otherwise never reach the user."""
+    errors: list[str] = []
+    handler = _Collector(errors)
+    logger.addHandler(handler)
+    try:
+        yield errors
+    finally:
+        logger.removeHandler(handler)
 
 
 def install() -> None:

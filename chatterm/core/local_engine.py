@@ -122,7 +122,11 @@ class LocalEngine(Engine):
         self._model_sha256 = ""
         self._compat_base: dict[str, Any] = {}
         self._prefix_cache: dict[str, list[int]] = {}
-        self._pending: dict[str, PrefixReport] = {}
+        self._pending: tuple[str, PrefixReport] | None = None
+        """(persona fingerprint, report) of a prefix made ready by prepare_persona
+        and not yet used by a turn; cleared whenever the context is cleared."""
+        self._running: LocalTurn | None = None
+        self._abort_flag = ctypes.create_string_buffer(2)
         self._cache_warned = False
         self._savers: list[threading.Thread] = []
         self._prefill_ms_per_token: dict[str, float] = {}
@@ -147,16 +151,21 @@ class LocalEngine(Engine):
                     verbose=False,
                 )
 
-        try:
-            self.llm, self.plan, notes = offload.load_with_fallback(
-                plan, try_load, offload.gguf_block_count(path)
-            )
-        except (ValueError, RuntimeError) as exc:
-            raise ChattermError(f"{path}: llama.cpp could not load the model: {exc}") from None
+        with llama_log.capture_errors() as errors:
+            try:
+                self.llm, self.plan, notes = offload.load_with_fallback(
+                    plan, try_load, offload.gguf_block_count(path)
+                )
+            except (ValueError, RuntimeError, MemoryError) as exc:
+                # llama.cpp's first error is the specific one ("tensor ... not
+                # within the file bounds"); later ones just say the load failed.
+                reason = errors[0].strip() if errors else str(exc)
+                raise ChattermError(f"{path}: llama.cpp could not load the model: {reason}") from None
         self.load_notes = list(notes)
         self._model_sha256 = sha256_of_file(path)
         self._compat_base = self._compat_fields(path)
         self._formatters()
+        self._install_abort_flag()
         self._warm_up()
         if progress is not None:
             progress(1.0)
@@ -215,6 +224,29 @@ class LocalEngine(Engine):
         self._vocab = llama_cpp.llama_model_get_vocab(llm.model)
         self._piece = ctypes.create_string_buffer(64)
 
+    def _install_abort_flag(self) -> None:
+        """Let a cancel interrupt a long prefill (CPU backend only).
+
+        llama.cpp calls the abort callback from its compute thread before every
+        graph node. A Python callback would take the GIL ~1,000 times per decode,
+        and wait up to the 5 ms switch interval each time the UI thread holds it.
+        So the callback is libc's `strlen`, pointed at a two-byte buffer: it
+        returns 1 (true) once byte 0 is set, 0 otherwise, with no Python involved.
+        """
+        self._abort_flag = ctypes.create_string_buffer(2)
+        try:
+            strlen = ctypes.CDLL(None).strlen
+        except (OSError, AttributeError):  # no libc symbols (e.g. Windows): cancel waits for the prefill
+            self._abort_callback = None
+            return
+        self._abort_callback = llama_cpp.ggml_abort_callback(ctypes.cast(strlen, ctypes.c_void_p).value)
+        llama_cpp.llama_set_abort_callback(
+            self.llm.ctx, self._abort_callback, ctypes.cast(self._abort_flag, ctypes.c_void_p)
+        )
+
+    def _set_abort(self, on: bool) -> None:
+        self._abort_flag[0] = b"\x01" if on else b"\x00"
+
     def _warm_up(self) -> None:
         """Decode a short batch and a single token, then forget them: the first
         decode of a fresh context carries a one-time cost (DESIGN.md)."""
@@ -231,6 +263,7 @@ class LocalEngine(Engine):
     def _clear_context(self) -> None:
         llm = self.llm
         assert llm is not None
+        self._pending = None
         llm.reset()
         llm._ctx.kv_cache_seq_rm(-1, 0, -1)
 
@@ -443,7 +476,7 @@ class LocalEngine(Engine):
     def prepare_persona(self, persona: Persona) -> PrefixReport:
         with self._lock:
             report = self._ensure_prefix(persona, self.prefix_tokens(persona))
-            self._pending[persona.fingerprint] = report
+            self._pending = (persona.fingerprint, report)
             return report
 
     def cache_notice(self) -> str | None:
@@ -465,9 +498,10 @@ class LocalEngine(Engine):
 
     def close(self) -> None:
         self.wait_for_saves()
-        if self.llm is not None:
-            self.llm.close()
-            self.llm = None
+        with self._lock:  # never free the model under a running turn
+            if self.llm is not None:
+                self.llm.close()
+                self.llm = None
 
 
 def _cpu_name() -> str:
@@ -503,97 +537,122 @@ class LocalTurn(Turn):
         self.perf: dict[str, float] = {}
         """llama.cpp's own counters for this turn (llama_perf_context)."""
 
+    def cancel(self) -> None:
+        super().cancel()
+        if self.engine._running is self:
+            self.engine._set_abort(True)  # interrupts a prefill in progress
+
     def _produce(self) -> Iterator[str]:
         engine = self.engine
         with engine._lock:
-            llm = engine.llm
-            if llm is None:
+            if engine.llm is None:
                 raise ChattermError("the model is not loaded")
-            m = self.metrics
-            s = self.persona.sampling
-            llama_cpp.llama_synchronize(llm.ctx)
-            llama_cpp.llama_perf_context_reset(llm.ctx)
-            prefix = engine.prefix_tokens(self.persona)
-            pending = engine._pending.pop(self.persona.fingerprint, None)
-            report = engine._ensure_prefix(self.persona, prefix)
-            if pending is not None and report.outcome == "memory":
-                report = pending  # made ready at switch time: report how, not "memory"
-            m.cache_outcome = report.outcome
-            m.cache_detail = report.detail
-            if report.outcome == "restored":
-                m.restore_ms = report.ms
-            notice = engine.cache_notice()
-            if notice:
-                self.notices.append(notice)
-
-            tokens, m.dropped_turns, notices = engine.fit_prompt(
-                self.persona, self.history, self.user_text, s.max_tokens
-            )
-            self.notices.extend(notices)
-            if tokens[: len(prefix)] != prefix:
-                m.cache_detail = "chat template does not start with the persona prefix: full prefill"
-            n_ctx = llm.n_ctx()
-            max_tokens = min(s.max_tokens, n_ctx - len(tokens))
-            common = _common_prefix(llm.input_ids[: llm.n_tokens].tolist(), tokens)
-            m.prompt_tokens = len(tokens)
-            m.cached_tokens = min(common, len(tokens) - 1)
-            m.prefilled_tokens = len(tokens) - m.cached_tokens
-            # Saved = cached tokens at this persona's measured cold prefill rate, net of
-            # the restore; a cold prefix was paid for (now or at switch time).
-            rate = engine._prefill_ms_per_token.get(self.persona.fingerprint)
-            if rate and report.outcome in ("restored", "memory"):
-                m.saved_prefill_ms = max(m.cached_tokens * rate - (m.restore_ms or 0.0), 0.0)
-
-            if report.outcome == "cold" and pending is None:
-                # The prefix was prefilled by this turn, not reused.
-                m.cached_tokens = max(m.cached_tokens - len(prefix), 0)
-                m.prefilled_tokens = len(tokens) - m.cached_tokens
-                prefix_prefill_ms = report.ms
-            else:
-                prefix_prefill_ms = 0.0
-
-            decoder = codecs.getincrementaldecoder("utf-8")("replace")
-            if s.temperature > 0:
-                llm.set_seed(s.seed)
-            t_prefill = time.perf_counter()
-            generator = llm.generate(
-                tokens,
-                top_k=s.top_k,
-                top_p=s.top_p,
-                min_p=s.min_p,
-                temp=s.temperature,
-                repeat_penalty=s.repeat_penalty,
-                reset=True,
-            )
+            engine._set_abort(False)
+            engine._running = self
             try:
-                for token in generator:
-                    self._token_arrived()
-                    if m.generated_tokens == 1:
-                        m.prefill_ms = prefix_prefill_ms + (time.perf_counter() - t_prefill) * 1000.0
-                    if llama_cpp.llama_vocab_is_eog(engine._vocab, token):
-                        m.stop_reason = "eos"
-                        break
-                    yield decoder.decode(engine.token_bytes(token))
-                    if self.cancelled:
-                        m.stop_reason = "cancelled"
-                        break
-                    if m.generated_tokens >= max_tokens:
-                        m.stop_reason = "length"
-                        break
-                else:
-                    m.stop_reason = "eos"
+                if not self.cancelled:
+                    yield from self._run(engine, engine.llm)
+            except RuntimeError:
+                if not self.cancelled:
+                    raise
+                # llama_decode returned 2: the prefill was aborted by cancel().
             finally:
-                generator.close()
-                tail = decoder.decode(b"", final=True)
-                if tail:
-                    self.reply += tail
-                perf = llama_cpp.llama_perf_context(llm.ctx)
-                self.perf = {
-                    "t_p_eval_ms": perf.t_p_eval_ms,
-                    "n_p_eval": perf.n_p_eval,
-                    "t_eval_ms": perf.t_eval_ms,
-                    "n_eval": perf.n_eval,
-                }
+                engine._running = None
+                engine._set_abort(False)
+            if self.cancelled and not self.metrics.stop_reason:
+                self.metrics.stop_reason = "cancelled"
+
+    def _run(self, engine: LocalEngine, llm: llama_cpp.Llama) -> Iterator[str]:
+        m = self.metrics
+        s = self.persona.sampling
+        llama_cpp.llama_synchronize(llm.ctx)
+        llama_cpp.llama_perf_context_reset(llm.ctx)
+        prefix = engine.prefix_tokens(self.persona)
+        pending, engine._pending = engine._pending, None
+        report = engine._ensure_prefix(self.persona, prefix)
+        from_switch = (
+            pending is not None
+            and pending[0] == self.persona.fingerprint
+            and report.outcome == "memory"
+        )
+        if from_switch:
+            report = pending[1]  # made ready at switch time: report how, not "memory"
+        m.cache_outcome = report.outcome
+        m.cache_detail = report.detail
+        if report.outcome == "restored":
+            m.restore_ms = report.ms
+        notice = engine.cache_notice()
+        if notice:
+            self.notices.append(notice)
+
+        tokens, m.dropped_turns, notices = engine.fit_prompt(
+            self.persona, self.history, self.user_text, s.max_tokens
+        )
+        self.notices.extend(notices)
+        if tokens[: len(prefix)] != prefix:
+            m.cache_detail = "chat template does not start with the persona prefix: full prefill"
+        n_ctx = llm.n_ctx()
+        max_tokens = min(s.max_tokens, n_ctx - len(tokens))
+        common = _common_prefix(llm.input_ids[: llm.n_tokens].tolist(), tokens)
+        m.prompt_tokens = len(tokens)
+        m.cached_tokens = min(common, len(tokens) - 1)
+        m.prefilled_tokens = len(tokens) - m.cached_tokens
+        # Saved = cached tokens at this persona's measured cold prefill rate, net of
+        # the restore; a cold prefix was paid for (now or at switch time).
+        rate = engine._prefill_ms_per_token.get(self.persona.fingerprint)
+        if rate and report.outcome in ("restored", "memory"):
+            m.saved_prefill_ms = max(m.cached_tokens * rate - (m.restore_ms or 0.0), 0.0)
+
+        if report.outcome == "cold" and not from_switch:
+            # The prefix was prefilled by this turn, not reused.
+            m.cached_tokens = max(m.cached_tokens - len(prefix), 0)
+            m.prefilled_tokens = len(tokens) - m.cached_tokens
+            prefix_prefill_ms = report.ms
+        else:
+            prefix_prefill_ms = 0.0
+
+        decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        if s.temperature > 0:
+            llm.set_seed(s.seed)
+        t_prefill = time.perf_counter()
+        generator = llm.generate(
+            tokens,
+            top_k=s.top_k,
+            top_p=s.top_p,
+            min_p=s.min_p,
+            temp=s.temperature,
+            repeat_penalty=s.repeat_penalty,
+            reset=True,
+        )
+        try:
+            for token in generator:
+                self._token_arrived()
+                if m.generated_tokens == 1:
+                    m.prefill_ms = prefix_prefill_ms + (time.perf_counter() - t_prefill) * 1000.0
+                if llama_cpp.llama_vocab_is_eog(engine._vocab, token):
+                    m.stop_reason = "eos"
+                    break
+                yield decoder.decode(engine.token_bytes(token))
+                if self.cancelled:
+                    m.stop_reason = "cancelled"
+                    break
+                if m.generated_tokens >= max_tokens:
+                    m.stop_reason = "length"
+                    break
+            else:
+                m.stop_reason = "eos"
+        finally:
+            generator.close()
+            tail = decoder.decode(b"", final=True)
+            if tail:
+                self.reply += tail
+            perf = llama_cpp.llama_perf_context(llm.ctx)
+            self.perf = {
+                "t_p_eval_ms": perf.t_p_eval_ms,
+                "n_p_eval": perf.n_p_eval,
+                "t_eval_ms": perf.t_eval_ms,
+                "n_eval": perf.n_eval,
+            }
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:

@@ -165,6 +165,16 @@ def _model_from(path: Path, mid: str, raw: dict[str, Any]) -> ModelSpec:
         raise _bad(path, where, "a local model needs 'source' (a GGUF path or package:MODULE/FILE)")
     if kind == "openai" and not (raw.get("base_url") and raw.get("model")):
         raise _bad(path, where, "an openai model needs 'base_url' and 'model'")
+    for name in ("connect_timeout_s", "read_timeout_s"):
+        value = raw.get(name, 1.0)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            raise _bad(path, where, f"{name} {value!r} must be a number of seconds > 0")
+    threads = raw.get("n_threads")
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+        raise _bad(path, where, f"n_threads {threads!r} must be an integer >= 1")
+    for name in ("label", "source", "base_url", "model", "api_key_env", "price_profile"):
+        if name in raw and not isinstance(raw[name], str):
+            raise _bad(path, where, f"{name} {raw[name]!r} must be a string")
     known = {
         "kind", "label", "source", "n_ctx", "n_gpu_layers", "kv_type", "flash_attn",
         "price_profile", "n_threads", "base_url", "model", "api_key_env",

@@ -230,8 +230,13 @@ def _read(f: BinaryIO, fmt: str) -> Any:
     return struct.unpack(fmt, data)[0]
 
 
+_MAX_STRING = 1 << 24  # metadata strings are short; a huge length means a corrupt file
+
+
 def _read_string(f: BinaryIO) -> str:
     n = _read(f, "<Q")
+    if n > _MAX_STRING:
+        raise ValueError("corrupt GGUF header (string length)")
     data = f.read(n)
     if len(data) != n:
         raise EOFError("truncated GGUF header")
@@ -277,6 +282,6 @@ def gguf_block_count(path: Path) -> int | None:
                     counts[key] = value
                 if arch is not None and f"{arch}.block_count" in counts:
                     return counts[f"{arch}.block_count"]
-    except (OSError, EOFError, ValueError, struct.error) as exc:
+    except (OSError, EOFError, ValueError, struct.error, MemoryError, OverflowError) as exc:
         log.debug("cannot read GGUF header of %s: %s", path, exc)
     return None

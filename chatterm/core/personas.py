@@ -97,12 +97,16 @@ def load_persona_file(path: Path) -> Persona:
 class PersonaSet:
     personas: dict[str, Persona]
     errors: list[str]
+    broken: dict[str, str] = field(default_factory=dict)
+    """Persona id -> why its file was skipped."""
 
     def get(self, persona_id: str | None) -> Persona:
         persona_id = persona_id or DEFAULT_PERSONA
         try:
             return self.personas[persona_id]
         except KeyError:
+            if persona_id in self.broken:
+                raise ChattermError(self.broken[persona_id]) from None
             valid = ", ".join(sorted(self.personas)) or "(none)"
             raise ChattermError(f"unknown persona {persona_id!r}; valid personas: {valid}") from None
 
@@ -115,6 +119,7 @@ def load_personas(user_dir: Path | None = None) -> PersonaSet:
     user_dir = paths.user_personas_dir() if user_dir is None else user_dir
     found: dict[str, Persona] = {}
     errors: list[str] = []
+    broken: dict[str, str] = {}
     folders = [resources.builtin_personas_dir()]
     if user_dir.is_dir():
         folders.append(user_dir)
@@ -124,6 +129,8 @@ def load_personas(user_dir: Path | None = None) -> PersonaSet:
                 persona = load_persona_file(path)
             except ChattermError as exc:
                 errors.append(str(exc))
+                broken[path.stem] = str(exc)
                 continue
+            broken.pop(path.stem, None)
             found[persona.id] = persona
-    return PersonaSet(found, errors)
+    return PersonaSet(found, errors, {k: v for k, v in broken.items() if k not in found})

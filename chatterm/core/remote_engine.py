@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import threading
 import time
@@ -76,8 +77,14 @@ def estimate_prompt_tokens(messages: Iterable[dict[str, str]]) -> int:
     return sum(estimate_tokens(m["content"]) + MESSAGE_OVERHEAD_TOKENS for m in messages)
 
 
-def _one_line(text: str, limit: int = REASON_MAX_CHARS) -> str:
-    line = " ".join(str(text).split())
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def _one_line(text: object, limit: int = REASON_MAX_CHARS) -> str:
+    """One printable line: whitespace collapsed, control characters (ANSI/OSC
+    escapes from a hostile server) removed, cut to `limit`. Redact secrets
+    *before* calling this, or a key cut in half survives the redaction."""
+    line = " ".join(_CONTROL.sub(" ", str(text)).split())
     return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
@@ -91,13 +98,13 @@ def _public_url(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
 
 
-def _reason_from_body(body: bytes) -> str:
+def _reason_from_body(body: bytes, key: str) -> str:
     """The server's own explanation from an error body, whichever shape it uses.
 
     OpenAI / vLLM / SGLang / llama.cpp: {"error": {"message": ...}};
     older vLLM: {"message": ...}; FastAPI (llama-cpp-python): {"detail": ...}.
     """
-    text = body.decode("utf-8", "replace")
+    text = _redact(body.decode("utf-8", "replace"), key)
     try:
         data = json.loads(text)
     except ValueError:
@@ -190,11 +197,11 @@ class RemoteEngine(Engine):
         elif isinstance(exc, httpx.ReadTimeout):
             what = f"no data for {_read_timeout(exc, self.spec.read_timeout_s):g} s (read_timeout_s)"
         elif isinstance(exc, httpx.ConnectError):
-            what = f"cannot connect ({_one_line(exc, 80) or type(exc).__name__})"
+            what = f"cannot connect ({_one_line(_redact(str(exc), key), 80) or type(exc).__name__})"
         elif isinstance(exc, httpx.RemoteProtocolError):
-            what = f"connection broken ({_one_line(exc, 80)})"
+            what = f"connection broken ({_one_line(_redact(str(exc), key), 80)})"
         else:
-            what = f"{type(exc).__name__}: {_one_line(exc, 80)}"
+            what = f"{type(exc).__name__}: {_one_line(_redact(str(exc), key), 80)}"
         return _redact(f"server {self._url}: {what}", key)
 
     # -- Engine ------------------------------------------------------------
@@ -213,7 +220,7 @@ class RemoteEngine(Engine):
         except httpx.HTTPError as exc:
             raise ChattermError(self._transport_error(exc, key)) from None
         if resp.status_code in (401, 403):
-            reason = _redact(_reason_from_body(resp.content), key)
+            reason = _reason_from_body(resp.content, key)
             hint = (
                 f" (key from {self.spec.api_key_env})"
                 if self.spec.api_key_env
@@ -393,7 +400,7 @@ class RemoteTurn(Turn):
                 elif isinstance(exc, httpx.HTTPError):
                     message = engine._transport_error(exc, key)
                 else:
-                    message = f"{type(exc).__name__}: {_one_line(exc, 120)}"
+                    message = f"{type(exc).__name__}: {_one_line(_redact(str(exc), key), 120)}"
                 raise ChattermError(_redact(message, key)) from None
             finally:
                 self._settle_counts()
@@ -404,11 +411,11 @@ class RemoteTurn(Turn):
             "POST", "/chat/completions", json=self.body, headers=engine._headers(key)
         ) as resp:
             if resp.status_code >= 400:
-                reason = _reason_from_body(_read_bounded(resp)) or resp.reason_phrase
+                reason = _reason_from_body(_read_bounded(resp), key) or resp.reason_phrase
                 raise ChattermError(f"server {engine._url}: HTTP {resp.status_code} {reason}")
             ctype = resp.headers.get("content-type", "")
             if "text/event-stream" not in ctype:
-                reason = _reason_from_body(_read_bounded(resp))
+                reason = _reason_from_body(_read_bounded(resp), key)
                 raise ChattermError(
                     f"server {engine._url} did not stream (content-type "
                     f"{_one_line(ctype, 60)!r}){': ' + reason if reason else ''}"
@@ -439,16 +446,14 @@ class RemoteTurn(Turn):
                     raise ValueError("not an object")
             except ValueError:
                 raise ChattermError(
-                    _redact(f"malformed event from {self._engine._url}: {_one_line(data, 80)!r}", key)
+                    f"malformed event from {self._engine._url}: {_one_line(_redact(data, key), 80)!r}"
                 ) from None
             if "error" in event or event.get("object") == "error":
                 # {"error": {...}} (OpenAI shape) or {"object": "error", "message": ...}
                 # (older vLLM): the server gave up mid-reply and said why.
                 err = event.get("error") or event
                 msg = err.get("message", err) if isinstance(err, dict) else err
-                raise ChattermError(
-                    _redact(f"server {self._engine._url}: {_one_line(msg)}", key)
-                )
+                raise ChattermError(f"server {self._engine._url}: {_one_line(_redact(str(msg), key))}")
             if isinstance(event.get("usage"), dict):
                 self._usage = event["usage"]
             if isinstance(event.get("timings"), dict):

@@ -157,7 +157,24 @@ def _to_v2(conn: sqlite3.Connection) -> None:
     conn.execute("CREATE UNIQUE INDEX turns_by_session ON turns(session_id, turn_index)")
 
 
-_MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_to_v1, _to_v2)
+def _to_v3(conn: sqlite3.Connection) -> None:
+    # v3: the conversation as messages, one row per user or assistant message.
+    # A view, not a table: the texts live once, in `turns`, next to the
+    # metrics of the turn they belong to, so the two can never disagree.
+    conn.execute(
+        """
+        CREATE VIEW messages AS
+            SELECT session_id, turn_index, 0 AS position, 'user' AS role,
+                   user_text AS content, submitted_at AS created_at
+              FROM turns
+            UNION ALL
+            SELECT session_id, turn_index, 1, 'assistant', reply, recorded_at
+              FROM turns
+            ORDER BY session_id, turn_index, position"""
+    )
+
+
+_MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_to_v1, _to_v2, _to_v3)
 SCHEMA_VERSION = len(_MIGRATIONS)
 
 

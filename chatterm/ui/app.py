@@ -23,8 +23,8 @@ from __future__ import annotations
 import gc
 import logging
 from collections import deque
+from dataclasses import dataclass
 from functools import partial
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable
 
@@ -43,6 +43,7 @@ from chatterm.core.conversation import Conversation, EnergyMeter
 from chatterm.core.engine import ChatMessage, DeviceInfo, Engine, PrefixReport, Turn
 from chatterm.core.errors import ChattermError
 from chatterm.core.format import SEP, fmt_ms, fmt_tok_s, prefix_outcome_label, printable
+from chatterm.core.metrics import SessionSummary
 from chatterm.core.personas import Persona
 from chatterm.ui.conversation import AssistantReply, ConversationView
 from chatterm.ui.dashboard import Dashboard
@@ -243,8 +244,6 @@ class ChatApp(App[None]):
                 f"Resumed session {self._resume.session_id} ({len(self._resume.records)} turns)."
             )
             turns = [r.metrics for r in self._resume.records]
-            from chatterm.core.metrics import SessionSummary
-
             dashboard.show_session(SessionSummary.of(turns), turns)
         self._set_status("loading model…")
         self._load_engine()

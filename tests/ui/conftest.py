@@ -49,6 +49,7 @@ async def wait_for(pilot, predicate, timeout: float = 10.0, what: str = "conditi
 
 async def loaded(pilot) -> None:
     await wait_for(pilot, lambda: pilot.app.conversation is not None, what="the model to load")
+    await pilot.pause()  # let the layout catch up with what loading filled in
 
 
 async def send(pilot, text: str) -> None:

@@ -446,3 +446,31 @@ async def test_command_palette_switches_persona_and_exports_csv(build, workspace
         await wait_for(pilot, target.exists, what="the CSV export")
         assert "terse-coder" in target.read_text()
     store.close()
+
+
+class FixedMeter:
+    """An EnergyMeter that reports a known energy per turn."""
+
+    usd_per_kwh = 0.20
+
+    def start(self):
+        return object()
+
+    def stop(self, handle):
+        return 0.5
+
+
+async def test_gpu_fields_and_energy_come_from_telemetry(build):
+    from chatterm.core.gpu_telemetry import GpuStatus
+
+    status = GpuStatus(name="NVIDIA H200", memory_used_mb=1234.0, memory_total_mb=143771.0, power_w=215.0)
+    app, _ = build(gpu_status=lambda: status, energy_meter=lambda: FixedMeter())
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        model_text = rendered(app.query_one("#dash-model"))
+        assert "NVIDIA H200" in model_text and "1,234 / 143,771 MiB" in model_text and "215 W" in model_text
+        await send(pilot, "hi")
+        m = app.conversation.turns[0]
+        assert m.energy_wh == 0.5 and m.energy_cost_usd == pytest.approx(0.0001)
+        assert "0.500 Wh" in rendered(app.query_one(AssistantReply).query_one(".meta"))
+        assert "energy      0.500 Wh" in rendered(app.query_one("#dash-session"))
