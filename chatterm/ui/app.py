@@ -78,6 +78,11 @@ class Resume:
     history: list[ChatMessage]
 
 
+def resumed_notice(resume: Resume) -> str:
+    n = len(resume.records)
+    return f"Resumed session {resume.session_id} ({n} turn{'' if n == 1 else 's'})."
+
+
 def _gpu_status() -> "GpuStatus | None":
     from chatterm.core.gpu_telemetry import gpu_status
 
@@ -241,7 +246,7 @@ class ChatApp(App[None]):
         if self._resume is not None:
             await self._show_records(self._resume.records)
             await self.query_one(ConversationView).add_notice(
-                f"Resumed session {self._resume.session_id} ({len(self._resume.records)} turns)."
+                resumed_notice(self._resume)
             )
             turns = [r.metrics for r in self._resume.records]
             dashboard.show_session(SessionSummary.of(turns), turns)
@@ -671,7 +676,7 @@ class ChatApp(App[None]):
         self.persona = persona or self.persona
         if self.lease.engine is not None:
             self._persona_state = "preparing…"
-        await self._start_over(f"Resumed session {session_id} ({len(resume.records)} turns).", resume)
+        await self._start_over(resumed_notice(resume), resume)
         if self.lease.engine is not None:
             self._prepare_worker(self.persona)
 
@@ -741,8 +746,8 @@ class ChatApp(App[None]):
         yield from super().get_system_commands(screen)
         for persona in self.workspace.personas:
             yield SystemCommand(
-                f"Persona: {persona.name}",
-                f"Switch to {persona.id} (starts a new conversation)",
+                palette_text(f"Persona: {persona.name}"),
+                palette_text(f"Switch to {persona.id} (starts a new conversation)"),
                 partial(self.switch_persona, persona.id),
             )
         yield SystemCommand("Persona picker", "List personas and their cache state (F2)", self.action_personas)
@@ -754,6 +759,12 @@ class ChatApp(App[None]):
                                 partial(self.action_export, fmt))
         yield SystemCommand("Toggle dashboard", "Show or hide the latency dashboard (F4)", self.action_toggle_dashboard)
         yield SystemCommand("Help", "Every key (F1)", self.action_help)
+
+
+def palette_text(text: str) -> str:
+    """Text for the command palette, which parses markup: every `[` escaped
+    (textual.markup.escape leaves a trailing `[/` as is, textual#6155)."""
+    return printable(text).replace("[", "\\[")
 
 
 def _close_quietly(engine: Engine) -> None:

@@ -87,6 +87,7 @@ class Dashboard(VerticalScroll):
         pairs = [
             ("state", turn_state(m, running)),
             ("TTFT", fmt_ms(m.ttft_ms)),
+            ("prefill", fmt_ms(m.prefill_ms) if m.ttft_ms is not None else "…"),
             ("decode", fmt_tok_s(m.decode_tok_s)),
             ("prompt", fmt_int(m.prompt_tokens)),
             ("cached", fmt_int(m.cached_tokens)),

@@ -21,12 +21,13 @@ def workspace(isolated_dirs, tmp_path) -> Workspace:
 def build(workspace):
     """build(replies=..., **make_app_kwargs) -> (app, engine)."""
 
-    def _build(replies=(), *, engine_kwargs=None, **kwargs):
+    def _build(replies=(), *, engine_kwargs=None, load_gate=None, **kwargs):
         engines: list[FakeEngine] = []
 
         def factory(spec):
             engine = FakeEngine(spec, workspace.catalog.price(spec.price_profile), replies,
                                 **(engine_kwargs or {}))
+            engine.load_gate = load_gate
             engines.append(engine)
             return engine
 

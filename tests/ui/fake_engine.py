@@ -86,8 +86,13 @@ class FakeEngine(Engine):
         self.received: list[tuple[str, list[ChatMessage], str]] = []
         self.loaded = False
         self.closed = False
+        self.load_gate: threading.Event | None = None
+        self.loading = threading.Event()
 
     def load(self, progress=None) -> None:
+        self.loading.set()
+        if self.load_gate is not None:
+            self.load_gate.wait(timeout=30)
         for step in range(5):
             if progress:
                 progress(step / 4)

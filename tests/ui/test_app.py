@@ -407,6 +407,21 @@ async def test_quit_mid_reply_cancels_and_closes_the_engine(build):
     await wait_for_thread(lambda: engines[0].closed)
 
 
+async def test_quit_while_the_model_loads(build):
+    import threading
+
+    gate = threading.Event()
+    app, engines = build(load_gate=gate)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: engines and engines[0].loading.is_set(), what="the load to start")
+        assert "loading model" in rendered(app.query_one("#status"))
+        await pilot.press("ctrl+q")
+        assert app._exit
+        gate.set()  # the load finishes after the app has quit...
+    assert not app.is_running
+    await wait_for_thread(lambda: engines[0].closed)  # ...and the engine it made is closed
+
+
 async def wait_for_thread(predicate, timeout: float = 10.0) -> None:
     import asyncio
     import time
@@ -474,3 +489,37 @@ async def test_gpu_fields_and_energy_come_from_telemetry(build):
         assert m.energy_wh == 0.5 and m.energy_cost_usd == pytest.approx(0.0001)
         assert "0.500 Wh" in rendered(app.query_one(AssistantReply).query_one(".meta"))
         assert "energy      0.500 Wh" in rendered(app.query_one("#dash-session"))
+
+
+async def test_persona_names_with_markup_are_literal_everywhere(isolated_dirs, tmp_path):
+    from fake_engine import FakeEngine
+
+    from chatterm.core.workspace import Workspace
+    from chatterm.ui.app import make_app
+
+    folder = isolated_dirs["CHATTERM_CONFIG_DIR"] / "personas"
+    folder.mkdir(parents=True)
+    (folder / "evil.toml").write_text('name = "[bold]Evil[/] [link=x]y[/link] [/"\nsystem_prompt = "Be evil."\n')
+    ws = Workspace.load(db_path=tmp_path / "db.sqlite")
+    app = make_app(ws, persona_id="evil", gpu_status=lambda: None,
+                   engine_factory=lambda spec: FakeEngine(spec, ws.catalog.price(spec.price_profile)))
+    name = "[bold]Evil[/] [link=x]y[/link] [/"
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        assert name in rendered(app.query_one("#title-bar"))
+        assert name in rendered(app.query_one("#dash-persona"))
+        await pilot.press("ctrl+p")
+        await pilot.press(*"Persona")
+        await pilot.pause(0.3)
+        assert app.is_running
+        hits = app.screen.query_one(OptionList)
+        hit_texts = [str(hits.get_option_at_index(i).prompt) for i in range(hits.option_count)]
+        assert any(f"Persona: {name}" in t for t in hit_texts), hit_texts
+        await pilot.press("escape")
+        await pilot.press("f2")
+        options = app.screen.query_one(OptionList)
+        assert any(name in str(options.get_option_at_index(i).prompt) for i in range(options.option_count))
+        await pilot.press("escape")
+        await send(pilot, "hi")
+        assert name in rendered(app.query_one(AssistantReply).query_one(".who"))
+    assert app.return_code in (None, 0)
