@@ -15,8 +15,6 @@ from typing import Iterator
 from chatterm.cli.common import add_model_persona_options, workspace
 from chatterm.core import paths
 
-LOG_FILE_NAME = "launch.log"
-
 
 def _session_id(value: str) -> int | str:
     if value == "latest":  # argparse passes the const through `type` too
@@ -57,7 +55,7 @@ def _logging_to_file() -> Iterator[None]:
     launch.log: a record written to stderr would draw over the screen."""
     root = logging.getLogger()
     handlers = root.handlers[:]
-    path = paths.data_dir() / LOG_FILE_NAME
+    path = paths.launch_log_file()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         handler: logging.Handler = logging.FileHandler(path, encoding="utf-8")
@@ -81,6 +79,8 @@ def run(args: argparse.Namespace) -> int:
     from chatterm.ui.app import make_app
 
     ws = workspace(args)
+    if args.resume is None:
+        ws.resolve(args.model, args.persona)  # a bad id must not leave an empty database behind
     store = SessionStore(ws.db_path)
     try:
         app = make_app(

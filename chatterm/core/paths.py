@@ -54,6 +54,11 @@ def exports_dir() -> Path:
     return data_dir() / "exports"
 
 
+def launch_log_file() -> Path:
+    """Where `chatterm launch` logs while the app owns the terminal."""
+    return data_dir() / "launch.log"
+
+
 def user_models_file() -> Path:
     return config_dir() / "models.toml"
 
