@@ -19,7 +19,8 @@ def ensure_private_dir(folder: Path) -> None:
 
 
 def atomic_write_chunks(path: Path, chunks: Iterable[bytes | memoryview], mode: int = 0o600) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Write `path` atomically with `mode`; its folder must exist (a missing one
+    is the caller's error to report, not to paper over)."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as fh:

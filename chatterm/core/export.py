@@ -24,13 +24,12 @@ import csv
 import io
 import json
 import math
-import os
-import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Iterable, Sequence
 
 from chatterm.core import paths
+from chatterm.core.atomic import atomic_write_bytes
 from chatterm.core.errors import ChattermError
 from chatterm.core.metrics import TURN_FIELDS, SessionSummary
 from chatterm.core.store import SessionInfo, SessionStore, TurnRecord
@@ -141,26 +140,13 @@ def export_session(store: SessionStore, session_id: int, fmt: str, path: Path | 
 
 def write_atomic(path: Path, text: str) -> None:
     """Replace `path` with `text` (UTF-8) all at once, or raise ChattermError and
-    leave nothing behind. A new file is private (0600): it holds conversations."""
-    tmp_name = None
+    leave nothing behind. A new file is private (0600): it holds conversations;
+    an existing file keeps its mode."""
     try:
         mode = path.stat().st_mode & 0o777 if path.is_file() else 0o600
-        fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as out:
-            out.write(text)
-            out.flush()
-            os.fsync(out.fileno())
-        os.chmod(tmp_name, mode)
-        os.replace(tmp_name, path)
-        tmp_name = None
+        atomic_write_bytes(path, text.encode("utf-8"), mode)
     except OSError as exc:
         raise ChattermError(f"cannot write {path}: {exc.strerror or exc}") from None
-    finally:
-        if tmp_name is not None:
-            try:
-                os.unlink(tmp_name)
-            except OSError:
-                pass
 
 
 # -- helpers -------------------------------------------------------------------

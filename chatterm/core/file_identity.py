@@ -47,6 +47,7 @@ def sha256_of_file(path: Path, cache_file: Path | None = None) -> str:
         known = {k: v for k, v in known.items() if not k.startswith(prefix)}
         known[key] = value
         try:
+            cache_file.parent.mkdir(parents=True, exist_ok=True)
             atomic_write_bytes(cache_file, json.dumps(known, indent=0).encode())
         except OSError:
             pass  # an unwritable cache only costs a rehash next time
