@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from chatterm.cli import main
-from chatterm.core import export
+from chatterm.core import atomic, export
 from chatterm.core.errors import ChattermError
 from chatterm.core.export import ROW_FIELDS, TEXT_FIELDS, collect, render
 from chatterm.core.metrics import TURN_FIELDS, TurnMetrics
@@ -216,7 +216,7 @@ def test_failed_replace_keeps_the_old_file(tmp_path, monkeypatch):
     def fail(src, dst):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(export.os, "replace", fail)
+    monkeypatch.setattr(atomic.os, "replace", fail)
     with pytest.raises(ChattermError, match="No space left"):
         export.write_atomic(target, "new report")
     assert target.read_text() == "old report"
