@@ -39,3 +39,10 @@ def test_printable_makes_escapes_visible_and_inert():
 def test_units():
     assert fmt_ms(9_999.4) == "9,999 ms" and fmt_ms(10_000) == "10.0 s" and fmt_ms(None) == "–"
     assert fmt_usd(0.00001234) == "$0.000012" and fmt_usd(1.5) == "$1.50" and fmt_usd(0) == "$0"
+
+
+def test_a_prefix_prefilled_at_switch_time_is_not_called_this_turns_cold_prefill():
+    m = metrics(ttft_ms=80.0, generated_tokens=3, prompt_tokens=67, cached_tokens=51,
+                prefilled_tokens=16, cache_outcome="cold", prefill_ms=79.0, stop_reason="eos")
+    line = footer_line(m)
+    assert line.endswith("persona prefilled at switch") and "cold prefill" not in line

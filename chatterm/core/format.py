@@ -77,6 +77,10 @@ def cache_label(m: TurnMetrics) -> str:
     if m.cache_outcome == "memory":
         return "prefix in memory"
     if m.cache_outcome == "cold":
+        if m.cached_tokens:
+            # The persona prefix was prefilled when it was switched to, before
+            # this turn; the turn itself only prefilled its own tokens.
+            return "persona prefilled at switch"
         return f"cold prefill {fmt_ms(m.prefill_ms)}"
     if m.cache_outcome == "server":
         return "server cache" if m.cached_tokens else "server (no cache hit)"

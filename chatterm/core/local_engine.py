@@ -393,9 +393,7 @@ class LocalEngine(Engine):
             if isinstance(loaded, LoadedState):
                 reason = self._restore(loaded, prefix)
                 if reason is None:
-                    self._prefill_ms_per_token[persona.fingerprint] = (
-                        float(loaded.header.get("prefill_ms", 0.0)) / max(len(prefix), 1)
-                    )
+                    self._note_prefill_rate(persona, float(loaded.header.get("prefill_ms", 0.0)), len(prefix))
                     return PrefixReport("restored", (time.perf_counter() - t0) * 1000.0, len(prefix))
                 detail = reason
             else:
@@ -404,9 +402,20 @@ class LocalEngine(Engine):
         self._clear_context()
         self.llm.eval(prefix)
         prefill_ms = (time.perf_counter() - t0) * 1000.0
-        self._prefill_ms_per_token[persona.fingerprint] = prefill_ms / max(len(prefix), 1)
-        self._save_prefix(persona, prefix, prefill_ms)
+        self._note_prefill_rate(persona, prefill_ms, len(prefix))
+        if self.kv_cache is not None and self.kv_cache.write_error is None:
+            self._save_prefix(persona, prefix, prefill_ms)
+            detail = f"{detail}; state saved for next time" if detail else "state saved for next time"
         return PrefixReport("cold", prefill_ms, len(prefix), detail)
+
+    def _note_prefill_rate(self, persona: Persona, prefill_ms: float, tokens: int) -> None:
+        """Keep the fastest cold prefill rate seen for the persona: a prefill that
+        ran on a busy machine must not inflate the "saved" estimates."""
+        if prefill_ms <= 0 or tokens <= 0:
+            return
+        rate = prefill_ms / tokens
+        known = self._prefill_ms_per_token.get(persona.fingerprint)
+        self._prefill_ms_per_token[persona.fingerprint] = rate if known is None else min(known, rate)
 
     def _restore(self, loaded: LoadedState, prefix: list[int]) -> str | None:
         """Load a checked state into the context; None on success, else the reason."""

@@ -202,6 +202,7 @@ class ChatApp(App[None]):
         self._reply: AssistantReply | None = None
         self._turn: Turn | None = None
         self._turn_active = False
+        self._prefix_pending = False
         self._stop_requested = False
         self._store_error_shown: str | None = None
         self._dashboard_mode = "auto"
@@ -347,7 +348,7 @@ class ChatApp(App[None]):
         self.query_one("#load-progress").display = False
         for note in event.device.notes:
             self.notify(note, severity="warning", markup=False, timeout=8)
-        self._set_status("ready")
+        self._set_status(self._preparing_status(event.engine, self.persona))
         self._show_model()
         self._persona_state = "preparing…"
         self.query_one(Dashboard).show_persona(self.persona.name, self._persona_state)
@@ -386,10 +387,23 @@ class ChatApp(App[None]):
         self._show_model()
 
     # -- personas -----------------------------------------------------------------
+    def _preparing_status(self, engine: Engine, persona: Persona) -> str:
+        """What the status line says while a persona's prefix is made ready: a
+        first use prefills the whole system prompt, which takes seconds on a CPU."""
+        self._prefix_pending = True
+        if engine.kind != "local":
+            return "ready"
+        if engine.persona_cached(persona):
+            return f"restoring {persona.name} from its state file…"
+        return f"first use of {persona.name}: prefilling its system prompt (saved for next time)…"
+
     @on(PersonaPrepared)
     def _persona_prepared(self, event: PersonaPrepared) -> None:
         if event.persona.id != self.persona.id:
             return  # an earlier switch; a newer one is under way
+        self._prefix_pending = False
+        if not self._turn_active:
+            self._set_status("ready")
         if event.error is not None:
             self._persona_state = f"not prepared: {event.error}"
             self.notify(event.error, title="Persona", severity="warning", markup=False)
@@ -428,6 +442,7 @@ class ChatApp(App[None]):
             self._persona_state = "preparing…"
         await self._start_over(f"New conversation with {persona.name}.")
         if self.lease.engine is not None:
+            self._set_status(self._preparing_status(self.lease.engine, persona))
             self._prepare_worker(persona)
 
     async def _start_over(self, notice: str, resume: Resume | None = None) -> None:
@@ -489,7 +504,11 @@ class ChatApp(App[None]):
         self._turn = None
         self._turn_active = True
         self._stop_requested = False
-        self._set_status("waiting for the first token…")
+        self._set_status(
+            "waiting for the persona prefix, then the first token…"
+            if self._prefix_pending
+            else "waiting for the first token…"
+        )
         self._flush_timer.resume()
         self._dash_timer.resume()
         self._run_turn(self.conversation, text, self._reply)
