@@ -394,8 +394,8 @@ class ChatApp(App[None]):
         if engine.kind != "local":
             return "ready"
         if engine.persona_cached(persona):
-            return f"restoring {persona.name} from its state file…"
-        return f"first use of {persona.name}: prefilling its system prompt (saved for next time)…"
+            return f"restoring {persona.name} from disk…"
+        return f"prefilling {persona.name}'s prompt (first use)…"
 
     @on(PersonaPrepared)
     def _persona_prepared(self, event: PersonaPrepared) -> None:
