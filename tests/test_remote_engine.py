@@ -593,3 +593,12 @@ def test_models_toml_entry_makes_a_remote_engine(tmp_path, monkeypatch):
     assert eng.device().name == "http://127.0.0.1:9/v1" and eng.device().n_ctx == 4096
     assert "pw" not in repr(eng)
     assert eng.client.timeout.read == 7
+
+
+def test_bench_runs_against_the_server(engine):
+    from chatterm.core.bench import run_bench
+
+    result = run_bench(engine, make_persona(), runs=2, max_tokens=4)
+    assert result["engine"] == "openai"
+    assert result["ttft_ms"] is not None and result["ttft_ms"] > 0
+    assert len(result["ttft_runs_ms"]) == 2
