@@ -79,7 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         app = make_app(workspace, engine_factory=lambda _spec: Shared(), gpu_status=lambda: None)
         stamps: list[tuple[float, int]] = []
-        original_flush = app._flush
+        original_flush = app._drain_pending
 
         async def stamped_flush() -> None:
             n = len(app._pending)
@@ -87,7 +87,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if n:
                 stamps.append((time.perf_counter(), n))
 
-        app._flush = stamped_flush
+        app._drain_pending = stamped_flush
         async with app.run_test(size=(120, 40)) as pilot:
             while app.conversation is None:
                 await pilot.pause(0.02)

@@ -276,13 +276,17 @@ def test_cancel_interrupts_a_long_prefill(ws):
         turn = engine.start_turn(persona, [], "Hello?")
         worker = threading.Thread(target=lambda: list(turn.stream()))
         worker.start()
-        time.sleep(0.5)  # the 2,365-token prefill takes seconds on the CPU
+        # Cancel once the first 512-token batch of the 2,365-token prefix is in:
+        # the prefill is then provably under way and far from done.
+        deadline = time.monotonic() + 120
+        while engine.llm.n_tokens < 512 and worker.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.005)
         turn.cancel()
         worker.join()
         assert turn.metrics.stop_reason == "cancelled"
         assert turn.metrics.generated_tokens == 0
         prefix = engine.prefix_tokens(persona)
-        assert engine.llm.n_tokens < len(prefix)  # aborted mid-prefill, not run to the end
+        assert 512 <= engine.llm.n_tokens < len(prefix)  # aborted mid-prefill, not run to the end
         assert not engine.persona_cached(persona)  # a partial prefix is never saved
 
         small = greedy(ws.personas.get("terse-coder"))

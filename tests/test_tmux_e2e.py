@@ -31,14 +31,18 @@ FOOTER = re.compile(r"TTFT ([\d,]+ ms|[\d.,]+ s) · [\d.,]+ tok/s")
 
 
 class Tmux:
-    """One private tmux server (its own socket), so a user's tmux is never touched."""
+    """One private tmux server: its socket in tmp_path (removed with it) and no
+    config file, so neither the user's tmux nor their ~/.tmux.conf is involved."""
 
-    def __init__(self, name: str):
-        self.socket = name
+    def __init__(self, name: str, socket_path):
+        self.socket = str(socket_path)
         self.target = name
 
+    def _tmux(self, *args: str) -> list[str]:
+        return ["tmux", "-S", self.socket, "-f", "/dev/null", *args]
+
     def run(self, *args: str) -> str:
-        out = subprocess.run(["tmux", "-L", self.socket, *args], capture_output=True, text=True, check=True)
+        out = subprocess.run(self._tmux(*args), capture_output=True, text=True, check=True)
         return out.stdout
 
     def screen(self) -> str:
@@ -56,7 +60,7 @@ class Tmux:
             time.sleep(0.1)
 
     def kill(self) -> None:
-        subprocess.run(["tmux", "-L", self.socket, "kill-server"], capture_output=True)
+        subprocess.run(self._tmux("kill-server"), capture_output=True)
 
 
 def title(screen: str) -> str:
@@ -83,7 +87,7 @@ def test_launch_answers_a_question_in_tmux(tmp_path):
     )
     # The pane outlives the app so its exit status can be read from the screen.
     command = f"cd {shlex.quote(str(REPO))} && {launch}; echo CHATTERM-EXIT=$?; sleep 120"
-    tmux = Tmux(f"chatterm-e2e-{os.getpid()}")
+    tmux = Tmux(f"chatterm-e2e-{os.getpid()}", tmp_path / "tmux.sock")
     try:
         tmux.run("new-session", "-d", "-s", tmux.target, "-x", "120", "-y", "40", command)
         tmux.wait_for(lambda s: "· ready" in title(s), 90, "the model to load")

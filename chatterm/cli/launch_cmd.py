@@ -14,6 +14,7 @@ from typing import Iterator
 
 from chatterm.cli.common import add_model_persona_options, workspace
 from chatterm.core import paths
+from chatterm.core.errors import ChattermError
 
 
 def _session_id(value: str) -> int | str:
@@ -76,11 +77,16 @@ def _logging_to_file() -> Iterator[None]:
 
 def run(args: argparse.Namespace) -> int:
     from chatterm.core.store import SessionStore
-    from chatterm.ui.app import make_app
+    from chatterm.ui.app import make_app, require_theme
 
     ws = workspace(args)
+    # Bad input must not leave an empty database behind: check what can be
+    # checked before the store creates its file.
     if args.resume is None:
-        ws.resolve(args.model, args.persona)  # a bad id must not leave an empty database behind
+        ws.resolve(args.model, args.persona)
+    elif not ws.db_path.exists():
+        raise ChattermError(f"no stored session to resume: {ws.db_path} does not exist yet")
+    require_theme(args.theme)
     store = SessionStore(ws.db_path)
     try:
         app = make_app(

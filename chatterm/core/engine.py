@@ -33,7 +33,8 @@ from chatterm.core.personas import Persona
 
 log = logging.getLogger(__name__)
 
-Progress = Callable[[float], None]
+Progress = Callable[[float], "bool | None"]
+"""Load progress 0.0..1.0; returning False asks the engine to abandon the load."""
 
 
 @dataclass(frozen=True)
@@ -198,6 +199,10 @@ class Engine(ABC):
     def start_turn(
         self, persona: Persona, history: Sequence[ChatMessage], user_text: str
     ) -> Turn: ...
+
+    def interrupt(self) -> None:
+        """Stop whatever the engine is computing as soon as it can (app exit);
+        callable from any thread. A running turn ends as cancelled."""
 
     def close(self) -> None:
         """Release the model / connections. Safe to call twice."""

@@ -66,10 +66,10 @@ def _load_progress(progress: Progress | None):
     @llama_cpp.llama_progress_callback
     def on_progress(value: float, _user_data) -> bool:
         try:
-            progress(min(max(float(value), 0.0), 1.0) * 0.9)
+            # False from the caller (the app is quitting) makes llama.cpp stop loading.
+            return progress(min(max(float(value), 0.0), 1.0) * 0.9) is not False
         except Exception:  # noqa: BLE001 - never raise into C
-            pass
-        return True
+            return True
 
     original = llama_cpp.llama_cpp.llama_model_default_params
 
@@ -482,9 +482,22 @@ class LocalEngine(Engine):
             thread.join()
         self._savers = []
 
+    def interrupt(self) -> None:
+        if self._running is not None:
+            self._running.cancel()
+        self._set_abort(True)
+
     def prepare_persona(self, persona: Persona) -> PrefixReport:
         with self._lock:
-            report = self._ensure_prefix(persona, self.prefix_tokens(persona))
+            self._set_abort(False)
+            try:
+                report = self._ensure_prefix(persona, self.prefix_tokens(persona))
+            except RuntimeError:
+                if self._abort_flag[0] != b"\x01":
+                    raise
+                raise ChattermError(f"preparing persona {persona.id!r} was interrupted") from None
+            finally:
+                self._set_abort(False)
             self._pending = (persona.fingerprint, report)
             return report
 

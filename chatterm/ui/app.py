@@ -275,7 +275,7 @@ class ChatApp(App[None]):
         engine: Engine | None = None
         try:
             engine = self.engine_factory(self.spec)
-            engine.load(lambda fraction: self.post_message(self.LoadProgressed(fraction)))
+            engine.load(self._load_progress)
         except Exception as exc:  # noqa: BLE001 - shown to the user, never a traceback
             if not isinstance(exc, ChattermError):
                 log.exception("model load failed")
@@ -299,6 +299,11 @@ class ChatApp(App[None]):
         except Exception as exc:  # noqa: BLE001
             log.exception("engine set-up failed")
             self.post_message(self.LoadFailed(f"{type(exc).__name__}: {exc}"))
+
+    def _load_progress(self, fraction: float) -> bool:
+        """Report load progress; False (app quitting) makes the engine abandon the load."""
+        self.post_message(self.LoadProgressed(fraction))
+        return not self.lease.closing
 
     def _make_energy_meter(self) -> "EnergyMeter | None":
         try:
@@ -536,11 +541,11 @@ class ChatApp(App[None]):
 
     async def _flush_tick(self) -> None:
         try:
-            await self._flush()
+            await self._drain_pending()
         except Exception:  # noqa: BLE001 - a display glitch must not kill the app
             log.exception("flush failed")
 
-    async def _flush(self) -> None:
+    async def _drain_pending(self) -> None:
         """Move queued deltas into the streaming reply (one write per tick)."""
         pending = self._pending
         if not pending:
@@ -565,7 +570,6 @@ class ChatApp(App[None]):
 
     @on(TurnEnded)
     async def _turn_ended(self, event: TurnEnded) -> None:
-        await self._flush()
         self._flush_timer.pause()
         self._dash_timer.pause()
         self._turn = None
@@ -573,7 +577,10 @@ class ChatApp(App[None]):
         # After the final frame is on screen, while the user reads.
         self.set_timer(0.25, self._collect_garbage)
         try:
+            await self._drain_pending()
             await self._show_turn_end(event)
+        except Exception:  # noqa: BLE001 - a display glitch must not kill the app
+            log.exception("showing the end of a turn failed")
         finally:
             # Only now: a new turn must not start while this one is being drawn.
             self._turn_active = False
@@ -811,6 +818,16 @@ def read_resume(
     return Resume(session_id, records, history), persona, "; ".join(warnings) or None
 
 
+def require_theme(theme: str | None, known: set[str] | None = None) -> None:
+    """A ChattermError listing the valid themes when `theme` is not one of them."""
+    if theme is None:
+        return
+    if known is None:
+        known = set(BUILTIN_THEMES) | set(load_themes().themes)
+    if theme not in known:
+        raise ChattermError(f"unknown theme {theme!r}; valid themes: {', '.join(sorted(known))}")
+
+
 def make_app(
     workspace: "Workspace",
     *,
@@ -858,8 +875,7 @@ def make_app(
     themes = load_themes(theme_folders)
     notices += themes.errors
     known = set(BUILTIN_THEMES) | set(themes.themes)
-    if theme is not None and theme not in known:
-        raise ChattermError(f"unknown theme {theme!r}; valid themes: {', '.join(sorted(known))}")
+    require_theme(theme, known)
     chosen = theme or settings.theme or DEFAULT_THEME
     if chosen not in known:
         notices.append(f"remembered theme {chosen!r} is not available; using {DEFAULT_THEME}")

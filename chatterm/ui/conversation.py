@@ -15,6 +15,8 @@ Contract:
 
 from __future__ import annotations
 
+import asyncio
+
 from rich.markdown import Markdown as RichMarkdown
 from textual.containers import Vertical, VerticalScroll
 from textual.content import Content
@@ -88,6 +90,10 @@ class AssistantReply(Vertical):
         """Text already moved into settled Statics."""
         self._live = ""
         """Text in the live Markdown widget."""
+        # The flush timer and the end-of-turn handler run in different asyncio
+        # tasks; their awaits must not interleave on one reply (a settle keeps a
+        # cut position across awaits).
+        self._busy = asyncio.Lock()
         self.set_class(streaming, "-streaming")
 
     def compose(self):
@@ -108,27 +114,23 @@ class AssistantReply(Vertical):
         if self._streaming:
             self._stream = Markdown.get_stream(self.query_one(Markdown))
 
-    @property
-    def text(self) -> str:
-        """The (printable) text shown so far."""
-        return self._text if not self._streaming else self._frozen + self._live
-
     async def write(self, text: str) -> None:
         """Append streamed text (batched by the caller; MarkdownStream batches more)."""
-        if self._stream is None or not text:
-            return
-        text = printable(text)
-        self._live += text
-        await self._stream.write(text)
-        if len(self.query_one(Markdown).children) > self.LIVE_BLOCKS:
-            await self._settle()
+        async with self._busy:
+            if self._stream is None or not text:
+                return
+            text = printable(text)
+            self._live += text
+            await self._stream.write(text)
+            if len(self.query_one(Markdown).children) > self.LIVE_BLOCKS:
+                await self._settle()
 
     async def _settle(self) -> None:
         """Move the finished blocks of the live widget into one Static."""
         cut = settled_length(self._live)
         if cut <= 0:
             return
-        await self.stop_stream()
+        await self._stop_stream()
         done, self._live = self._live[:cut], self._live[cut:]
         self._frozen += done
         markdown = self.query_one(Markdown)
@@ -142,13 +144,21 @@ class AssistantReply(Vertical):
         await self._stream.write(self._live)
 
     async def stop_stream(self) -> None:
+        async with self._busy:
+            await self._stop_stream()
+
+    async def _stop_stream(self) -> None:
         if self._stream is not None:
             await self._stream.stop()
             self._stream = None
 
     async def finish(self, text: str, metrics: TurnMetrics) -> None:
         """Stop streaming; the rest becomes one Static; show the final footer."""
-        await self.stop_stream()
+        async with self._busy:
+            await self._finish(text, metrics)
+
+    async def _finish(self, text: str, metrics: TurnMetrics) -> None:
+        await self._stop_stream()
         self._streaming = False
         self._metrics = metrics
         shown = printable(text)

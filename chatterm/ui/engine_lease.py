@@ -34,6 +34,11 @@ class EngineLease:
     def engine(self) -> Engine | None:
         return self._engine
 
+    @property
+    def closing(self) -> bool:
+        """The app is quitting (a model load in progress should give up)."""
+        return self._closing
+
     def adopt(self, engine: Engine) -> bool:
         """Take a freshly loaded engine; False (and it is closed) when the app is quitting."""
         with self._lock:
@@ -64,8 +69,11 @@ class EngineLease:
         with self._lock:
             self._closing = True
             idle = self._users == 0
+            engine = self._engine
         if idle:
             self._close_now()
+        elif engine is not None:
+            engine.interrupt()  # a long prefill stops now instead of holding the exit
 
     def _close_now(self) -> None:
         with self._lock:

@@ -62,3 +62,18 @@ async def send(pilot, text: str) -> None:
     await pilot.press("enter")
     await wait_for(pilot, lambda: len(app.conversation.turns) > before and not app._turn_active,
                    what="the reply to finish")
+
+
+async def wait_for_palette_hit(pilot, text: str) -> None:
+    """Wait until the command palette's first (highlighted) hit contains `text`:
+    the palette publishes hits in batches, so a fixed pause races it."""
+    from textual.widgets import OptionList
+
+    def first_hit_matches() -> bool:
+        try:
+            hits = pilot.app.screen.query_one(OptionList)
+        except Exception:  # noqa: BLE001 - the palette is not open yet
+            return False
+        return hits.option_count > 0 and text.lower() in str(hits.get_option_at_index(0).prompt).lower()
+
+    await wait_for(pilot, first_hit_matches, what=f"a palette hit for {text!r}")

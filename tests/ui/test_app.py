@@ -10,7 +10,7 @@ import sys
 import subprocess
 
 import pytest
-from conftest import loaded, send, wait_for
+from conftest import loaded, send, wait_for, wait_for_palette_hit
 from textual.geometry import Region
 from textual.widgets import DataTable, Markdown, OptionList, Static
 
@@ -154,11 +154,11 @@ async def test_theme_switch_through_the_palette_is_remembered(build, isolated_di
         background_before = app.screen.styles.background
         await pilot.press("ctrl+p")
         await pilot.press(*"theme")
-        await pilot.pause(0.3)
+        await wait_for_palette_hit(pilot, "theme")
         await pilot.press("enter")
-        await pilot.pause(0.3)
+        await pilot.pause(0.3)  # the theme picker replaces the palette's list
         await pilot.press(*"chatterm-light")
-        await pilot.pause(0.3)
+        await wait_for_palette_hit(pilot, "chatterm-light")
         await pilot.press("enter")
         await wait_for(pilot, lambda: app.theme == "chatterm-light", what="the theme to change")
         await pilot.pause(0.1)
@@ -405,6 +405,9 @@ async def test_quit_mid_reply_cancels_and_closes_the_engine(build):
     assert not app.is_running
     # The turn thread saw the cancel; whoever was last closed the engine.
     await wait_for_thread(lambda: engines[0].closed)
+    await wait_for_thread(lambda: app.conversation.turns)
+    (m,) = app.conversation.turns
+    assert m.stop_reason == "cancelled" and m.generated_tokens == 2
 
 
 async def test_quit_while_the_model_loads(build):
@@ -448,14 +451,14 @@ async def test_command_palette_switches_persona_and_exports_csv(build, workspace
         await loaded(pilot)
         await pilot.press("ctrl+p")
         await pilot.press(*"Persona: Terse")
-        await pilot.pause(0.3)
+        await wait_for_palette_hit(pilot, "Persona: Terse")
         await pilot.press("enter")
         await wait_for(pilot, lambda: app.persona.id == "terse-coder", what="the persona switch")
         await wait_for(pilot, lambda: engines[0].prepared[-1:] == ["terse-coder"], what="the prepare")
         await send(pilot, "hello")
         await pilot.press("ctrl+p")
         await pilot.press(*"Export session: CSV")
-        await pilot.pause(0.3)
+        await wait_for_palette_hit(pilot, "CSV")
         await pilot.press("enter")
         target = isolated_dirs["CHATTERM_DATA_DIR"] / "exports" / f"session-{app.conversation.session_id}.csv"
         await wait_for(pilot, target.exists, what="the CSV export")
@@ -510,7 +513,7 @@ async def test_persona_names_with_markup_are_literal_everywhere(isolated_dirs, t
         assert name in rendered(app.query_one("#dash-persona"))
         await pilot.press("ctrl+p")
         await pilot.press(*"Persona")
-        await pilot.pause(0.3)
+        await wait_for_palette_hit(pilot, "Persona")
         assert app.is_running
         hits = app.screen.query_one(OptionList)
         hit_texts = [str(hits.get_option_at_index(i).prompt) for i in range(hits.option_count)]

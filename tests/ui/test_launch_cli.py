@@ -19,13 +19,24 @@ def launch(*args: str) -> subprocess.CompletedProcess:
         (["--theme", "nope"], "unknown theme 'nope'; valid themes:"),
         (["--persona", "nope"], "unknown persona 'nope'; valid personas: assistant"),
         (["--model", "nope"], "unknown model 'nope'; valid models:"),
-        (["--resume"], "no stored session to resume in"),
-        (["--resume", "42"], "unknown session 42"),
+        (["--resume"], "no stored session to resume"),
+        (["--resume", "42"], "no stored session to resume"),
         (["--resume", "x"], "session id must be a number, not 'x'"),
     ],
 )
-def test_bad_input_is_one_line_and_status_2(args, message):
+def test_bad_input_is_one_line_and_status_2(args, message, isolated_dirs):
     out = launch(*args)
     assert out.returncode == 2
     assert message in out.stderr
     assert "Traceback" not in out.stderr and out.stdout == ""
+    assert not (isolated_dirs["CHATTERM_DATA_DIR"] / "chatterm.db").exists()  # nothing left behind
+
+
+def test_resume_of_an_unknown_session_names_it(isolated_dirs):
+    from chatterm.core.store import SessionStore
+
+    db = isolated_dirs["CHATTERM_DATA_DIR"] / "chatterm.db"
+    db.parent.mkdir(parents=True)
+    SessionStore(db).close()
+    out = launch("--resume", "42")
+    assert out.returncode == 2 and "unknown session 42" in out.stderr
