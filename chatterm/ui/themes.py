@@ -42,7 +42,6 @@ _KNOWN_KEYS = {"name", "dark", "variables", "luminosity_spread", "text_alpha", *
 class ThemeSet:
     themes: dict[str, Theme] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
-    sources: dict[str, Path] = field(default_factory=dict)
 
 
 def _colour(path: Path, key: str, value: Any) -> str:
@@ -113,5 +112,4 @@ def load_themes(folders: list[Path] | None = None) -> ThemeSet:
                 result.errors.append(f"theme skipped: {exc}")
                 continue
             result.themes[theme.name] = theme
-            result.sources[theme.name] = path
     return result
