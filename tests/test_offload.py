@@ -105,14 +105,10 @@ def test_kv_type_names_map_to_llama_cpp_ggml_types():
         kv_type_to_ggml("fp8")
 
 
-def test_llama_kwargs_and_layers_offloaded():
+def test_plan_types_and_layers_offloaded():
     plan = plan_offload(spec(kv_type="q8_0"), supports_gpu=True)
-    assert plan.llama_kwargs() == {
-        "n_gpu_layers": -1,
-        "flash_attn": True,
-        "type_k": llama_cpp.GGML_TYPE_Q8_0,
-        "type_v": llama_cpp.GGML_TYPE_Q8_0,
-    }
+    assert (plan.n_gpu_layers, plan.flash_attn) == (-1, True)
+    assert (plan.type_k, plan.type_v) == (llama_cpp.GGML_TYPE_Q8_0, llama_cpp.GGML_TYPE_Q8_0)
     assert plan.layers_offloaded(30) == 30
     assert replace(plan, n_gpu_layers=15).layers_offloaded(30) == 15
     assert replace(plan, n_gpu_layers=99).layers_offloaded(30) == 30

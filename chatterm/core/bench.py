@@ -16,6 +16,7 @@ A remote (openai) model gets the turn-level figures only: no local state.
 
 from __future__ import annotations
 
+import json
 import platform
 import statistics
 import time
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from chatterm import __version__
+from chatterm.core.atomic import atomic_write_bytes
 from chatterm.core.engine import Engine
 from chatterm.core.errors import ChattermError
 from chatterm.core.personas import Persona
@@ -251,10 +253,6 @@ def _bench_baseline(engine, persona: Persona, runs: int, say: Report) -> dict[st
 
 
 def write_json(result: dict[str, Any], path: Path) -> None:
-    import json
-
-    from chatterm.core.atomic import atomic_write_bytes
-
     try:
         atomic_write_bytes(path, (json.dumps(result, indent=2) + "\n").encode(), mode=0o644)
     except OSError as exc:

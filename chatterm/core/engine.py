@@ -23,7 +23,7 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Iterator, Sequence, TypeVar
 
 from chatterm.core.cost import apply_cost
 from chatterm.core.errors import ChattermError
@@ -42,6 +42,45 @@ class ChatMessage:
     role: str
     """"user" or "assistant" (the persona supplies the system message)."""
     content: str
+
+
+MIN_REPLY_TOKENS = 64
+"""Room always left for the reply when history is trimmed to fit the context."""
+
+P = TypeVar("P")
+
+
+def reply_room(max_tokens: int, n_ctx: int) -> int:
+    """Tokens kept free for the reply: the persona's max_tokens, capped at a quarter
+    of the context (at least MIN_REPLY_TOKENS), so a large max_tokens does not
+    trim away a whole history for a reply that stays short."""
+    return min(max_tokens, max(MIN_REPLY_TOKENS, n_ctx // 4))
+
+
+def trim_history(
+    history: Sequence[ChatMessage],
+    prompt_for: Callable[[Sequence[ChatMessage]], P],
+    size: Callable[[P], int],
+    budget: int,
+) -> tuple[P, int]:
+    """Drop whole turns from the front of `history` (never the persona, which
+    `prompt_for` adds) until `size(prompt_for(kept)) <= budget` or nothing is left.
+    Returns the last prompt built and how many turns were dropped."""
+    start, dropped = 0, 0
+    prompt = prompt_for(history)
+    while size(prompt) > budget and start < len(history):
+        start += 1
+        # The kept history never starts with an assistant reply.
+        while start < len(history) and history[start].role != "user":
+            start += 1
+        dropped += 1
+        prompt = prompt_for(history[start:])
+    return prompt, dropped
+
+
+def context_full_notice(n_ctx: int, dropped: int, how: str = "") -> str:
+    turns = f"turn{'s' if dropped != 1 else ''}"
+    return f"Context full ({n_ctx} tokens{how}): dropped the oldest {dropped} {turns} from the prompt."
 
 
 @dataclass

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import threading
 from pathlib import Path
 
@@ -52,7 +51,3 @@ def sha256_of_file(path: Path, cache_file: Path | None = None) -> str:
         except OSError:
             pass  # an unwritable cache only costs a rehash next time
         return value
-
-
-def file_size(path: Path) -> int:
-    return os.stat(path).st_size

@@ -78,7 +78,6 @@ class LoadedState:
     header: dict[str, Any]
     payload: memoryview
     """The payload, mapped from the file (writable copy-on-write pages, as ctypes needs)."""
-    map_ms: float
     _mapping: mmap.mmap
 
     def verify(self) -> bool:
@@ -154,7 +153,6 @@ class KVStateCache:
 
     def load(self, model_id: str, persona_id: str, compat: dict[str, Any]) -> LoadedState | Miss:
         path = self.path_for(model_id, persona_id)
-        t0 = time.perf_counter()
         try:
             with open(path, "rb") as fh:
                 try:
@@ -191,7 +189,7 @@ class KVStateCache:
         except OSError:
             pass
         payload = memoryview(mapping)[offset : offset + size]
-        return LoadedState(header, payload, (time.perf_counter() - t0) * 1000.0, mapping)
+        return LoadedState(header, payload, mapping)
 
     def read_ms(self, model_id: str, persona_id: str) -> float:
         """Time to read the whole file into memory (what a plain load would cost)."""

@@ -39,7 +39,17 @@ import llama_cpp
 from llama_cpp import llama_chat_format
 
 from chatterm.core import llama_log, offload
-from chatterm.core.engine import ChatMessage, DeviceInfo, Engine, PrefixReport, Progress, Turn
+from chatterm.core.engine import (
+    ChatMessage,
+    DeviceInfo,
+    Engine,
+    PrefixReport,
+    Progress,
+    Turn,
+    context_full_notice,
+    reply_room,
+    trim_history,
+)
 from chatterm.core.errors import ChattermError
 from chatterm.core.file_identity import sha256_of_file
 from chatterm.core.kv_cache import KVStateCache, LoadedState
@@ -49,8 +59,6 @@ from chatterm.core.personas import Persona
 
 log = logging.getLogger(__name__)
 
-# Room always left for the reply when trimming history to fit the context.
-MIN_REPLY_TOKENS = 64
 # llama-cpp-python reads llama_model_default_params() inside Llama.__init__ and
 # offers no way to pass a progress callback; we swap the function for the
 # duration of one load, under this lock.
@@ -276,9 +284,7 @@ class LocalEngine(Engine):
         plan = self.plan
         llm = self.llm
         n_layer = llama_cpp.llama_model_n_layer(llm.model) if llm is not None else None
-        offloaded = 0
-        if plan is not None and n_layer is not None:
-            offloaded = n_layer if plan.n_gpu_layers < 0 else min(plan.n_gpu_layers, n_layer)
+        offloaded = (plan.layers_offloaded(n_layer) if plan is not None else 0) or 0
         on_gpu = offloaded > 0
         return DeviceInfo(
             backend="GPU" if on_gpu else "CPU",
@@ -339,36 +345,27 @@ class LocalEngine(Engine):
         """Prompt tokens that fit n_ctx with room for the reply; (tokens, dropped turns, notices)."""
         assert self.llm is not None
         n_ctx = self.llm.n_ctx()
-        # Room kept for the reply: the persona's max_tokens, capped at a quarter of
-        # the context so a long history is not dropped for a reply that stays short.
-        reply_room = min(max_tokens, max(MIN_REPLY_TOKENS, n_ctx // 4))
-        history = list(history)
-        dropped = 0
-        tokens = self._prompt_tokens(persona, history, user_text)
-        while len(tokens) + reply_room > n_ctx and history:
-            # Drop the oldest exchange (user + assistant), never the persona.
-            history = history[2:]
-            dropped += 1
-            tokens = self._prompt_tokens(persona, history, user_text)
-        notices = []
-        if dropped:
-            notices.append(
-                f"Context full ({n_ctx} tokens): dropped the oldest {dropped} "
-                f"turn{'s' if dropped != 1 else ''} from the prompt."
-            )
-        if len(tokens) + reply_room > n_ctx:
+        room = reply_room(max_tokens, n_ctx)
+        tokens, dropped = trim_history(
+            history,
+            lambda kept: self._prompt_tokens(persona, kept, user_text),
+            len,
+            n_ctx - room,
+        )
+        notices = [context_full_notice(n_ctx, dropped)] if dropped else []
+        if len(tokens) + room > n_ctx:
             # No history left to drop: the message alone is too long. Keep its end
             # (a pasted document usually ends with the question about it).
             prefix_len = len(self.prefix_tokens(persona))
             message = self.llm.tokenize(user_text.encode("utf-8"), add_bos=False, special=False)
-            keep = len(message) - (len(tokens) + reply_room - n_ctx) - 8  # template may shift a few
+            keep = len(message) - (len(tokens) + room - n_ctx) - 8  # template may shift a few
             if keep <= 0:
                 raise ChattermError(
                     f"the persona prompt ({prefix_len} tokens) leaves no room in the "
                     f"{n_ctx}-token context of model {self.spec.id!r}"
                 )
             clipped = self.llm.detokenize(message[-keep:]).decode("utf-8", "ignore")
-            tokens = self._prompt_tokens(persona, history, clipped)
+            tokens = self._prompt_tokens(persona, [], clipped)
             notices.append(
                 f"Message too long ({len(message):,} tokens): kept its last {keep:,} tokens "
                 f"to fit the {n_ctx:,}-token context."
@@ -450,8 +447,7 @@ class LocalEngine(Engine):
         return None
 
     def _save_prefix(self, persona: Persona, prefix: list[int], prefill_ms: float) -> None:
-        if self.kv_cache is None or self.kv_cache.write_error is not None:
-            return
+        assert self.kv_cache is not None
         llm = self.llm
         assert llm is not None
         size = llama_cpp.llama_state_seq_get_size(llm.ctx, 0)

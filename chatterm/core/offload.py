@@ -78,15 +78,6 @@ class OffloadPlan:
             return self.n_gpu_layers
         return min(self.n_gpu_layers, n_layers)
 
-    def llama_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments for `llama_cpp.Llama(...)`."""
-        return {
-            "n_gpu_layers": self.n_gpu_layers,
-            "flash_attn": self.flash_attn,
-            "type_k": self.type_k,
-            "type_v": self.type_v,
-        }
-
 
 def kv_type_to_ggml(name: str) -> int:
     """The ggml type id llama.cpp expects for a KV type name (f16, q8_0, q4_0)."""

@@ -45,7 +45,17 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
-from chatterm.core.engine import ChatMessage, DeviceInfo, Engine, Progress, Turn
+from chatterm.core.engine import (
+    MIN_REPLY_TOKENS,
+    ChatMessage,
+    DeviceInfo,
+    Engine,
+    Progress,
+    Turn,
+    context_full_notice,
+    reply_room,
+    trim_history,
+)
 from chatterm.core.errors import ChattermError
 from chatterm.core.metrics import TurnMetrics
 from chatterm.core.models import ModelSpec, PriceProfile
@@ -53,8 +63,6 @@ from chatterm.core.personas import Persona
 
 CHARS_PER_TOKEN = 4
 """Token estimate for text we cannot tokenize (the served model's tokenizer is remote)."""
-MIN_REPLY_TOKENS = 64
-"""Context kept free for the reply even when max_tokens is large (as the local engine)."""
 MESSAGE_OVERHEAD_TOKENS = 4
 """Chat-template tokens around each message (role markers, separators), estimated."""
 LOAD_READ_TIMEOUT_S = 15.0
@@ -271,31 +279,20 @@ class RemoteEngine(Engine):
         turn = RemoteTurn(self, metrics, self.price)
         system = {"role": "system", "content": persona.system_prompt}
         user = {"role": "user", "content": user_text}
-        past = [{"role": m.role, "content": m.content} for m in history]
         sampling = persona.sampling
         n_ctx = self.spec.n_ctx
-        # Room for the reply as the local engine reserves it: max_tokens, but at
-        # most a quarter of the context (at least MIN_REPLY_TOKENS), so a large
-        # max_tokens does not trim away the whole history.
-        reply_room = min(sampling.max_tokens, max(MIN_REPLY_TOKENS, n_ctx // 4))
-        start = 0
-        while (
-            start < len(past)
-            and estimate_prompt_tokens([system, *past[start:], user]) + reply_room > n_ctx
-        ):
-            start += 1
-            # Drop whole turns: the kept history never starts with an assistant reply.
-            while start < len(past) and past[start]["role"] != "user":
-                start += 1
-        dropped = sum(1 for m in past[:start] if m["role"] == "user")
+        room = reply_room(sampling.max_tokens, n_ctx)
+        messages, dropped = trim_history(
+            history,
+            lambda kept: [system, *({"role": m.role, "content": m.content} for m in kept), user],
+            estimate_prompt_tokens,
+            n_ctx - room,
+        )
         if dropped:
             metrics.dropped_turns = dropped
             turn.notices.append(
-                f"Context full ({n_ctx} tokens, estimated at {CHARS_PER_TOKEN} characters "
-                f"per token): dropped the oldest {dropped} turn{'s' if dropped != 1 else ''} "
-                "from the prompt."
+                context_full_notice(n_ctx, dropped, f", estimated at {CHARS_PER_TOKEN} characters per token")
             )
-        messages = [system, *past[start:], user]
         metrics.prompt_tokens = estimate_prompt_tokens(messages)
         if metrics.prompt_tokens + MIN_REPLY_TOKENS > n_ctx:
             # Sent anyway: the estimate may be wrong, and the server's answer says
@@ -310,7 +307,7 @@ class RemoteEngine(Engine):
         # Servers such as vLLM reject prompt + max_tokens > context outright; ask for
         # no more than what is left (by the estimate), and never less than the room
         # reserved above.
-        max_tokens = min(sampling.max_tokens, max(n_ctx - metrics.prompt_tokens, reply_room))
+        max_tokens = min(sampling.max_tokens, max(n_ctx - metrics.prompt_tokens, room))
         turn.body = {
             "model": self.spec.remote_model,
             "messages": messages,

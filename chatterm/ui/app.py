@@ -353,6 +353,7 @@ class ChatApp(App[None]):
         self.query_one("#load-progress").display = False
         for note in event.device.notes:
             self.notify(note, severity="warning", markup=False, timeout=8)
+        self._prefix_pending = True
         self._set_status(self._preparing_status(event.engine, self.persona))
         self._show_model()
         self._persona_state = "preparing…"
@@ -395,7 +396,6 @@ class ChatApp(App[None]):
     def _preparing_status(self, engine: Engine, persona: Persona) -> str:
         """What the status line says while a persona's prefix is made ready: a
         first use prefills the whole system prompt, which takes seconds on a CPU."""
-        self._prefix_pending = True
         if engine.kind != "local":
             return "ready"
         if engine.persona_cached(persona):
@@ -447,6 +447,7 @@ class ChatApp(App[None]):
             self._persona_state = "preparing…"
         await self._start_over(f"New conversation with {persona.name}.")
         if self.lease.engine is not None:
+            self._prefix_pending = True
             self._set_status(self._preparing_status(self.lease.engine, persona))
             self._prepare_worker(persona)
 
