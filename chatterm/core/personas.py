@@ -13,6 +13,7 @@ Contract:
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -73,8 +74,11 @@ def _persona_from(path: Path, raw: dict[str, Any]) -> Persona:
         sampling = Sampling(
             **{k: type(getattr(defaults, k))(v) for k, v in sampling_raw.items()}
         )
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: max_tokens = inf
         raise ChattermError(f"{path}: [sampling] values must be numbers") from None
+    floats = [getattr(sampling, k) for k in _SAMPLING_FIELDS if isinstance(getattr(sampling, k), float)]
+    if not all(math.isfinite(v) for v in floats):  # nan, inf
+        raise ChattermError(f"{path}: [sampling] values must be finite numbers")
     if sampling.max_tokens < 1 or sampling.temperature < 0:
         raise ChattermError(f"{path}: [sampling] max_tokens must be >= 1 and temperature >= 0")
     model = raw.get("model")

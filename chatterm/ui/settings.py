@@ -10,6 +10,7 @@ Contract:
 
 from __future__ import annotations
 
+import datetime
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,15 +48,24 @@ def _value(value: Any) -> str:
     if isinstance(value, (int, float)):
         return repr(value)
     if isinstance(value, str):
-        # A JSON string is a valid TOML basic string (same escapes).
-        return json.dumps(value, ensure_ascii=False)
+        return _string(value)
     if isinstance(value, list):
         return "[" + ", ".join(_value(v) for v in value) + "]"
+    if isinstance(value, dict):  # a table inside an array ([[name]] or [{...}])
+        return "{" + ", ".join(f"{_key(k)} = {_value(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, (datetime.date, datetime.time)):  # datetime is a date subclass
+        return value.isoformat()
     raise ChattermError(f"cannot rewrite a value of type {type(value).__name__}")
 
 
+def _string(text: str) -> str:
+    # A JSON string is a TOML basic string, given two differences: TOML has no
+    # surrogate escapes (so no ensure_ascii) and wants DEL escaped.
+    return json.dumps(text, ensure_ascii=False).replace("\x7f", "\\u007f")
+
+
 def _key(key: str) -> str:
-    return key if key.replace("-", "").replace("_", "").isalnum() and key.isascii() else json.dumps(key)
+    return key if key.replace("-", "").replace("_", "").isalnum() and key.isascii() else _string(key)
 
 
 def _dump(data: dict[str, Any], prefix: str = "") -> list[str]:
@@ -78,3 +88,5 @@ def remember_theme(path: Path, theme: str) -> None:
         atomic_write_bytes(path, text.encode("utf-8"), mode=0o644)
     except OSError as exc:
         raise ChattermError(f"{path}: cannot save settings: {exc.strerror or exc}") from None
+    except ChattermError as exc:
+        raise ChattermError(f"{path}: cannot save settings: {exc}") from None
