@@ -150,7 +150,7 @@ def test_database_is_in_wal_mode_with_current_version(tmp_path):
     SessionStore(db).close()
     conn = sqlite3.connect(db)
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
 
 
 def make_v1_database(path: Path) -> None:
@@ -174,7 +174,7 @@ def test_v1_migration_in_code_matches_the_released_v1_schema(tmp_path):
     assert schema(fresh) == schema(fixture)
 
 
-def test_migration_from_v1_keeps_data_and_adds_v2_and_v3(tmp_path):
+def test_migration_from_v1_keeps_data_and_adds_v2_to_v4(tmp_path):
     db = tmp_path / "old.db"
     make_v1_database(db)
     before = sha(db)
@@ -185,7 +185,7 @@ def test_migration_from_v1_keeps_data_and_adds_v2_and_v3(tmp_path):
         assert old.metrics.energy_wh is None and old.metrics.ttft_ms == 55.5
     assert sha(db) == before
     with SessionStore(db) as store:
-        assert sqlite3.connect(db).execute("PRAGMA user_version").fetchone()[0] == 3
+        assert sqlite3.connect(db).execute("PRAGMA user_version").fetchone()[0] == 4
         (old,) = store.turns(info.id)
         assert (old.index, old.user_text, old.reply) == (1, "hi | there", "hello\nworld")
         assert old.metrics.tokens_estimated is False and old.metrics.cache_outcome == "restored"
@@ -198,7 +198,7 @@ def test_migration_from_v1_keeps_data_and_adds_v2_and_v3(tmp_path):
     assert rows == [(1, "user", "hi | there"), (1, "assistant", "hello\nworld"),
                     (2, "user", "again"), (2, "assistant", "yes")]
     indexes = {r[1] for r in conn.execute("PRAGMA index_list(turns)")}
-    assert "turns_by_session" in indexes
+    assert {"turns_by_session", "turns_summary"} <= indexes  # v2, v4
     with pytest.raises(sqlite3.IntegrityError):
         conn.execute(
             "INSERT INTO turns (session_id, turn_index, recorded_at, user_text, reply) "

@@ -15,7 +15,7 @@ Contract:
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from typing import Iterable
 
 CACHE_OUTCOMES = ("restored", "memory", "cold", "server")
@@ -81,7 +81,9 @@ class TurnMetrics:
 
     def to_dict(self) -> dict:
         """Stable field names for storage and export (derived fields included)."""
-        data = asdict(self)
+        # Every field is a plain scalar: no need for asdict()'s recursive deep copy,
+        # which made exporting 100,000 turns take seconds.
+        data = {name: getattr(self, name) for name in _FIELD_NAMES}
         data["decode_tok_s"] = self.decode_tok_s
         data["cost_usd"] = self.cost_usd
         return data
@@ -92,7 +94,9 @@ class TurnMetrics:
         return cls(**{k: v for k, v in data.items() if k in names})
 
 
-TURN_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(TurnMetrics)) + (
+_FIELD_NAMES: tuple[str, ...] = tuple(f.name for f in fields(TurnMetrics))
+
+TURN_FIELDS: tuple[str, ...] = _FIELD_NAMES + (
     "decode_tok_s",
     "cost_usd",
 )
