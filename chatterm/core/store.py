@@ -49,7 +49,7 @@ from chatterm.core.metrics import TURN_FIELDS, TurnMetrics, percentile
 BUSY_TIMEOUT_S = 10.0
 """How long a write waits for another process's write to finish."""
 
-_ENVIRONMENT_ERRORS = ("SQLITE_IOERR", "SQLITE_FULL", "SQLITE_CANTOPEN", "SQLITE_READONLY", "SQLITE_PERM")
+_ENVIRONMENT_ERRORS = ("SQLITE_IOERR", "SQLITE_FULL", "SQLITE_READONLY", "SQLITE_PERM")
 """SQLite errors that say nothing against the database file itself."""
 
 _METRIC_FIELDS = {f.name for f in fields(TurnMetrics)}
