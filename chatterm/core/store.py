@@ -222,7 +222,8 @@ class SessionStore:
             self._prepare()
         except sqlite3.Error as exc:
             self.close()
-            if getattr(exc, "sqlite_errorname", "").startswith(_ENVIRONMENT_ERRORS):
+            name = getattr(exc, "sqlite_errorname", "")
+            if name.startswith(_ENVIRONMENT_ERRORS) and not self.path.is_dir():
                 # The file may be fine: the disk or the folder is the problem.
                 raise ChattermError(
                     f"cannot open {self.path}: {exc} (is the disk full, or the file or its folder read-only?)"
