@@ -31,7 +31,7 @@ from chatterm.core.models import ModelSpec, PriceProfile
 from chatterm.core.personas import Persona, Sampling
 from chatterm.core.remote_engine import RemoteEngine
 
-READ_TIMEOUT_S = 0.5
+READ_TIMEOUT_S = 0.3
 PRICE = PriceProfile("fuzz-price", "Fuzz", 2.0, 0.5, 8.0, "2025-01-01")
 PERSONA = Persona("fuzz", "Fuzz", "You are terse.", sampling=Sampling(max_tokens=32))
 
