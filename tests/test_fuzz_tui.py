@@ -118,8 +118,13 @@ async def scenario(tmp_path: Path, reply: str, name: str, error: str, user: str,
             await pilot.pause()
             roots = [app.query_one("#conversation"), app.query_one("#title-bar"), app.query_one("#dashboard")]
             shown = assert_inert(app, roots)
-            for text in (reply, name, error, user):
-                assert squash(printable(text)) in shown, text
+            # The prompt turns line separators (NEL, U+2028) into line breaks like
+            # str.splitlines does: the user's message is what the engine received.
+            sent = engines[0].received[0][2]
+            assert sent.splitlines() == user.splitlines()
+            for text in (reply, name, error, sent):
+                # Line by line: a message's border is drawn between its lines.
+                assert all(squash(line) in shown for line in printable(text).splitlines()), text
             await pilot.press("f3")
             await wait_for(pilot, lambda: isinstance(app.screen, SessionsScreen))
             await pilot.pause()
