@@ -31,7 +31,9 @@ class TurnStore(Protocol):
 
     def record_turn(
         self, session_id: int, user_text: str, reply: str, metrics: TurnMetrics
-    ) -> int: ...
+    ) -> int | None: ...
+
+    def take_write_notice(self) -> str | None: ...
 
 
 class EnergyMeter(Protocol):
@@ -100,7 +102,10 @@ class Conversation:
                     device=self.engine.device().name,
                     persona_id=self.persona.id,
                 )
-            self.store.record_turn(self.session_id, text, turn.reply, m)
+            if self.session_id is not None:  # None: the database refused the write
+                self.store.record_turn(self.session_id, text, turn.reply, m)
         except Exception as exc:  # noqa: BLE001 - chat goes on; the UI shows store_error
             log.debug("could not store turn", exc_info=True)
             self.store_error = f"session not saved: {exc}"
+        # The store tells once that turns are no longer stored (read-only, disk full).
+        self.store_error = self.store.take_write_notice() or self.store_error

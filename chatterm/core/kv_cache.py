@@ -40,6 +40,7 @@ import hashlib
 import json
 import mmap
 import os
+import stat
 import struct
 import time
 import zlib
@@ -105,14 +106,19 @@ def _safe_name(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in name) or "_"
 
 
+def _shown(value: Any, limit: int = 40) -> str:
+    """A header key or value in a one-line reason, cut short (a corrupt file may hold megabytes)."""
+    if isinstance(value, str) and len(value) > 24:
+        value = value[:12] + "…"
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 def _describe_difference(key: str, found: Any, expected: Any) -> str:
     if key == "prefix_tokens":
         return "prefix tokens differ"
-    if isinstance(found, str) and len(found) > 24:
-        found = found[:12] + "…"
-    if isinstance(expected, str) and len(expected) > 24:
-        expected = expected[:12] + "…"
-    return f"{key.replace('_', ' ')} differs (file {found!r}, now {expected!r})"
+    name = key.replace("_", " ") if key.isidentifier() and len(key) <= 40 else _shown(key)
+    return f"{name} differs (file {_shown(found)}, now {_shown(expected)})"
 
 
 class KVStateCache:
@@ -145,7 +151,7 @@ class KVStateCache:
             raise ValueError("header truncated")
         try:
             header = json.loads(blob.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError):
+        except (UnicodeDecodeError, ValueError, RecursionError):  # RecursionError: "[[[[..."
             raise ValueError("corrupt header (not JSON)") from None
         if not isinstance(header, dict) or not isinstance(header.get("compat"), dict):
             raise ValueError("corrupt header (no compat section)")
@@ -154,7 +160,10 @@ class KVStateCache:
     def load(self, model_id: str, persona_id: str, compat: dict[str, Any]) -> LoadedState | Miss:
         path = self.path_for(model_id, persona_id)
         try:
-            with open(path, "rb") as fh:
+            # O_NONBLOCK: a FIFO planted at the path must not block the turn.
+            with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as fh:
+                if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+                    return Miss("state file rejected: not a regular file")
                 try:
                     header = self.read_header(fh)
                 except ValueError as exc:
@@ -168,7 +177,12 @@ class KVStateCache:
                         )
                 offset = fh.tell()
                 size = header.get("payload_len")
-                if not isinstance(size, int) or size <= 0 or not isinstance(header.get("chunk_crc32"), list):
+                if (
+                    not isinstance(size, int)
+                    or isinstance(size, bool)
+                    or size <= 0
+                    or not isinstance(header.get("chunk_crc32"), list)
+                ):
                     return Miss("state file rejected: corrupt header (payload length or digests)")
                 file_size = os.fstat(fh.fileno()).st_size
                 if file_size < offset + size:
@@ -239,6 +253,8 @@ class KVStateCache:
         for path in sorted(self.folder.glob(f"*/*{SUFFIX}")):
             try:
                 st = path.stat()
+                if not stat.S_ISREG(st.st_mode):
+                    raise ValueError("not a regular file")  # opening a FIFO would block
                 with open(path, "rb") as fh:
                     header = self.read_header(fh)
                 found.append(

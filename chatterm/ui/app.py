@@ -835,7 +835,7 @@ def make_app(
     energy_meter: MeterFactory | None = None,
 ) -> ChatApp:
     """Build the app. `resume` is a session id or "latest" (needs `store`)."""
-    notices = list(workspace.personas.errors)
+    notices = [*workspace.catalog.errors, *workspace.personas.errors]
     resume_data = None
     if resume is not None:
         if store is None:
