@@ -26,6 +26,7 @@ import csv
 import io
 import json
 import math
+import re
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
@@ -34,7 +35,7 @@ from chatterm.core import paths
 from chatterm.core.atomic import atomic_write_bytes
 from chatterm.core.errors import ChattermError
 from chatterm.core.html_report import render_html
-from chatterm.core.inert import csv_cell
+from chatterm.core.inert import BIDI_CONTROLS, csv_cell
 from chatterm.core.md_report import render_markdown
 from chatterm.core.metrics import TURN_FIELDS
 from chatterm.core.models import PriceProfile
@@ -52,6 +53,11 @@ ROW_FIELDS: tuple[str, ...] = (
 """The CSV columns, and the JSONL keys before `TEXT_FIELDS`."""
 TEXT_FIELDS = ("user_text", "reply")
 """JSONL only."""
+
+# What JSON leaves raw but must not reach a terminal or a line reader as is: DEL
+# and C1 controls (0x9b is an 8-bit CSI some terminals obey), line separators
+# many readers split on, and bidi controls that reorder the text around them.
+_JSON_RAW = re.compile("[\x7f-\x9f\u2028\u2029" + "".join(chr(c) for c in sorted(BIDI_CONTROLS)) + "]")
 
 TIMESTAMP_FIELDS = ("session_started_at", "submitted_at")
 """Unix seconds in JSONL, ISO 8601 UTC in CSV."""
@@ -102,16 +108,14 @@ def render_jsonl(exported: Exported) -> str:
         for record in records:
             row = {k: _finite(v) for k, v in turn_row(info, record, texts=True).items()}
             line = json.dumps(row, ensure_ascii=False, allow_nan=False)
-            # Line separators that JSON leaves raw but many line readers split on.
-            for ch in ("\u2028", "\u2029", "\x85"):
-                line = line.replace(ch, f"\\u{ord(ch):04x}")
-            lines.append(line + "\n")
+            lines.append(_JSON_RAW.sub(lambda m: f"\\u{ord(m.group()):04x}", line) + "\n")
     return "".join(lines)
 
 
 def render_csv(exported: Exported) -> str:
     out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
+    # RFC 4180 line ends: the csv module then quotes a cell holding a lone "\r" too.
+    writer = csv.writer(out, lineterminator="\r\n")
     writer.writerow(ROW_FIELDS)
     for info, records in exported:
         for record in records:
