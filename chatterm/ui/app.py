@@ -115,7 +115,7 @@ class ChatApp(App[None]):
         Binding("f3", "sessions", "Sessions"),
         Binding("f4", "toggle_dashboard", "Dashboard"),
         Binding("f5", "latency", "Latency"),
-        Binding("f6", "last_turn", "Last turn", show=False),
+        Binding("f8", "last_turn", "Last turn", show=False),  # F6/F7 select in the prompt
         Binding("ctrl+s", "export('md')", "Export", priority=True),
         Binding("ctrl+n", "new_conversation", "New", priority=True),
         Binding("escape", "stop", "Stop reply", show=False),

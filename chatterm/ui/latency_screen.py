@@ -1,4 +1,4 @@
-"""The latency screen (F5) and a turn's detail (F6, or Enter on a turn).
+"""The latency screen (F5) and a turn's detail (F8, or Enter on a turn).
 
 Contract:
 - `LatencyScreen(turns, prices)` charts a conversation's turns with real axes
@@ -11,7 +11,7 @@ Contract:
   turn's `■`, so failures never read as zeros. Chart labels are turn numbers and
   fixed words only (plotext output is parsed as ANSI); chart colours come from the
   app's theme and follow a theme change.
-- `TurnDetailScreen(index, metrics)` shows one turn's timeline to scale with the
+- `TurnDetailScreen(index, metrics)` (F8 for the last turn; F6 and F7 select text in the prompt) shows one turn's timeline to scale with the
   ms of each part, the measured per-token costs (or why not), tokens, cache and
   cost split. Stored text (errors, cache details) is shown literally.
 - Every figure comes from `chatterm.core.breakdown` / `whatif`; nothing is
@@ -218,7 +218,7 @@ def _per(value: float | None, note: str) -> str:
 class TurnDetailScreen(ModalScreen[None]):
     """One turn: where its time went, what a token cost, where its money went."""
 
-    BINDINGS = [Binding("escape,q,f6", "dismiss", "Close")]
+    BINDINGS = [Binding("escape,q,f8", "dismiss", "Close")]
     AUTO_FOCUS = None
     DEFAULT_CSS = """
     TurnDetailScreen {

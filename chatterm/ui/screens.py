@@ -34,7 +34,7 @@ HELP_KEYS: tuple[tuple[str, str], ...] = (
     ("F3", "past sessions: open one to continue it"),
     ("F4", "show / hide the latency dashboard"),
     ("F5", "latency screen: TTFT, decode rate and cost charts, turns, what-if pricing"),
-    ("F6", "the last turn: its timeline, per-token costs and cost"),
+    ("F8", "the last turn: its timeline, per-token costs and cost"),
     ("Ctrl+S", "export this session as a Markdown report (data folder, path shown)"),
     ("Ctrl+N", "new conversation with the same persona"),
     ("Ctrl+P", "command palette: personas, themes, sessions, export formats"),
