@@ -799,7 +799,10 @@ class ChatApp(App[None]):
         yield SystemCommand("Sessions", "Open a past session to continue it (F3)", self.action_sessions)
         yield SystemCommand("New conversation", "Start over with the same persona (Ctrl+N)",
                             self.action_new_conversation)
-        for fmt, label in (("md", "Markdown report"), ("jsonl", "JSONL"), ("csv", "CSV")):
+        yield SystemCommand("Latency", "Charts of TTFT, decode rate and cost per turn; what-if pricing (F5)",
+                            self.action_latency)
+        for fmt, label in (("md", "Markdown report"), ("html", "HTML report with charts"), ("jsonl", "JSONL"),
+                           ("csv", "CSV")):
             yield SystemCommand(f"Export session: {label}", f"Write this session as {fmt} to the data folder",
                                 partial(self.action_export, fmt))
         yield SystemCommand("Toggle dashboard", "Show or hide the latency dashboard (F4)", self.action_toggle_dashboard)

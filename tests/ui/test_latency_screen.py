@@ -10,6 +10,7 @@ from textual.color import Color
 from textual.widgets import DataTable, Static, TabbedContent
 from textual_plotext import PlotextPlot
 
+from chatterm.core.store import SessionStore
 from chatterm.ui.latency_screen import LatencyScreen, TimelineBar, TurnDetailScreen
 
 
@@ -128,3 +129,19 @@ async def test_dashboard_shows_the_turn_timeline_and_per_token_costs(build):
         session = str(app.query_one("#dash-session", Static).render())
         assert "timeline" in turn and "per token" in turn and "▒" in turn
         assert "per token" in session and "input share" in session
+
+
+async def test_html_export_from_the_app_has_the_charts_and_every_profile(build, workspace, isolated_dirs):
+    store = SessionStore(workspace.db_path)
+    app, engines = build(replies=["One two three four five"], store=store)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await loaded(pilot)
+        await send(pilot, "a question")
+        app.action_export("html")
+        target = isolated_dirs["CHATTERM_DATA_DIR"] / "exports" / f"session-{app.conversation.session_id}.html"
+        await wait_for(pilot, target.exists, what="the HTML export")
+    store.close()
+    text = target.read_text(encoding="utf-8")
+    assert 'id="chart-ttft"' in text and "<script" not in text
+    for profile in workspace.catalog.prices.values():
+        assert profile.label in text
