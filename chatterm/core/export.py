@@ -29,7 +29,7 @@ import math
 import re
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Iterable, Mapping, Sequence
+from typing import Iterable, Mapping
 
 from chatterm.core import paths
 from chatterm.core.atomic import atomic_write_bytes
@@ -39,7 +39,7 @@ from chatterm.core.inert import BIDI_CONTROLS, csv_cell
 from chatterm.core.md_report import render_markdown
 from chatterm.core.metrics import TURN_FIELDS
 from chatterm.core.models import PriceProfile
-from chatterm.core.report import build
+from chatterm.core.report import Exported, build
 from chatterm.core.store import SessionInfo, SessionStore, TurnRecord
 
 FORMATS = ("jsonl", "csv", "md", "html")
@@ -61,8 +61,6 @@ _JSON_RAW = re.compile("[\x7f-\x9f\u2028\u2029" + "".join(chr(c) for c in sorted
 
 TIMESTAMP_FIELDS = ("session_started_at", "submitted_at")
 """Unix seconds in JSONL, ISO 8601 UTC in CSV."""
-
-Exported = Sequence[tuple[SessionInfo, Sequence[TurnRecord]]]
 
 
 # -- rows ----------------------------------------------------------------------

@@ -22,7 +22,8 @@ from chatterm.core import text_report as words
 from chatterm.core.breakdown import PART_LABELS, PARTS
 from chatterm.core.inert import html_text
 from chatterm.core.report import SessionReport
-from chatterm.core.svg_charts import PART_COLOURS, cost_chart, decode_chart, timeline_bar, ttft_chart
+from chatterm.core.text_report import PART_COLOURS
+from chatterm.core.svg_charts import cost_chart, decode_chart, timeline_bar, ttft_chart
 
 PREVIEW_CHARS = 80
 

@@ -30,9 +30,9 @@ PREVIEW_CHARS = 48
 """How much of each text the per-turn table shows."""
 BAR_CELLS = 24
 BAR_GLYPHS = {"restore": "▒", "prefill": "█", "first_token": "▓", "decode": "░"}
-# Colours of the overlaid TTFT bars, in drawing order: first token, prefill, restore.
-TTFT_PALETTE = ("#f28e2b", "#4e79a7", "#9c755f")
-SESSION_PALETTE = ("#4e79a7", "#f28e2b", "#59a14f", "#b07aa1", "#e15759", "#76b7b2", "#9c755f", "#edc948")
+# Colours of the overlaid TTFT bars, in drawing order: whole TTFT (its visible top
+# is the first-token part), restore + prefill (its top is prefill), restore.
+TTFT_PALETTE = tuple(words.PART_COLOURS[p] for p in ("first_token", "prefill", "restore"))
 
 
 def table(header: Sequence[str], rows: Iterable[Sequence[str]], align: str) -> str:
@@ -107,7 +107,7 @@ def _charts(reports: Sequence[SessionReport]) -> str:
                 per_session_cost[k].append(v.cumulative_usd if k == n else 0.0)
     who = " Categories are session key and turn number (see the comparison table)." if several else ""
     session_colours = (
-        " Colours by session: " + ", ".join(f"{r.key} {SESSION_PALETTE[i % len(SESSION_PALETTE)]}"
+        " Colours by session: " + ", ".join(f"{r.key} {words.session_colour(i)}"
                                             for i, r in enumerate(reports)) + "."
         if several else ""
     )
@@ -119,11 +119,11 @@ def _charts(reports: Sequence[SessionReport]) -> str:
         "first token (orange: templating, tokenizing, sampling). A turn marked `error` or `stopped` "
         f"on the axis produced no first token, so it has no bar.{who}\n\n",
         _mermaid("Decode rate per turn (tokens/s)", "tokens/s", categories, per_session_rate,
-                 SESSION_PALETTE, 1),
+                 words.SESSION_COLOURS, 1),
         "\nNo bar: the turn generated fewer than 2 tokens (no rate to measure) "
         f"or none at all.{session_colours}\n\n",
         _mermaid("Cumulative cost (USD, API-equivalent)", "USD", categories, per_session_cost,
-                 SESSION_PALETTE, 6),
+                 words.SESSION_COLOURS, 6),
     ])
 
 

@@ -27,19 +27,15 @@ from typing import Callable, Sequence
 from chatterm.core.breakdown import PART_LABELS, TTFT_PARTS, Timeline
 from chatterm.core.inert import html_text
 from chatterm.core.report import SessionReport, TurnView
+from chatterm.core.text_report import PART_COLOURS
+from chatterm.core.text_report import session_colour as colour
 
-SESSION_COLOURS = ("#4e79a7", "#f28e2b", "#59a14f", "#b07aa1", "#e15759", "#76b7b2", "#9c755f", "#edc948")
 PART_OPACITY = {"restore": 0.35, "prefill": 1.0, "first_token": 0.65, "decode": 0.2}
-PART_COLOURS = {"restore": "#9c755f", "prefill": "#4e79a7", "first_token": "#f28e2b", "decode": "#59a14f"}
-"""The timeline bar's parts (one turn, so colour tells parts apart)."""
+"""On the TTFT chart colour tells sessions apart, so opacity tells the parts apart."""
 
 WIDTH, HEIGHT = 760, 300
 LEFT, RIGHT, TOP, BOTTOM = 64, 16, 34, 54
 PLOT_W, PLOT_H = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
-
-
-def colour(n: int) -> str:
-    return SESSION_COLOURS[n % len(SESSION_COLOURS)]
 
 
 def nice_ticks(top: float, count: int = 5) -> list[float]:

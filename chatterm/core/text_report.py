@@ -1,4 +1,4 @@
-"""Words and numbers shared by the Markdown and HTML reports (plain `str`, unescaped).
+"""Words, numbers and colours shared by the Markdown and HTML reports (plain `str`, unescaped).
 
 Contract: pure formatting of `chatterm.core.report` figures; callers escape the
 result for their format (ids from files and the database are inside some rows).
@@ -14,6 +14,15 @@ from chatterm.core.report import SessionReport
 from chatterm.core.whatif import CostSplit, WhatIf
 
 DASH = "–"
+
+SESSION_COLOURS = ("#4e79a7", "#f28e2b", "#59a14f", "#b07aa1", "#e15759", "#76b7b2", "#9c755f", "#edc948")
+"""One colour per session on the comparison charts (colour-blind-safe Tableau 10)."""
+PART_COLOURS = {"restore": "#9c755f", "prefill": "#4e79a7", "first_token": "#f28e2b", "decode": "#59a14f"}
+"""A timeline's parts: brown, blue, orange, green."""
+
+
+def session_colour(n: int) -> str:
+    return SESSION_COLOURS[n % len(SESSION_COLOURS)]
 
 
 def utc(ts: float) -> str:
