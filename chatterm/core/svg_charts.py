@@ -52,9 +52,10 @@ def nice_ticks(top: float, count: int = 5) -> list[float]:
 
 
 def _num(value: float, step: float) -> str:
-    if step >= 1:
-        return f"{value:,.0f}"
-    decimals = min(max(-math.floor(math.log10(step)), 0), 8)
+    """A tick value with as many decimals as the step needs (0.0025 -> 4)."""
+    decimals = 0
+    while decimals < 10 and abs(round(step, decimals) - step) > step * 1e-9:
+        decimals += 1
     return f"{value:,.{decimals}f}"
 
 
