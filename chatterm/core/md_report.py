@@ -12,8 +12,8 @@ Contract:
   cumulative bars (whole TTFT, then restore + prefill, then restore) so each
   colour's visible band is one part, and the caption names the colours. Chart
   categories are turn numbers and status words only: no stored text reaches a
-  Mermaid block. A turn without a first token is labelled `error` or
-  `stopped` on the axis, so its empty bar reads as a failure, not a zero.
+  Mermaid block. A failed or stopped turn is labelled `error` or `stopped` on
+  the axis, so an empty bar reads as a failure, not a zero.
 - Every stored string goes through `chatterm.core.inert.md_escape`.
 """
 
@@ -116,8 +116,9 @@ def _charts(reports: Sequence[SessionReport]) -> str:
         _mermaid("Time to first token per turn (ms)", "ms", categories,
                  [total, restore_prefill, restore], TTFT_PALETTE, 1),
         "\nEach bar is the time to first token, bottom to top: restore (brown), prefill (blue), "
-        "first token (orange: templating, tokenizing, sampling). A turn marked `error` or `stopped` "
-        f"on the axis produced no first token, so it has no bar.{who}\n\n",
+        "first token (orange: templating, tokenizing, sampling). An axis label ending in `error` or "
+        "`stopped` marks a turn that failed or that the user stopped; such a turn without a bar "
+        f"produced no first token (it is not a zero).{who}\n\n",
         _mermaid("Decode rate per turn (tokens/s)", "tokens/s", categories, per_session_rate,
                  words.SESSION_COLOURS, 1),
         "\nNo bar: the turn generated fewer than 2 tokens (no rate to measure) "
