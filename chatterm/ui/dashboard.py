@@ -25,7 +25,7 @@ from chatterm.core.breakdown import session_token_costs, timeline, token_costs
 from chatterm.core.format import cache_label, fmt_int, fmt_ms, fmt_tok_s, fmt_usd, printable
 from chatterm.core.metrics import SessionSummary, TurnMetrics
 from chatterm.core.whatif import cost_split
-from chatterm.ui.timeline import GLYPHS, STYLES, timeline_bar, token_cost_line
+from chatterm.ui.timeline import GLYPHS, STYLES, fmt_share, timeline_bar, token_cost_line
 
 if TYPE_CHECKING:
     from chatterm.core.engine import DeviceInfo
@@ -46,10 +46,6 @@ def rows(pairs: Iterable[tuple[str, str | Content]]) -> Content:
         for label, value in pairs
     ]
     return Content("\n").join(lines)
-
-
-def _pct(share: float | None) -> str:
-    return "–" if share is None else f"{share * 100:.0f} %"
 
 
 def timeline_rows(m: TurnMetrics) -> list[tuple[str, Content]]:
@@ -139,7 +135,7 @@ class Dashboard(VerticalScroll):
             ("tokens", f"{fmt_int(summary.prompt_tokens)} in · {fmt_int(summary.generated_tokens)} out"),
             ("per token", token_cost_line(session_token_costs(turns))),
             ("total cost", fmt_usd(summary.cost_usd)),
-            ("input share", f"{_pct(split.input_token_share)} of tokens · {_pct(split.input_cost_share)} of cost"),
+            ("input share", f"{fmt_share(split.input_token_share)} of tokens · {fmt_share(split.input_cost_share)} of cost"),
             ("cache saved", f"{summary.saved_prefill_s:,.2f} s prefill · {fmt_usd(summary.saved_usd)}"),
         ]
         if summary.energy_wh is not None:

@@ -11,8 +11,9 @@ Contract:
   turn's `■`, so failures never read as zeros. Chart labels are turn numbers and
   fixed words only (plotext output is parsed as ANSI); chart colours come from the
   app's theme and follow a theme change.
-- `TurnDetailScreen(index, metrics)` (F8 for the last turn; F6 and F7 select text in the prompt) shows one turn's timeline to scale with the
-  ms of each part, the measured per-token costs (or why not), tokens, cache and
+- `TurnDetailScreen(index, metrics)` (F8 for the last turn: F6 and F7 select
+  text in the prompt) shows one turn's timeline to scale with the ms and share
+  of each part, the measured per-token costs (or why not), tokens, cache and
   cost split. Stored text (errors, cache details) is shown literally.
 - Every figure comes from `chatterm.core.breakdown` / `whatif`; nothing is
   computed here.
@@ -40,7 +41,7 @@ from chatterm.core.format import SEP, cache_label, fmt_int, fmt_ms, fmt_tok_s, f
 from chatterm.core.metrics import TurnMetrics
 from chatterm.core.models import PriceProfile
 from chatterm.core.whatif import cost_split, priced_with, what_if
-from chatterm.ui.timeline import timeline_bar, timeline_legend, token_cost_line
+from chatterm.ui.timeline import fmt_share, per_token, timeline_bar, timeline_legend, token_cost_line
 
 MARKS = {"error": "✕", "stopped": "■"}
 PART_THEME_COLOURS = {"restore": "warning", "prefill": "primary", "first_token": "accent", "decode": "success"}
@@ -158,7 +159,7 @@ class LatencyScreen(Screen[None]):
                 turn_label(index, m), tl.status, fmt_ms(m.ttft_ms), fmt_ms(tl.restore_ms),
                 fmt_ms(tl.prefill_ms), fmt_ms(tl.first_token_ms) if tl.reached_first_token else "–",
                 fmt_ms(tl.decode_ms), fmt_tok_s(m.decode_tok_s).removesuffix(" tok/s"),
-                _per(c.prefill_ms_per_token, c.prefill_note), _per(c.decode_ms_per_token, c.decode_note),
+                per_token(c.prefill_ms_per_token, c.prefill_note, ""), per_token(c.decode_ms_per_token, c.decode_note, ""),
                 ratio, fmt_usd(m.cost_usd),
             ]
             table.add_row(*(Text(cell, justify="left" if i == 1 else "right") for i, cell in enumerate(cells)),
@@ -176,7 +177,7 @@ class LatencyScreen(Screen[None]):
         grid.add_row("output", fmt_int(split.output_tokens), fmt_usd(split.output_usd))
         share = split.input_token_share, split.input_cost_share
         grid.caption = (
-            f"input share: {_pct(share[0])} of tokens, {_pct(share[1])} of cost"
+            f"input share: {fmt_share(share[0])} of tokens, {fmt_share(share[1])} of cost"
         )
         grid.caption_justify = "left"
         rows = what_if(self._turns, self._prices)
@@ -191,7 +192,7 @@ class LatencyScreen(Screen[None]):
             label = Text(printable(f"{w.profile.label}{' *' if w.profile.id in own else ''}"))
             table.add_row(label, fmt_usd(w.total_usd), fmt_usd(w.without_cache_usd),
                           fmt_usd(w.saved_usd) if w.has_cache_discount else "no discount",
-                          _pct(w.split.input_cost_share))
+                          fmt_share(w.split.input_cost_share))
         table.caption = "* the profile this session is priced at · USD, API-equivalent · export md/html for the split"
         table.caption_justify = "left"
         outer = Table.grid(padding=(1, 0))
@@ -203,16 +204,6 @@ class LatencyScreen(Screen[None]):
     def _open_turn(self, event: DataTable.RowSelected) -> None:
         index = int(event.row_key.value)
         self.app.push_screen(TurnDetailScreen(index, self._turns[index - 1]))
-
-
-def _pct(share: float | None) -> str:
-    return "–" if share is None else f"{share * 100:.0f} %"
-
-
-def _per(value: float | None, note: str) -> str:
-    if value is not None:
-        return f"{value:,.2f}"
-    return "too few" if note.startswith("too few") else "n/a"
 
 
 class TurnDetailScreen(ModalScreen[None]):

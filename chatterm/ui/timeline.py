@@ -44,17 +44,22 @@ def timeline_legend(tl: Timeline) -> Content:
     return Content("\n").join(lines)
 
 
-def _per_token(value: float | None, note: str) -> str:
+def per_token(value: float | None, note: str, unit: str = " ms") -> str:
+    """ms per token, or `too few` (tokens to measure) / `n/a` (no time recorded)."""
     if value is not None:
-        return f"{value:,.2f} ms" if value < 10 else f"{value:,.1f} ms"
+        return f"{value:,.2f}{unit}" if value < 10 else f"{value:,.1f}{unit}"
     return "too few" if note.startswith("too few") else "n/a"
+
+
+def fmt_share(share: float | None) -> str:
+    return "–" if share is None else f"{share * 100:.0f} %"
 
 
 def token_cost_line(costs: TokenCosts) -> str:
     """`in 8.50 ms · out 53.0 ms · 6.2x` per token; `too few` where one is missing."""
     ratio = f"{costs.ratio:,.1f}x" if costs.ratio is not None else "–"
     return SEP.join((
-        f"in {_per_token(costs.prefill_ms_per_token, costs.prefill_note)}",
-        f"out {_per_token(costs.decode_ms_per_token, costs.decode_note)}",
+        f"in {per_token(costs.prefill_ms_per_token, costs.prefill_note)}",
+        f"out {per_token(costs.decode_ms_per_token, costs.decode_note)}",
         ratio,
     ))
