@@ -151,11 +151,10 @@ def _what_if(r: SessionReport) -> str:
     columns = words.what_if_columns(r.what_if)
     rows = [[html_text(label), *(html_text(col[i]) for col in columns)]
             for i, label in enumerate(words.WHAT_IF_ROWS)]
-    note = (
-        f'<p class="note">* the profile this session\'s stored costs use ({html_text(", ".join(r.priced_with))}).</p>'
-        if any(w.profile.id in r.priced_with for w in r.what_if) else ""
+    note = words.priced_with_note(r)
+    return _table(header, rows, "l" + "n" * len(columns), cls="what-if") + (
+        f'<p class="note">{html_text(note)}</p>' if note else ""
     )
-    return _table(header, rows, "l" + "n" * len(columns), cls="what-if") + note
 
 
 def _turn_table(r: SessionReport) -> str:

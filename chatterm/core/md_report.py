@@ -163,11 +163,8 @@ def _what_if(r: SessionReport) -> str:
     header = ["", *(md_escape(h) for h in words.what_if_header(r.what_if, r.priced_with))]
     columns = words.what_if_columns(r.what_if)
     rows = [[label, *(col[i] for col in columns)] for i, label in enumerate(words.WHAT_IF_ROWS)]
-    note = (
-        f"\n\\* the profile this session's stored costs use ({md_escape(', '.join(r.priced_with))}).\n"
-        if any(w.profile.id in r.priced_with for w in r.what_if) else ""
-    )
-    return table(header, rows, "l" + "r" * len(columns)) + note
+    note = words.priced_with_note(r)
+    return table(header, rows, "l" + "r" * len(columns)) + (f"\n{md_escape(note)}\n" if note else "")
 
 
 def _turn_rows(r: SessionReport) -> tuple[list[list[str]], list[str]]:

@@ -149,6 +149,17 @@ def what_if_header(rows: Sequence[WhatIf], priced_with: Sequence[str]) -> list[s
     ]
 
 
+def priced_with_note(r: SessionReport) -> str:
+    """Which column the stored costs match (`*`), or that their profile is gone."""
+    shown = {w.profile.id for w in r.what_if}
+    if not r.priced_with:
+        return ""
+    ids = ", ".join(r.priced_with)
+    if shown & set(r.priced_with):
+        return f"* the profile this session's stored costs use ({ids})."
+    return f"The stored costs use {ids}, which is not in the current price profiles."
+
+
 def what_if_columns(rows: Sequence[WhatIf]) -> list[list[str]]:
     """One column of `WHAT_IF_ROWS` values per profile."""
     columns = []
