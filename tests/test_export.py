@@ -32,9 +32,12 @@ from chatterm.core.store import SessionStore
 GOLDEN = Path(__file__).parent / "golden"
 
 PRICES = {
-    "turbo": PriceProfile("turbo", "Turbo | no discount", 10.0, 10.0, 30.0, "2024-04-09"),
-    "gpt-4.1": PriceProfile("gpt-4.1", "GPT-4.1", 2.0, 0.5, 8.0, "2025-04-14"),
-    "sonnet": PriceProfile("sonnet", "Sonnet", 3.0, 0.3, 15.0, "2025-05-22"),
+    "turbo": PriceProfile(id="turbo", label="Turbo | no discount", input_per_m=10.0,
+                          cached_input_per_m=10.0, output_per_m=30.0, as_of="2024-04-09"),
+    "gpt-4.1": PriceProfile(id="gpt-4.1", label="GPT-4.1", input_per_m=2.0, cached_input_per_m=0.5,
+                            output_per_m=8.0, as_of="2025-04-14"),
+    "sonnet": PriceProfile(id="sonnet", label="Sonnet", input_per_m=3.0, cached_input_per_m=0.3,
+                           output_per_m=15.0, as_of="2025-05-22"),
 }
 """Fixed profiles for the golden reports (the bundled models.toml may change)."""
 

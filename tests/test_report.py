@@ -69,6 +69,10 @@ class Page(HTMLParser):
         raise AssertionError(f"no table starting with {first_header!r}")
 
 
+def turn(**fields) -> TurnMetrics:
+    return TurnMetrics(engine="local", model_id="m", persona_id="p", submitted_at=0.0, **fields)
+
+
 @pytest.fixture
 def sample(tmp_path):
     db = tmp_path / "chatterm.db"
@@ -80,22 +84,22 @@ def sample(tmp_path):
 
 # -- timelines and per-token costs ---------------------------------------------------
 def test_timeline_parts_add_up_to_the_time_to_first_token():
-    m = TurnMetrics("local", "m", "p", 0.0, restore_ms=20.0, prefill_ms=70.0, ttft_ms=95.5,
+    m = turn(restore_ms=20.0, prefill_ms=70.0, ttft_ms=95.5,
                     decode_ms=400.0, generated_tokens=21, prefilled_tokens=30, stop_reason="eos")
     tl = timeline(m)
     assert (tl.restore_ms, tl.prefill_ms, tl.first_token_ms, tl.decode_ms) == (20.0, 70.0, 5.5, 400.0)
     assert tl.restore_ms + tl.prefill_ms + tl.first_token_ms == m.ttft_ms
     assert tl.reached_first_token and tl.status == "ok"
     # Clamped, never negative; a turn without a first token says so.
-    assert timeline(TurnMetrics("local", "m", "p", 0.0, prefill_ms=90.0, ttft_ms=80.0)).first_token_ms == 0.0
-    failed = timeline(TurnMetrics("local", "m", "p", 0.0, stop_reason="error"))
+    assert timeline(turn(prefill_ms=90.0, ttft_ms=80.0)).first_token_ms == 0.0
+    failed = timeline(turn(stop_reason="error"))
     assert not failed.reached_first_token and failed.status == "error"
-    stopped = timeline(TurnMetrics("local", "m", "p", 0.0, stop_reason="cancelled"))
+    stopped = timeline(turn(stop_reason="cancelled"))
     assert not stopped.reached_first_token and stopped.status == "stopped"
 
 
 def test_bar_cells_are_to_scale():
-    m = TurnMetrics("local", "m", "p", 0.0, restore_ms=25.0, prefill_ms=25.0, ttft_ms=50.0, decode_ms=50.0)
+    m = turn(restore_ms=25.0, prefill_ms=25.0, ttft_ms=50.0, decode_ms=50.0)
     assert bar_cells(timeline(m), 100.0, 20) == [("restore", 5), ("prefill", 5), ("decode", 10)]
     # Against a longer turn's scale the bar is shorter.
     assert sum(n for _, n in bar_cells(timeline(m), 200.0, 20)) == 10
@@ -128,7 +132,7 @@ def test_per_token_costs_from_the_stored_prefill_and_decode_times(sample):
 
 
 def test_too_few_tokens_are_said_plainly():
-    m = TurnMetrics("local", "m", "p", 0.0, prefill_ms=30.0, ttft_ms=31.0, prefilled_tokens=3,
+    m = turn(prefill_ms=30.0, ttft_ms=31.0, prefilled_tokens=3,
                     generated_tokens=1, stop_reason="eos")
     costs = token_costs(m)
     assert costs.prefill_ms_per_token is None and costs.decode_ms_per_token is None
@@ -205,7 +209,8 @@ def test_a_profile_in_the_users_models_toml_adds_a_column(tmp_path, capsys, isol
         records = store.turns(first)
     from chatterm.core.models import PriceProfile
 
-    cheap = PriceProfile("cheap-host", "Cheap host", 0.10, 0.01, 0.40, "2026-01-01")
+    cheap = PriceProfile(id="cheap-host", label="Cheap host", input_per_m=0.10, cached_input_per_m=0.01,
+                         output_per_m=0.40, as_of="2026-01-01")
     column = what[0].index("Cheap host (2026-01-01)")
     total_row = next(row for row in what if row[0] == "Total (USD)")
     assert total_row[column] == f"{_by_hand(records, cheap)[0]:.6f}"
