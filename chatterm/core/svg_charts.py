@@ -139,7 +139,7 @@ def ttft_chart(reports: Sequence[SessionReport]) -> str:
             if not tl.reached_first_token:
                 body.append(
                     f'<text class="mark" x="{x + bar_w / 2:.1f}" y="{base - 4}" text-anchor="middle" '
-                    f'fill="{colour(n)}">✕</text></g>'
+                    f'style="fill:{colour(n)}">✕</text></g>'
                 )
                 continue
             y = base
@@ -153,7 +153,7 @@ def ttft_chart(reports: Sequence[SessionReport]) -> str:
             if tl.status == "stopped":
                 body.append(
                     f'<text class="mark" x="{x + bar_w / 2:.1f}" y="{y - 3:.1f}" text-anchor="middle" '
-                    f'fill="{colour(n)}">■</text>'
+                    f'style="fill:{colour(n)}">■</text>'
                 )
             body.append("</g>")
     parts = " · ".join(
@@ -203,7 +203,7 @@ def _line_chart(
                     marks.append(
                         f'<g class="point" {_attrs(session=report.key, turn=view.index, status=status)}>'
                         f"<title>{html_text(tip)}: no first token</title>"
-                        f'<text class="mark" x="{x:.1f}" y="{base - 4}" text-anchor="middle" fill="{colour(n)}">✕</text></g>'
+                        f'<text class="mark" x="{x:.1f}" y="{base - 4}" text-anchor="middle" style="fill:{colour(n)}">✕</text></g>'
                     )
                 continue
             y = base - v * scale
