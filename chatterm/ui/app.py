@@ -49,6 +49,7 @@ from chatterm.core.sessions import SessionPlan, history_of, max_history_turns, p
 from chatterm.ui.conversation import AssistantReply, ConversationView
 from chatterm.ui.dashboard import Dashboard
 from chatterm.ui.engine_lease import EngineClosing, EngineLease
+from chatterm.ui.latency_screen import LatencyScreen, TurnDetailScreen
 from chatterm.ui.prompt import PromptArea
 from chatterm.ui.screens import HelpScreen, PersonaPicker, SessionsScreen
 from chatterm.ui.settings import load_ui_settings, remember_theme
@@ -114,6 +115,8 @@ class ChatApp(App[None]):
         Binding("f2", "personas", "Persona"),
         Binding("f3", "sessions", "Sessions"),
         Binding("f4", "toggle_dashboard", "Dashboard"),
+        Binding("f5", "latency", "Latency"),
+        Binding("f8", "last_turn", "Last turn", show=False),  # F6/F7 select in the prompt
         Binding("ctrl+s", "export('md')", "Export", priority=True),
         Binding("ctrl+n", "new_conversation", "New", priority=True),
         Binding("escape", "stop", "Stop reply", show=False),
@@ -710,6 +713,21 @@ class ChatApp(App[None]):
         self._cancel_turn()
         await self._start_over(f"New conversation with {self.persona.name}.")
 
+    def action_latency(self) -> None:
+        self.push_screen(LatencyScreen(self._turn_metrics(), self.workspace.catalog.prices))
+
+    def action_last_turn(self) -> None:
+        turns = self._turn_metrics()
+        if turns:
+            self.push_screen(TurnDetailScreen(len(turns), turns[-1]))
+        else:
+            self.notify("No turn yet.", markup=False)
+
+    def _turn_metrics(self) -> list:
+        if self.conversation is not None:
+            return list(self.conversation.turns)
+        return [r.metrics for r in self._resume.records] if self._resume else []
+
     def action_toggle_dashboard(self) -> None:
         visible = self.query_one(Dashboard).display
         self._dashboard_mode = "hidden" if visible else "shown"
@@ -731,7 +749,7 @@ class ChatApp(App[None]):
         from chatterm.core.export import export_session
 
         try:
-            path = export_session(self.store, session_id, fmt)
+            path = export_session(self.store, session_id, fmt, prices=self.workspace.catalog.prices)
         except ChattermError as exc:
             self.post_message(self.SessionExported(None, str(exc)))
         except Exception as exc:  # noqa: BLE001
@@ -780,7 +798,10 @@ class ChatApp(App[None]):
         yield SystemCommand("Sessions", "Open a past session to continue it (F3)", self.action_sessions)
         yield SystemCommand("New conversation", "Start over with the same persona (Ctrl+N)",
                             self.action_new_conversation)
-        for fmt, label in (("md", "Markdown report"), ("jsonl", "JSONL"), ("csv", "CSV")):
+        yield SystemCommand("Latency", "Charts of TTFT, decode rate and cost per turn; what-if pricing (F5)",
+                            self.action_latency)
+        for fmt, label in (("md", "Markdown report"), ("html", "HTML report with charts"), ("jsonl", "JSONL"),
+                           ("csv", "CSV")):
             yield SystemCommand(f"Export session: {label}", f"Write this session as {fmt} to the data folder",
                                 partial(self.action_export, fmt))
         yield SystemCommand("Toggle dashboard", "Show or hide the latency dashboard (F4)", self.action_toggle_dashboard)
