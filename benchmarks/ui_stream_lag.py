@@ -79,6 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from chatterm.core.store import SessionStore
     from chatterm.core.workspace import Workspace
     from chatterm.ui.app import make_app
+    from chatterm.ui.chat_view import TurnPhase
     from textual.geometry import Region
 
     class PacedTurn(Turn):
@@ -162,7 +163,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             monitor = asyncio.create_task(loop_monitor())
             app.query_one("#prompt").insert("Write the long report.")
             await pilot.press("enter")
-            while not (app.conversation.turns[args.history_turns:] and not app._turn_active):
+            while not (app.conversation.turns[args.history_turns:] and app.chat.phase is TurnPhase.IDLE):
                 await asyncio.sleep(0.005)
             # The reply is complete in the widget tree; wait for the frame that shows it.
             painted = asyncio.get_running_loop().create_future()

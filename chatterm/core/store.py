@@ -88,6 +88,14 @@ class TurnRecord:
     metrics: TurnMetrics
 
 
+def _turn_record(columns: list[str], row: tuple) -> TurnRecord:
+    """A `turns` row read as (turn_index, user_text, reply, *metric columns)."""
+    data = dict(zip(columns[3:], row[3:]))
+    for name in _BOOL_FIELDS & data.keys():
+        data[name] = bool(data[name])
+    return TurnRecord(row[0], row[1], row[2], TurnMetrics.from_dict(data))
+
+
 # -- schema ------------------------------------------------------------------
 # Migrations are written out in full and never edited once released: a new
 # TurnMetrics field needs a new migration (tests/test_store.py checks that every
@@ -428,13 +436,22 @@ class SessionStore:
                 f"SELECT {', '.join(columns)} FROM turns WHERE session_id = ? ORDER BY turn_index",
                 (session_id,),
             )
-        records = []
-        for row in rows:
-            data = dict(zip(columns[3:], row[3:]))
-            for name in _BOOL_FIELDS & data.keys():
-                data[name] = bool(data[name])
-            records.append(TurnRecord(row[0], row[1], row[2], TurnMetrics.from_dict(data)))
-        return records
+        return [_turn_record(columns, row) for row in rows]
+
+    def turns_page(self, session_id: int, before_index: int | None, limit: int) -> list[TurnRecord]:
+        """Up to `limit` turns with an index below `before_index` (None: the
+        newest), oldest first: a long session is read a screenful at a time.
+        ChattermError when the session is unknown."""
+        with self._lock:
+            if self._empty() or not self._query("SELECT 1 FROM sessions WHERE id = ?", (session_id,)):
+                raise self._unknown(session_id)
+            columns = ["turn_index", "user_text", "reply", *sorted(_METRIC_FIELDS & self._turn_columns)]
+            rows = self._query(
+                f"SELECT {', '.join(columns)} FROM turns WHERE session_id = ? AND turn_index < ? "
+                "ORDER BY turn_index DESC LIMIT ?",
+                (session_id, before_index if before_index is not None else 2**62, max(limit, 0)),
+            )
+        return [_turn_record(columns, row) for row in reversed(rows)]
 
     def history(self, session_id: int) -> list[ChatMessage]:
         """The conversation to resume: user and assistant messages alternating.

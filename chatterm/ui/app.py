@@ -5,24 +5,21 @@ Contract:
   resume (bad ids raise `ChattermError` before anything is drawn) and returns a
   `ChatApp`. Nothing is loaded at import or construction: the first frame comes
   at once and the model loads in a thread worker that reports progress.
-- Everything blocking runs in thread workers that report with messages: model
-  load (+ GPU probe + persona prefix), persona prepare, each turn, export, GPU
-  polling. A turn's deltas go into a deque that a 25 Hz timer drains into the
-  reply's `MarkdownStream`; the dashboard reads the live `TurnMetrics` from a
-  5 Hz timer. Nothing is called per token on the UI thread (DESIGN.md:
-  `call_from_thread` per token capped a producer at 365 tok/s).
-- The UI drives `chatterm.core.conversation.Conversation` and shows what the
-  core reports; it computes no metric. Errors (load, generation, store, export)
-  become notifications or conversation notices, never tracebacks.
+- The App bootstraps and routes: model load (+ GPU probe + persona prefix),
+  persona preparation, GPU polling, export and theme saving run in thread
+  workers or timers here; key bindings, screens (help, personas, sessions) and
+  the command palette live here. The conversation, its turn loop and its state
+  live in `ChatView` (ui/chat_view.py): what Enter does is written there.
+- The UI shows what the core reports; it computes no metric. Errors (load,
+  generation, store, export) become notifications or conversation notices,
+  never tracebacks.
 - Esc cancels the running turn (the engine checks per token); Ctrl+Q cancels it
   and quits; the engine is closed once no worker uses it (`EngineLease`).
 """
 
 from __future__ import annotations
 
-import gc
 import logging
-from collections import deque
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -31,24 +28,24 @@ from typing import TYPE_CHECKING, Callable, Iterable
 from textual import on, work
 from textual.app import App, SystemCommand
 from textual.binding import Binding
-from textual.containers import Horizontal, Vertical
+from textual.containers import Horizontal
 from textual.content import Content
 from textual.message import Message
 from textual.screen import Screen
 from textual.theme import BUILTIN_THEMES
-from textual.widgets import Footer, ProgressBar, Static
+from textual.widgets import Footer, Static
 
 from chatterm.core import paths
 from chatterm.core.conversation import Conversation, EnergyMeter
-from chatterm.core.engine import ChatMessage, DeviceInfo, Engine, PrefixReport, Turn
+from chatterm.core.engine import DeviceInfo, Engine, PrefixReport
 from chatterm.core.errors import ChattermError
-from chatterm.core.format import SEP, fmt_ms, fmt_tok_s, prefix_outcome_label, printable
-from chatterm.core.metrics import SessionSummary
+from chatterm.core.format import SEP, prefix_outcome_label, printable
 from chatterm.core.personas import Persona
-from chatterm.ui.conversation import AssistantReply, ConversationView
+from chatterm.ui.chat_view import ChatView, TurnPhase
+from chatterm.ui.conversation import OlderTurns
 from chatterm.ui.dashboard import Dashboard
 from chatterm.ui.engine_lease import EngineClosing, EngineLease
-from chatterm.ui.prompt import PromptArea
+from chatterm.ui.resume import Resume, read_resume, resolve_resume, resumed_notice
 from chatterm.ui.screens import HelpScreen, PersonaPicker, SessionsScreen
 from chatterm.ui.settings import load_ui_settings, remember_theme
 from chatterm.ui.themes import DEFAULT_THEME, ThemeSet, load_themes
@@ -56,7 +53,7 @@ from chatterm.ui.themes import DEFAULT_THEME, ThemeSet, load_themes
 if TYPE_CHECKING:
     from chatterm.core.gpu_telemetry import GpuStatus
     from chatterm.core.models import ModelSpec
-    from chatterm.core.store import SessionStore, TurnRecord
+    from chatterm.core.store import SessionStore
     from chatterm.core.workspace import Workspace
 
 log = logging.getLogger(__name__)
@@ -67,20 +64,6 @@ MeterFactory = Callable[[], "EnergyMeter | None"]
 
 DASHBOARD_MIN_WIDTH = 100
 """Below this many columns the dashboard is hidden unless the user shows it (F4)."""
-
-
-@dataclass
-class Resume:
-    """A stored session to continue, read before the app starts."""
-
-    session_id: int
-    records: list["TurnRecord"]
-    history: list[ChatMessage]
-
-
-def resumed_notice(resume: Resume) -> str:
-    n = len(resume.records)
-    return f"Resumed session {resume.session_id} ({n} turn{'' if n == 1 else 's'})."
 
 
 def _gpu_status() -> "GpuStatus | None":
@@ -103,8 +86,6 @@ class ChatApp(App[None]):
     TITLE = "chatterm"
     ESCAPE_TO_MINIMIZE = False
     AUTO_FOCUS = "#prompt"
-    FLUSH_HZ = 25
-    DASHBOARD_HZ = 5
     GPU_POLL_S = 2.0
 
     BINDINGS = [
@@ -142,13 +123,6 @@ class ChatApp(App[None]):
     class PersonaPrepared(Message):
         persona: Persona
         report: PrefixReport | None
-        error: str | None = None
-
-    @dataclass
-    class TurnEnded(Message):
-        reply: AssistantReply
-        turn: Turn | None
-        conversation: Conversation
         error: str | None = None
 
     @dataclass
@@ -190,23 +164,18 @@ class ChatApp(App[None]):
         self.energy_meter_factory = energy_meter or _energy_meter_factory(
             getattr(workspace.catalog, "usd_per_kwh", None)
         )
-        self.conversation: Conversation | None = None
         self.engine_error: str | None = None
         self.device_info: DeviceInfo | None = None
         self.gpu: "GpuStatus | None" = None
         self.energy: "EnergyMeter | None" = None
         self.lease = EngineLease()
         self._resume = resume
+        """A session to continue once the model is loaded."""
         self._startup_notices = list(startup_notices)
-        self._pending: deque[str] = deque()
-        self._reply: AssistantReply | None = None
-        self._turn: Turn | None = None
-        self._turn_active = False
-        self._prefix_pending = False
-        self._stop_requested = False
-        self._store_error_shown: str | None = None
         self._dashboard_mode = "auto"
         self._persona_state = "waiting for the model"
+        self._theme_save_timer = None
+        self._chat: ChatView | None = None
         for theme_obj in (themes.themes.values() if themes else ()):
             self.register_theme(theme_obj)
         self.theme = theme
@@ -214,29 +183,34 @@ class ChatApp(App[None]):
 
     # -- layout ---------------------------------------------------------------
     def compose(self):
+        dashboard = Dashboard(id="dashboard")
+        self._chat = ChatView(self.persona.name, dashboard, self.lease, id="chat")
         yield Static(self._title_content(), id="title-bar")
         with Horizontal(id="body"):
-            with Vertical(id="chat"):
-                yield ConversationView(id="conversation")
-                with Horizontal(id="status-line"):
-                    yield ProgressBar(total=1.0, show_eta=False, id="load-progress")
-                    yield Static(Content("starting…"), id="status")
-                yield PromptArea(id="prompt", placeholder="Message — Enter sends, Ctrl+J new line, F1 help")
-            yield Dashboard(id="dashboard")
+            yield self._chat
+            yield dashboard
         yield Footer()
+
+    @property
+    def chat(self) -> ChatView:
+        """The chat: conversation, status line, prompt and the turn loop."""
+        return self._chat
+
+    @property
+    def conversation(self) -> Conversation | None:
+        """The conversation on screen (None until the model is loaded)."""
+        return self.chat.conversation
 
     def _title_content(self, state: str = "") -> Content:
         parts = ["chatterm", self.persona.name, self.spec.label or self.spec.id]
-        if self.conversation is not None and self.conversation.session_id is not None:
-            parts.append(f"session {self.conversation.session_id}")
+        conversation = self._chat.conversation if self._chat is not None else None
+        if conversation is not None and conversation.session_id is not None:
+            parts.append(f"session {conversation.session_id}")
         if state:
             parts.append(state)
         return Content(printable(SEP.join(parts)))
 
     async def on_mount(self) -> None:
-        self._flush_timer = self.set_interval(1 / self.FLUSH_HZ, self._flush_tick, pause=True)
-        self._dash_timer = self.set_interval(1 / self.DASHBOARD_HZ, self._dashboard_tick, pause=True)
-        self._theme_save_timer = None
         self.theme_changed_signal.subscribe(self, self._theme_changed)
         self._apply_width(self.size.width)
         for notice in self._startup_notices:
@@ -245,13 +219,12 @@ class ChatApp(App[None]):
         dashboard.show_persona(self.persona.name, self._persona_state)
         dashboard.show_model(self.spec.label, None, None, None, status="loading…")
         if self._resume is not None:
-            await self._show_records(self._resume.records)
-            await self.query_one(ConversationView).add_notice(
-                resumed_notice(self._resume)
+            await self.chat.messages.show_records(
+                self.persona.name, self._resume.tail, self._older_turns(self._resume)
             )
-            turns = [r.metrics for r in self._resume.records]
-            dashboard.show_session(SessionSummary.of(turns), turns)
-        self._set_status("loading model…")
+            await self.chat.messages.add_notice(resumed_notice(self._resume))
+            self.chat.show_session(self._resume.turns)
+        self.chat.set_status("loading model…")
         self._load_engine()
 
     def on_resize(self, event) -> None:
@@ -265,9 +238,13 @@ class ChatApp(App[None]):
         }[self._dashboard_mode]
         self.query_one(Dashboard).display = not hidden
 
-    def _set_status(self, text: str) -> None:
-        self.query_one("#status", Static).update(Content(printable(text)), layout=False)
-        self.query_one("#title-bar", Static).update(self._title_content(text), layout=False)
+    @on(ChatView.StatusChanged)
+    def _status_changed(self, event: ChatView.StatusChanged) -> None:
+        self.query_one("#title-bar", Static).update(self._title_content(event.text), layout=False)
+
+    @on(ChatView.TurnFinished)
+    def _turn_finished(self, event: ChatView.TurnFinished) -> None:
+        self._show_model()
 
     # -- model loading ----------------------------------------------------------
     @work(thread=True, exclusive=True, group="load", exit_on_error=False)
@@ -333,47 +310,49 @@ class ChatApp(App[None]):
 
     @on(LoadProgressed)
     def _load_progressed(self, event: LoadProgressed) -> None:
-        self.query_one("#load-progress", ProgressBar).update(progress=max(0.0, min(event.fraction, 1.0)))
+        self.chat.show_load_progress(event.fraction)
 
     @on(EngineLoaded)
     def _engine_loaded(self, event: EngineLoaded) -> None:
         self.device_info = event.device
         self.gpu = event.gpu
         self.energy = event.energy
-        resume = self._resume
-        self._resume = None
-        if resume is not None:
-            self.conversation = self._new_conversation_object(
-                session_id=resume.session_id,
-                history=resume.history,
-                turns=[r.metrics for r in resume.records],
-            )
-        else:
-            self.conversation = self._new_conversation_object()
-        self.query_one("#load-progress").display = False
+        resume, self._resume = self._resume, None
+        self.chat.attach(self._new_conversation_object(resume))
+        self.chat.show_load_progress(None)
         for note in event.device.notes:
             self.notify(note, severity="warning", markup=False, timeout=8)
-        self._prefix_pending = True
-        self._set_status(self._preparing_status(event.engine, self.persona))
+        self.chat.prefix_pending = True
+        self.chat.set_status(self._preparing_status(event.engine, self.persona))
         self._show_model()
         self._persona_state = "preparing…"
         self.query_one(Dashboard).show_persona(self.persona.name, self._persona_state)
-        self.call_after_refresh(self._collect_garbage)
+        self.call_after_refresh(self.chat.collect_garbage)
         if event.gpu is not None:
             self.set_interval(self.GPU_POLL_S, self._poll_gpu)
 
     @on(LoadFailed)
     async def _load_failed(self, event: LoadFailed) -> None:
         self.engine_error = event.error
-        self.query_one("#load-progress").display = False
-        self._set_status("model failed to load")
+        self.chat.no_model(event.error)
+        self.chat.show_load_progress(None)
+        self.chat.set_status("model failed to load")
         self.query_one(Dashboard).show_model(self.spec.label, None, None, None, status="failed to load")
         self.notify(event.error, title="Model failed to load", severity="error", markup=False, timeout=15)
-        await self.query_one(ConversationView).add_notice(f"Model failed to load: {event.error}", "error")
+        await self.chat.messages.add_notice(f"Model failed to load: {event.error}", "error")
 
-    def _new_conversation_object(self, **resume) -> Conversation:
+    def _new_conversation_object(self, resume: Resume | None = None) -> Conversation:
         assert self.lease.engine is not None
-        return Conversation(self.lease.engine, self.persona, self.store, energy=self.energy, **resume)
+        kwargs = {}
+        if resume is not None:
+            kwargs = dict(session_id=resume.session_id, history=resume.history, turns=resume.turns)
+        return Conversation(self.lease.engine, self.persona, self.store, energy=self.energy, **kwargs)
+
+    def _older_turns(self, resume: Resume | None) -> OlderTurns | None:
+        """How the conversation pane reads a resumed session's older turns."""
+        if self.store is None or resume is None:
+            return None
+        return partial(self.store.turns_page, resume.session_id)
 
     def _show_model(self) -> None:
         engine = self.lease.engine
@@ -406,9 +385,10 @@ class ChatApp(App[None]):
     def _persona_prepared(self, event: PersonaPrepared) -> None:
         if event.persona.id != self.persona.id:
             return  # an earlier switch; a newer one is under way
-        self._prefix_pending = False
-        if not self._turn_active:
-            self._set_status("ready")
+        chat = self.chat
+        chat.prefix_pending = False
+        if chat.phase in (TurnPhase.IDLE, TurnPhase.NO_MODEL):
+            chat.set_status("ready")
         if event.error is not None:
             self._persona_state = f"not prepared: {event.error}"
             self.notify(event.error, title="Persona", severity="warning", markup=False)
@@ -434,7 +414,6 @@ class ChatApp(App[None]):
         except ChattermError as exc:
             self.notify(str(exc), severity="error", markup=False)
             return
-        self._cancel_turn()
         self.persona = persona
         if persona.model and persona.model != self.spec.id:
             self.notify(
@@ -447,230 +426,25 @@ class ChatApp(App[None]):
             self._persona_state = "preparing…"
         await self._start_over(f"New conversation with {persona.name}.")
         if self.lease.engine is not None:
-            self._prefix_pending = True
-            self._set_status(self._preparing_status(self.lease.engine, persona))
+            self.chat.prefix_pending = True
+            self.chat.set_status(self._preparing_status(self.lease.engine, persona))
             self._prepare_worker(persona)
 
     async def _start_over(self, notice: str, resume: Resume | None = None) -> None:
-        """Replace the conversation (and the view) with a new or resumed one."""
-        view = self.query_one(ConversationView)
-        await view.clear()
-        self._reply = None
-        if resume is not None:
-            await self._show_records(resume.records)
+        """Replace the conversation (and what the chat shows) with a new or resumed one."""
+        chat = self.chat
+        chat.persona_name = self.persona.name
+        conversation = None
         if self.lease.engine is not None:
-            kwargs = {}
-            if resume is not None:
-                kwargs = dict(
-                    session_id=resume.session_id,
-                    history=resume.history,
-                    turns=[r.metrics for r in resume.records],
-                )
-            self.conversation = self._new_conversation_object(**kwargs)
+            conversation = self._new_conversation_object(resume)
         else:
-            self._resume = resume
-        await view.add_notice(notice)
-        dashboard = self.query_one(Dashboard)
-        dashboard.show_turn(None)
-        self._refresh_session()
-        dashboard.show_persona(self.persona.name, self._persona_state)
-        self._set_status("ready" if self.conversation is not None else "loading model…")
-        self.call_after_refresh(self._collect_garbage)
+            self._resume = resume  # taken up when the model is loaded
+        await chat.start_over(conversation, notice, resume.tail if resume else (), self._older_turns(resume))
+        if conversation is None and resume is not None:
+            chat.show_session(resume.turns)
+        self.query_one(Dashboard).show_persona(self.persona.name, self._persona_state)
 
-    async def _show_records(self, records: Iterable["TurnRecord"]) -> None:
-        view = self.query_one(ConversationView)
-        with self.batch_update():
-            for record in records:
-                await view.add_user(record.user_text)
-                await view.add_reply(self.persona.name, text=record.reply, metrics=record.metrics)
-
-    def _refresh_session(self) -> None:
-        conv = self.conversation
-        if conv is None:
-            return
-        self.query_one(Dashboard).show_session(conv.summary(), conv.turns)
-
-    # -- sending and streaming ----------------------------------------------------
-    @on(PromptArea.Submitted)
-    async def _submitted(self, event: PromptArea.Submitted) -> None:
-        if self.conversation is None:
-            if self.engine_error:
-                self.notify(f"No model: {self.engine_error}", severity="error", markup=False)
-            else:
-                self.notify("The model is still loading; your message is kept.", markup=False)
-            return
-        if self._turn_active:
-            self.notify("A reply is streaming: Esc stops it.", markup=False)
-            return
-        text = event.text
-        event.prompt.clear()
-        view = self.query_one(ConversationView)
-        await view.add_user(text)
-        self._reply = await view.add_reply(self.persona.name, streaming=True)
-        self._turn = None
-        self._turn_active = True
-        self._stop_requested = False
-        self._set_status(
-            "waiting for the persona prefix, then the first token…"
-            if self._prefix_pending
-            else "waiting for the first token…"
-        )
-        self._flush_timer.resume()
-        self._dash_timer.resume()
-        self._run_turn(self.conversation, text, self._reply)
-
-    @work(thread=True, group="turn", exit_on_error=False)
-    def _run_turn(self, conversation: Conversation, text: str, reply: AssistantReply) -> None:
-        pending = self._pending
-        turn: Turn | None = None
-        try:
-            with self.lease.use():
-                # send() may tokenize a long prompt: off the UI thread too.
-                turn = conversation.send(text)
-                self._turn = turn
-                if self._stop_requested:
-                    turn.cancel()
-                for delta in turn.stream():
-                    pending.append(delta)
-        except EngineClosing:
-            return
-        except Exception as exc:  # noqa: BLE001 - stream() never raises; send() might
-            log.exception("turn failed to start")
-            self.post_message(self.TurnEnded(reply, turn, conversation, f"{type(exc).__name__}: {exc}"))
-            return
-        self.post_message(self.TurnEnded(reply, turn, conversation))
-
-    async def _flush_tick(self) -> None:
-        try:
-            await self._drain_pending()
-        except Exception:  # noqa: BLE001 - a display glitch must not kill the app
-            log.exception("flush failed")
-
-    async def _drain_pending(self) -> None:
-        """Move queued deltas into the streaming reply (one write per tick)."""
-        pending = self._pending
-        if not pending:
-            return
-        chunks = []
-        while pending:
-            chunks.append(pending.popleft())
-        if self._reply is not None:
-            await self._reply.write("".join(chunks))
-
-    def _dashboard_tick(self) -> None:
-        try:
-            turn = self._turn
-            if turn is None:
-                return
-            m = turn.metrics
-            self.query_one(Dashboard).show_turn(m, running=not turn.done)
-            if m.ttft_ms is not None:
-                self._set_status(f"streaming{SEP}TTFT {fmt_ms(m.ttft_ms)}{SEP}{fmt_tok_s(m.decode_tok_s)}")
-        except Exception:  # noqa: BLE001
-            log.exception("dashboard update failed")
-
-    @on(TurnEnded)
-    async def _turn_ended(self, event: TurnEnded) -> None:
-        self._flush_timer.pause()
-        self._dash_timer.pause()
-        self._turn = None
-        self._stop_requested = False
-        # After the final frame is on screen, while the user reads.
-        self.set_timer(0.25, self._collect_garbage)
-        try:
-            await self._drain_pending()
-            await self._show_turn_end(event)
-        except Exception:  # noqa: BLE001 - a display glitch must not kill the app
-            log.exception("showing the end of a turn failed")
-        finally:
-            # Only now: a new turn must not start while this one is being drawn.
-            self._turn_active = False
-
-    async def _show_turn_end(self, event: TurnEnded) -> None:
-        reply, turn = event.reply, event.turn
-        if not (event.conversation is self.conversation and reply.is_attached):
-            # The conversation was replaced (persona switch, resume) mid-turn.
-            if turn is not None and reply.is_attached:
-                await reply.finish(turn.reply, turn.metrics)
-            return
-        view = self.query_one(ConversationView)
-        if turn is None:
-            await reply.remove()
-            await view.add_notice(f"Could not start the reply: {event.error}", "error")
-            self._set_status("ready")
-            return
-        m = turn.metrics
-        await reply.finish(turn.reply, m)
-        for notice in turn.notices:
-            await view.add_notice(notice, "warning")
-        if m.stop_reason == "error":
-            await view.add_notice(f"Generation failed: {m.error}", "error")
-        store_error = event.conversation.store_error
-        if store_error and store_error != self._store_error_shown:
-            self._store_error_shown = store_error
-            self.notify(store_error, title="Session store", severity="warning", markup=False)
-        self.query_one(Dashboard).show_turn(m)
-        self._refresh_session()
-        self._show_model()
-        self._set_status({"cancelled": "stopped", "error": "error"}.get(m.stop_reason, "ready"))
-
-    def _collect_garbage(self) -> None:
-        """Collect once the finished reply is on screen, then freeze what is left.
-
-        Full (generation 2) collections scan every object: with a long
-        conversation on screen they paused the loop for 40-60 ms several times
-        per 2,000-token reply. Frozen objects are skipped by collections, so
-        streaming only pays for what it allocates. Unfreezing first lets
-        widgets removed since the last freeze (new conversation, resume) be
-        collected here, at an idle moment, instead of leaking.
-        """
-        if self._turn_active:
-            return
-        gc.unfreeze()
-        gc.collect()
-        gc.freeze()
-
-    def _cancel_turn(self) -> None:
-        if self._turn_active:
-            self._stop_requested = True
-            turn = self._turn
-            if turn is not None:
-                turn.cancel()
-
-    # -- actions --------------------------------------------------------------------
-    def action_stop(self) -> None:
-        if self._turn_active:
-            self._cancel_turn()
-            self._set_status("stopping…")
-
-    async def action_quit(self) -> None:
-        self._cancel_turn()
-        self.exit()
-
-    def on_unmount(self) -> None:
-        self._cancel_turn()
-        self._save_theme()
-        self.lease.close_when_idle()
-
-    def action_help(self) -> None:
-        if not isinstance(self.screen, HelpScreen):
-            self.push_screen(HelpScreen())
-
-    def action_personas(self) -> None:
-        engine = self.lease.engine
-        cached: dict[str, bool | None] = {}
-        for persona in self.workspace.personas:
-            try:
-                cached[persona.id] = engine.persona_cached(persona) if engine is not None else None
-            except Exception:  # noqa: BLE001 - unknown is fine for a picker
-                cached[persona.id] = None
-
-        async def chosen(persona_id: str | None) -> None:
-            if persona_id is not None:
-                await self.switch_persona(persona_id)
-
-        self.push_screen(PersonaPicker(list(self.workspace.personas), self.persona.id, cached), chosen)
-
+    # -- sessions (resume rule: ui/resume.py) ----------------------------------------
     def action_sessions(self) -> None:
         if self.store is None:
             self.notify("No session store: sessions are not being saved.", severity="warning", markup=False)
@@ -699,7 +473,7 @@ class ChatApp(App[None]):
             return
         if warning:
             self.notify(warning, severity="warning", markup=False)
-        self._cancel_turn()
+        self.chat.cancel()
         self.persona = persona or self.persona
         if self.lease.engine is not None:
             self._persona_state = "preparing…"
@@ -707,8 +481,40 @@ class ChatApp(App[None]):
         if self.lease.engine is not None:
             self._prepare_worker(self.persona)
 
+    # -- actions --------------------------------------------------------------------
+    def action_stop(self) -> None:
+        self.chat.stop()
+
+    async def action_quit(self) -> None:
+        self.chat.cancel()
+        self.exit()
+
+    def on_unmount(self) -> None:
+        if self._chat is not None:
+            self._chat.cancel()
+        self._save_theme()
+        self.lease.close_when_idle()
+
+    def action_help(self) -> None:
+        if not isinstance(self.screen, HelpScreen):
+            self.push_screen(HelpScreen())
+
+    def action_personas(self) -> None:
+        engine = self.lease.engine
+        cached: dict[str, bool | None] = {}
+        for persona in self.workspace.personas:
+            try:
+                cached[persona.id] = engine.persona_cached(persona) if engine is not None else None
+            except Exception:  # noqa: BLE001 - unknown is fine for a picker
+                cached[persona.id] = None
+
+        async def chosen(persona_id: str | None) -> None:
+            if persona_id is not None:
+                await self.switch_persona(persona_id)
+
+        self.push_screen(PersonaPicker(list(self.workspace.personas), self.persona.id, cached), chosen)
+
     async def action_new_conversation(self) -> None:
-        self._cancel_turn()
         await self._start_over(f"New conversation with {self.persona.name}.")
 
     def action_toggle_dashboard(self) -> None:
@@ -759,7 +565,7 @@ class ChatApp(App[None]):
         self._theme_save_timer = self.set_timer(1.0, self._save_theme)
 
     def _save_theme(self) -> None:
-        timer, self._theme_save_timer = getattr(self, "_theme_save_timer", None), None
+        timer, self._theme_save_timer = self._theme_save_timer, None
         if timer is None or self.settings_path is None:
             return
         timer.stop()
@@ -801,24 +607,6 @@ def _close_quietly(engine: Engine) -> None:
         log.debug("closing a half-loaded engine failed", exc_info=True)
 
 
-def read_resume(
-    store: "SessionStore", workspace: "Workspace", session_id: int, current_model: str | None
-) -> tuple[Resume, Persona | None, str | None]:
-    """Read a stored session: (resume data, its persona or None, a warning or None)."""
-    info = store.session(session_id)
-    records = store.turns(session_id)
-    history = store.history(session_id)
-    warnings = []
-    try:
-        persona = workspace.personas.get(info.persona_id)
-    except ChattermError:
-        persona = None
-        warnings.append(f"session {session_id} used persona {info.persona_id!r}, which no longer exists")
-    if current_model is not None and info.model_id != current_model:
-        warnings.append(f"session {session_id} was recorded with {info.model_id}; continuing with {current_model}")
-    return Resume(session_id, records, history), persona, "; ".join(warnings) or None
-
-
 def require_theme(theme: str | None, known: set[str] | None = None) -> None:
     """A ChattermError listing the valid themes when `theme` is not one of them."""
     if theme is None:
@@ -848,21 +636,7 @@ def make_app(
     resume_data = None
     session_id = None
     if resume is not None:
-        if store is None:
-            raise ChattermError("--resume needs the session database")
-        session_id = store.latest_session_id() if resume == "latest" else int(resume)
-        if session_id is None:
-            raise ChattermError(f"no stored session to resume in {store.path}")
-        info = store.session(session_id)  # unknown id: ChattermError naming it
-        if model_id is None:
-            if info.model_id not in workspace.catalog.models:
-                raise ChattermError(
-                    f"session {session_id} used model {info.model_id!r}, which is not in the "
-                    "catalog; pass --model ID"
-                )
-            model_id = info.model_id
-        if persona_id is None and info.persona_id in workspace.personas.personas:
-            persona_id = info.persona_id
+        session_id, model_id, persona_id = resolve_resume(store, workspace, resume, model_id, persona_id)
     spec, persona = workspace.resolve(model_id, persona_id)
     if session_id is not None:
         resume_data, _, warning = read_resume(store, workspace, session_id, spec.id)

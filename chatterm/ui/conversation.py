@@ -16,14 +16,22 @@ Contract:
 from __future__ import annotations
 
 import asyncio
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from rich.markdown import Markdown as RichMarkdown
 from textual.containers import Vertical, VerticalScroll
 from textual.content import Content
+from textual.widget import Widget
 from textual.widgets import Markdown, Static
 
 from chatterm.core.format import footer_line, printable
 from chatterm.core.metrics import TurnMetrics
+
+if TYPE_CHECKING:
+    from chatterm.core.store import TurnRecord
+
+OlderTurns = Callable[[int, int], Sequence["TurnRecord"]]
+"""(before turn index, limit) -> up to `limit` older turns, oldest first."""
 
 USER_DISPLAY_CHARS = 4_000
 """A huge paste is sent whole but shown shortened: wrapping 100,000 characters
@@ -203,10 +211,73 @@ def settled_length(source: str) -> int:
 
 
 class ConversationView(VerticalScroll):
-    """The scrolling list of messages; it follows the bottom while a reply streams."""
+    """The scrolling list of messages; it follows the bottom while a reply streams.
+
+    A resumed session shows its last turns only (`show_records`); scrolling
+    near the top pages older turns in from the store, `PAGE_TURNS` at a time,
+    mounted above the first message while the view keeps the user's place.
+    """
+
+    PAGE_TURNS = 8
+    LOAD_MARGIN = 3
+    """Rows from the top at which the next older page is read."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self._older: "OlderTurns | None" = None
+        self._oldest_index: int | None = None
+        self._older_title = ""
+        self._loading_older = False
 
     def on_mount(self) -> None:
         self.anchor()
+
+    @property
+    def has_older(self) -> bool:
+        """Older turns exist in the store that are not mounted yet."""
+        return self._older is not None
+
+    async def show_records(self, title: str, records: Sequence["TurnRecord"],
+                           older: "OlderTurns | None" = None) -> None:
+        """Show stored turns (oldest first); `older` reads the turns before them."""
+        self._older_title = title
+        self._oldest_index = records[0].index if records else None
+        self._older = older if records else None
+        await self.mount_all(_record_widgets(title, records))
+        self.call_after_refresh(self._maybe_load_older)
+
+    def watch_scroll_y(self, old_value: float, new_value: float) -> None:
+        super().watch_scroll_y(old_value, new_value)
+        if new_value <= self.LOAD_MARGIN and self._older is not None:
+            self.call_later(self._maybe_load_older)
+
+    async def _maybe_load_older(self) -> None:
+        """Mount the previous page when the user is at the top (or nothing scrolls yet)."""
+        if self._older is None or self._loading_older or self._oldest_index is None:
+            return
+        if self.scroll_y > self.LOAD_MARGIN and self.max_scroll_y > 0:
+            return
+        self._loading_older = True
+        try:
+            records = self._older(self._oldest_index, self.PAGE_TURNS)
+            if len(records) < self.PAGE_TURNS:
+                self._older = None
+            if not records:
+                return
+            self._oldest_index = records[0].index
+            height_before = self.virtual_size.height
+            await self.mount_all(_record_widgets(self._older_title, records), before=0)
+            # Keep the user's place: what they looked at moved down by the
+            # height of what was mounted above it.
+            self.call_after_refresh(self._keep_place, height_before)
+        finally:
+            self._loading_older = False
+
+    def _keep_place(self, height_before: int) -> None:
+        added = self.virtual_size.height - height_before
+        if added > 0 and self._anchor_released:
+            self.scroll_to(y=self.scroll_y + added, animate=False, immediate=True)
+        self.call_after_refresh(self._maybe_load_older)
 
     async def add_user(self, text: str) -> UserMessage:
         widget = UserMessage(text)
@@ -226,6 +297,16 @@ class ConversationView(VerticalScroll):
         return widget
 
     async def clear(self) -> None:
+        self._older = None
+        self._oldest_index = None
         for reply in self.query(AssistantReply):
             await reply.stop_stream()
         await self.remove_children()
+
+
+def _record_widgets(title: str, records: Sequence["TurnRecord"]) -> list[Widget]:
+    widgets: list[Widget] = []
+    for record in records:
+        widgets.append(UserMessage(record.user_text))
+        widgets.append(AssistantReply(title, record.reply, record.metrics))
+    return widgets

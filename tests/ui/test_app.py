@@ -18,6 +18,7 @@ from chatterm.core.errors import ChattermError
 from chatterm.core.metrics import TurnMetrics
 from chatterm.core.store import SessionStore
 from chatterm.ui.app import ChatApp
+from chatterm.ui.chat_view import TurnPhase
 from chatterm.ui.conversation import AssistantReply, Notice, UserMessage
 from chatterm.ui.dashboard import Dashboard
 from chatterm.ui.screens import HELP_KEYS, HelpScreen, PersonaPicker, SessionsScreen
@@ -100,7 +101,7 @@ async def test_escape_stops_a_reply_and_keeps_the_partial_text(build):
         await wait_for(pilot, engines[0].held.is_set, what="the stream to be held")
         await pilot.press("escape")
         engines[0].gate.set()
-        await wait_for(pilot, lambda: app.conversation.turns and not app._turn_active,
+        await wait_for(pilot, lambda: app.conversation.turns and app.chat.phase is TurnPhase.IDLE,
                        what="the stopped turn")
         m = app.conversation.turns[0]
         assert m.stop_reason == "cancelled" and m.generated_tokens == 3
@@ -207,7 +208,7 @@ async def test_markup_and_escapes_in_model_output_are_literal(build):
         await wait_for(pilot, lambda: "[/] and" in rendered(app.query_one(AssistantReply).query_one(Markdown).query_one("MarkdownParagraph")),
                        what="streamed text")
         engines[0].gate.set()
-        await wait_for(pilot, lambda: app.conversation.turns and not app._turn_active, what="the turn")
+        await wait_for(pilot, lambda: app.conversation.turns and app.chat.phase is TurnPhase.IDLE, what="the turn")
         assert app.is_running
         body = app.query_one(AssistantReply).query_one(".body")
         text = " ".join(rendered(body).split())  # undo the wrapping
@@ -289,7 +290,7 @@ async def test_newline_key_inserts_a_line_and_enter_sends(build):
         await pilot.press("a", "ctrl+j", "b")
         assert app.query_one("#prompt").text == "a\nb"
         await pilot.press("enter")
-        await wait_for(pilot, lambda: app.conversation.turns and not app._turn_active, what="the turn")
+        await wait_for(pilot, lambda: app.conversation.turns and app.chat.phase is TurnPhase.IDLE, what="the turn")
         assert engines[0].received[0][2] == "a\nb"
         assert app.query_one("#prompt").text == ""
 
