@@ -46,7 +46,7 @@ from chatterm.core.format import SEP, fmt_ms, fmt_tok_s, printable
 from chatterm.core.metrics import SessionSummary, TurnMetrics
 from chatterm.ui.conversation import AssistantReply, ConversationView, OlderTurns
 from chatterm.ui.engine_lease import EngineClosing, EngineLease
-from chatterm.ui.gc_policy import collect_when_idle
+from chatterm.ui import gc_policy
 from chatterm.ui.prompt import PromptArea
 
 if TYPE_CHECKING:
@@ -206,7 +206,7 @@ class ChatView(Vertical):
         self._dashboard.show_turn(None)
         self.show_session()
         self.set_status("ready" if self._conversation is not None else "loading model…")
-        self.call_after_refresh(self.collect_garbage)
+        self.call_after_refresh(self.collect_garbage, True)
 
     def show_session(self, turns: list[TurnMetrics] | None = None) -> None:
         """The session figures on the dashboard (from the conversation, or `turns`
@@ -217,10 +217,10 @@ class ChatView(Vertical):
             turns = self._conversation.turns
         self._dashboard.show_session(SessionSummary.of(turns), turns)
 
-    def collect_garbage(self) -> None:
-        """Collect garbage now if no turn is on its way (see `gc_policy`)."""
+    def collect_garbage(self, everything: bool = False) -> None:
+        """Collect garbage now unless a turn is on its way (see `gc_policy`)."""
         if self._phase in (TurnPhase.IDLE, TurnPhase.NO_MODEL):
-            collect_when_idle()
+            gc_policy.collect_all() if everything else gc_policy.collect_recent()
 
     # -- Enter: sending and streaming -----------------------------------------------
     @on(PromptArea.Submitted)
@@ -248,6 +248,7 @@ class ChatView(Vertical):
             else "waiting for the first token…"
         )
         self._budget = FrameBudget()
+        gc_policy.allow_full_passes(False)
         self._schedule_flush()
         self._dash_timer.resume()
         self._run_turn(self._conversation, text, self._reply)
@@ -338,6 +339,11 @@ class ChatView(Vertical):
         finally:
             # Only now: a new turn must not start while this one is being drawn.
             self._phase = TurnPhase.IDLE if self._conversation is not None else TurnPhase.NO_MODEL
+            gc_policy.allow_full_passes(True)
+        self.collect_garbage_later()
+
+    @on(ConversationView.OlderShown)
+    def _older_shown(self) -> None:
         self.collect_garbage_later()
 
     def collect_garbage_later(self) -> None:

@@ -2,27 +2,28 @@
 
 Contract:
 - Everything shown is literal: texts pass through `core.format.printable` and
-  become `Content` (user text, notices, footers) or Markdown without links
-  that open anything (`open_links=False`, rich `hyperlinks=False`); Markdown
-  parsing never interprets console markup such as `[bold]`.
-- A reply streams into a Textual `Markdown` through `Markdown.get_stream()`.
-  When it ends it is collapsed into ONE `Static` holding a rich Markdown
-  renderable: a finished 2,000-token reply as Textual Markdown keeps ~224
-  widgets alive and frame cost grows with widget count (DESIGN.md measured
-  1.2 s frames with 20 such replies against 82 ms collapsed).
+  become `Content` (user text, notices, footers) or rich Markdown without
+  links (`hyperlinks=False`); Markdown parsing never interprets console markup
+  such as `[bold]`.
+- A reply renders as Markdown while it streams and costs a bounded amount per
+  write however long it gets (`AssistantReply`); a finished reply is a few
+  Statics, so frame cost does not grow with the number of widgets a Markdown
+  widget tree would keep alive (~224 for a 2,000-token reply).
 - Under each reply, a footer line from `core.format.footer_line`.
+- A resumed session mounts its last turns only; older ones are paged in from
+  the store as the user scrolls up (`ConversationView`).
 """
 
 from __future__ import annotations
 
-import asyncio
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from rich.markdown import Markdown as RichMarkdown
 from textual.containers import Vertical, VerticalScroll
 from textual.content import Content
+from textual.message import Message
 from textual.widget import Widget
-from textual.widgets import Markdown, Static
+from textual.widgets import Static
 
 from chatterm.core.format import footer_line, printable
 from chatterm.core.metrics import TurnMetrics
@@ -53,7 +54,7 @@ def collapsed_body(text: str) -> Static:
     text = printable(text)
     if not text.strip():
         return Static(Content("(no text)"), classes="body empty")
-    return Static(RichMarkdown(text, hyperlinks=False), classes="body")
+    return Static(_markdown(text), classes="body")
 
 
 class UserMessage(Static):
@@ -69,17 +70,21 @@ class Notice(Static):
 
 
 class AssistantReply(Vertical):
-    """One reply: streaming Markdown while it arrives, cheap Statics once settled.
+    """One reply: Markdown that renders as it streams, in a few cheap Statics.
 
-    While streaming, only the last few top-level blocks live in the Textual
-    `Markdown` widget: once it holds more than `LIVE_BLOCKS`, the finished
-    blocks before the last one move into a `Static` (rich Markdown) and the
-    widget restarts with the unfinished tail. Widget count, and so frame cost,
-    stays bounded however long the reply gets (a 2,000-token reply kept whole
-    in one Markdown widget made 150-270 ms frames on the 2-core machine).
+    Every body is a `Static` holding a rich Markdown renderable, the same while
+    streaming and once finished. While streaming, the text arrives in the
+    last one (the live body) and only that one is rendered again per write;
+    once the live body's finished top-level blocks hold `SETTLE_CHARS`, they
+    move into a Static of their own that is never rendered again, and the live
+    body keeps the unfinished tail. So a write costs what the tail holds, not
+    what the reply holds, and a finished 2,000-token reply is a handful of
+    widgets. (Textual's `Markdown` widget mounts a widget per block and
+    re-lays them out on every append: 150-270 ms frames, and tens of thousands
+    of objects for the collector to sweep after each long reply.)
     """
 
-    LIVE_BLOCKS = 8
+    SETTLE_CHARS = 1_500
 
     def __init__(
         self,
@@ -93,21 +98,16 @@ class AssistantReply(Vertical):
         self._text = text
         self._metrics = metrics
         self._streaming = streaming
-        self._stream = None
-        self._frozen = ""
-        """Text already moved into settled Statics."""
+        self._settled = ""
+        """Text already in settled bodies (never rendered again)."""
         self._live = ""
-        """Text in the live Markdown widget."""
-        # The flush timer and the end-of-turn handler run in different asyncio
-        # tasks; their awaits must not interleave on one reply (a settle keeps a
-        # cut position across awaits).
-        self._busy = asyncio.Lock()
+        """Text in the live body (rendered again on each write)."""
         self.set_class(streaming, "-streaming")
 
     def compose(self):
         yield Static(literal(self._title), classes="who")
         if self._streaming:
-            yield Markdown(open_links=False, classes="live")
+            yield Static(Content(""), classes="body live")
         else:
             yield collapsed_body(self._text)
         yield Static(self._footer_content(), classes="meta")
@@ -118,75 +118,54 @@ class AssistantReply(Vertical):
             return Content("…" if self._streaming else "")
         return literal(footer_line(m))
 
-    def on_mount(self) -> None:
-        if self._streaming:
-            self._stream = Markdown.get_stream(self.query_one(Markdown))
-
     async def write(self, text: str) -> None:
-        """Append streamed text (batched by the caller; MarkdownStream batches more)."""
-        async with self._busy:
-            if self._stream is None or not text:
-                return
-            text = printable(text)
-            self._live += text
-            await self._stream.write(text)
-            if len(self.query_one(Markdown).children) > self.LIVE_BLOCKS:
-                await self._settle()
-
-    async def _settle(self) -> None:
-        """Move the finished blocks of the live widget into one Static."""
-        cut = settled_length(self._live)
-        if cut <= 0:
+        """Append streamed text (the caller batches what arrived since its last write)."""
+        if not self._streaming or not text:
             return
-        await self._stop_stream()
-        done, self._live = self._live[:cut], self._live[cut:]
-        self._frozen += done
-        markdown = self.query_one(Markdown)
-        with self.app.batch_update():
-            await self.mount(collapsed_body(done), before=markdown)
-            # update("") then append, not update(tail): after update(text)
-            # Markdown resumes appending from the text's LAST line, which would
-            # re-parse an open code fence from its middle.
-            await markdown.update("")
-        self._stream = Markdown.get_stream(markdown)
-        await self._stream.write(self._live)
+        self._live += printable(text)
+        live = self.query_one(".live", Static)
+        if len(self._live) >= self.SETTLE_CHARS:
+            cut = settled_length(self._live)
+            if cut > 0:
+                done, self._live = self._live[:cut], self._live[cut:]
+                self._settled += done
+                await self.mount(collapsed_body(done), before=live)
+        live.update(_markdown(self._live))
 
     async def stop_stream(self) -> None:
-        async with self._busy:
-            await self._stop_stream()
-
-    async def _stop_stream(self) -> None:
-        if self._stream is not None:
-            await self._stream.stop()
-            self._stream = None
+        """Stop taking writes (the conversation is being cleared)."""
+        self._streaming = False
 
     async def finish(self, text: str, metrics: TurnMetrics) -> None:
-        """Stop streaming; the rest becomes one Static; show the final footer."""
-        async with self._busy:
-            await self._finish(text, metrics)
-
-    async def _finish(self, text: str, metrics: TurnMetrics) -> None:
-        await self._stop_stream()
+        """Stop streaming; the final text stays as streamed; show the final footer."""
         self._streaming = False
         self._metrics = metrics
         shown = printable(text)
         with self.app.batch_update():
-            if self._frozen and shown.startswith(self._frozen):
-                rest = shown[len(self._frozen):]
-                if rest.strip():
-                    await self.mount(collapsed_body(rest), before=self.query_one(".meta"))
+            live = self.query(".live")
+            if shown == self._settled + self._live:
+                if self._live.strip() or not self._settled:
+                    live.first(Static).update(_markdown(self._live) if self._live.strip() else Content("(no text)"))
+                    live.first().set_class(not self._live.strip(), "empty")
+                    live.remove_class("live")
+                else:
+                    await live.remove()
             else:
                 # The engine's final text differs from what streamed (it never
                 # should): show the final text whole.
                 await self.query(".body").remove()
                 await self.mount(collapsed_body(text), before=self.query_one(".meta"))
-            await self.query(Markdown).remove()
             self.query_one(".meta", Static).update(self._footer_content())
             self.remove_class("-streaming")
             self.set_class(metrics.stop_reason == "cancelled", "-stopped")
             self.set_class(metrics.stop_reason == "error", "-error")
         self._text = text
-        self._frozen = self._live = ""
+        self._settled = self._live = ""
+
+
+def _markdown(text: str) -> RichMarkdown:
+    """Printable text as Markdown: no console markup, no links that open."""
+    return RichMarkdown(text, hyperlinks=False)
 
 
 _parser = None
@@ -217,6 +196,9 @@ class ConversationView(VerticalScroll):
     near the top pages older turns in from the store, `PAGE_TURNS` at a time,
     mounted above the first message while the view keeps the user's place.
     """
+
+    class OlderShown(Message):
+        """A page of older turns was mounted (a good moment to collect garbage)."""
 
     PAGE_TURNS = 8
     LOAD_MARGIN = 3
@@ -270,6 +252,7 @@ class ConversationView(VerticalScroll):
             # Keep the user's place: what they looked at moved down by the
             # height of what was mounted above it.
             self.call_after_refresh(self._keep_place, height_before)
+            self.post_message(self.OlderShown())
         finally:
             self._loading_older = False
 

@@ -200,12 +200,12 @@ async def test_markup_and_escapes_in_model_output_are_literal(build):
     app, engines = build([MARKUP, MARKUP])
     async with app.run_test(size=SIZE) as pilot:
         await loaded(pilot)
-        # Held mid-stream: the live Markdown widget shows it literally too.
+        # Held mid-stream: the live reply shows it literally too.
         engines[0].hold_after = 6
         app.query_one("#prompt").insert("[bold]user[/] [/]")
         await pilot.press("enter")
         await wait_for(pilot, engines[0].held.is_set, what="the stream to be held")
-        await wait_for(pilot, lambda: "[/] and" in rendered(app.query_one(AssistantReply).query_one(Markdown).query_one("MarkdownParagraph")),
+        await wait_for(pilot, lambda: "[/] and" in rendered(app.query_one(AssistantReply).query_one(".body")),
                        what="streamed text")
         engines[0].gate.set()
         await wait_for(pilot, lambda: app.conversation.turns and app.chat.phase is TurnPhase.IDLE, what="the turn")
