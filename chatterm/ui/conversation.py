@@ -22,6 +22,8 @@ from rich.markdown import Markdown as RichMarkdown
 from textual.containers import Vertical, VerticalScroll
 from textual.content import Content
 from textual.message import Message
+from textual.geometry import Size
+from textual.strip import Strip
 from textual.widget import Widget
 from textual.widgets import Static
 
@@ -49,12 +51,76 @@ def shortened(text: str, limit: int = USER_DISPLAY_CHARS) -> str:
     return f"{text[:limit]}\n… ({len(text) - limit:,} more characters not shown)"
 
 
-def collapsed_body(text: str) -> Static:
+class RenderedMarkdown(Widget):
+    """Markdown rendered to lines once per width; more text can be appended
+    without rendering what is already there.
+
+    A `Static` holding rich Markdown renders it twice per change (once to
+    measure its height, once to draw) and all of it; this renders each
+    appended part once (rich Markdown, no links, no console markup) and keeps
+    the lines until the width changes. `RichLog` renders once too, but keeps
+    the width it rendered at on resize, and scrolls on its own.
+    Parts must be whole top-level blocks: they are rendered separately with a
+    blank line between them, as Markdown separates blocks.
+    """
+
+    DEFAULT_CSS = "RenderedMarkdown { height: auto; }"
+
+    def __init__(self, text: str = "", **kwargs) -> None:
+        super().__init__(**kwargs)
+        self._parts: list[str] = [text] if text else []
+        self._lines: list[Strip] = []
+        self._width = 0
+
+    @property
+    def source(self) -> str:
+        return "".join(self._parts)
+
+    def append(self, text: str) -> None:
+        """Add whole Markdown blocks (printable text) below what is shown."""
+        if not text:
+            return
+        self._parts.append(text)
+        if self._width:
+            self._lines += self._render_part(text, self._width, first=len(self._parts) == 1)
+        self.refresh(layout=True)
+
+    def _render_part(self, text: str, width: int, first: bool) -> list[Strip]:
+        console = self.app.console
+        lines = console.render_lines(_markdown(text), console.options.update_width(width), pad=False)
+        strips = Strip.from_lines(lines)
+        return strips if first else [Strip.blank(0), *strips]
+
+    def _lines_for(self, width: int) -> list[Strip]:
+        if width != self._width:
+            self._width = width
+            self._lines = [
+                line
+                for index, part in enumerate(self._parts)
+                for line in self._render_part(part, width, first=index == 0)
+            ]
+        return self._lines
+
+    def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
+        return len(self._lines_for(width))
+
+    def render_line(self, y: int) -> Strip:
+        width = self.size.width
+        lines = self._lines_for(width)
+        if y >= len(lines):
+            return Strip.blank(width, self.rich_style)
+        return lines[y].crop_extend(0, width, self.rich_style).apply_style(self.rich_style)
+
+    def on_resize(self) -> None:
+        self.refresh()
+
+
+def collapsed_body(text: str) -> Widget:
     """A finished reply as one cheap widget (rich Markdown: no markup, no links)."""
     text = printable(text)
     if not text.strip():
         return Static(Content("(no text)"), classes="body empty")
-    return Static(_markdown(text), classes="body")
+    return RenderedMarkdown(text, classes="body")
 
 
 class UserMessage(Static):
@@ -70,21 +136,19 @@ class Notice(Static):
 
 
 class AssistantReply(Vertical):
-    """One reply: Markdown that renders as it streams, in a few cheap Statics.
+    """One reply: Markdown that renders as it streams, at a cost per write
+    bounded by what the write brings.
 
-    Every body is a `Static` holding a rich Markdown renderable, the same while
-    streaming and once finished. While streaming, the text arrives in the
-    last one (the live body) and only that one is rendered again per write;
-    once the live body's finished top-level blocks hold `SETTLE_CHARS`, they
-    move into a Static of their own that is never rendered again, and the live
-    body keeps the unfinished tail. So a write costs what the tail holds, not
-    what the reply holds, and a finished 2,000-token reply is a handful of
-    widgets. (Textual's `Markdown` widget mounts a widget per block and
-    re-lays them out on every append: 150-270 ms frames, and tens of thousands
-    of objects for the collector to sweep after each long reply.)
+    While streaming, the reply is a `RenderedMarkdown` holding its finished
+    top-level blocks and, below it, a live `Static` holding the unfinished last
+    block. A write renders the blocks it finished once (appended, nothing
+    earlier is rendered again) and the live block again; so a write costs what
+    arrived plus one block, however long the reply already is. A finished reply
+    is one `RenderedMarkdown`. (Textual's `Markdown` widget mounts a widget per
+    block and re-lays them out on each append: 150-270 ms frames on a 2-core
+    machine, and tens of thousands of objects for the collector to sweep
+    after a long reply.)
     """
-
-    SETTLE_CHARS = 1_500
 
     def __init__(
         self,
@@ -98,16 +162,15 @@ class AssistantReply(Vertical):
         self._text = text
         self._metrics = metrics
         self._streaming = streaming
-        self._settled = ""
-        """Text already in settled bodies (never rendered again)."""
         self._live = ""
-        """Text in the live body (rendered again on each write)."""
+        """Text of the unfinished last block (rendered again on each write)."""
         self.set_class(streaming, "-streaming")
 
     def compose(self):
         yield Static(literal(self._title), classes="who")
         if self._streaming:
-            yield Static(Content(""), classes="body live")
+            yield RenderedMarkdown(classes="body")
+            yield Static(Content(""), classes="live")
         else:
             yield collapsed_body(self._text)
         yield Static(self._footer_content(), classes="meta")
@@ -123,14 +186,11 @@ class AssistantReply(Vertical):
         if not self._streaming or not text:
             return
         self._live += printable(text)
-        live = self.query_one(".live", Static)
-        if len(self._live) >= self.SETTLE_CHARS:
-            cut = settled_length(self._live)
-            if cut > 0:
-                done, self._live = self._live[:cut], self._live[cut:]
-                self._settled += done
-                await self.mount(collapsed_body(done), before=live)
-        live.update(_markdown(self._live))
+        cut = settled_length(self._live)
+        if cut > 0:
+            done, self._live = self._live[:cut], self._live[cut:]
+            self.query_one(RenderedMarkdown).append(done)
+        self.query_one(".live", Static).update(_markdown(self._live))
 
     async def stop_stream(self) -> None:
         """Stop taking writes (the conversation is being cleared)."""
@@ -142,25 +202,24 @@ class AssistantReply(Vertical):
         self._metrics = metrics
         shown = printable(text)
         with self.app.batch_update():
-            live = self.query(".live")
-            if shown == self._settled + self._live:
-                if self._live.strip() or not self._settled:
-                    live.first(Static).update(_markdown(self._live) if self._live.strip() else Content("(no text)"))
-                    live.first().set_class(not self._live.strip(), "empty")
-                    live.remove_class("live")
-                else:
-                    await live.remove()
+            body = self.query_one(RenderedMarkdown)
+            if shown == body.source + self._live:
+                body.append(self._live)
             else:
                 # The engine's final text differs from what streamed (it never
                 # should): show the final text whole.
+                await body.remove()
+                await self.mount(collapsed_body(text), before=self.query_one(".live"))
+            await self.query(".live").remove()
+            if not shown.strip():
                 await self.query(".body").remove()
-                await self.mount(collapsed_body(text), before=self.query_one(".meta"))
+                await self.mount(collapsed_body(""), before=self.query_one(".meta"))
             self.query_one(".meta", Static).update(self._footer_content())
             self.remove_class("-streaming")
             self.set_class(metrics.stop_reason == "cancelled", "-stopped")
             self.set_class(metrics.stop_reason == "error", "-error")
         self._text = text
-        self._settled = self._live = ""
+        self._live = ""
 
 
 def _markdown(text: str) -> RichMarkdown:

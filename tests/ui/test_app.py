@@ -37,6 +37,11 @@ def strips(widget):
     return widget.render_lines(Region(0, 0, width, height))
 
 
+def reply_text(reply) -> str:
+    """What a reply shows of its text: finished blocks and the block still streaming."""
+    return "\n".join(rendered(w) for w in reply.query(".body, .live"))
+
+
 def all_text(app) -> str:
     return "\n".join(rendered(w) for w in app.screen.query(Static) if w.size.area)
 
@@ -205,7 +210,7 @@ async def test_markup_and_escapes_in_model_output_are_literal(build):
         app.query_one("#prompt").insert("[bold]user[/] [/]")
         await pilot.press("enter")
         await wait_for(pilot, engines[0].held.is_set, what="the stream to be held")
-        await wait_for(pilot, lambda: "[/] and" in rendered(app.query_one(AssistantReply).query_one(".body")),
+        await wait_for(pilot, lambda: "[/] and" in reply_text(app.query_one(AssistantReply)),
                        what="streamed text")
         engines[0].gate.set()
         await wait_for(pilot, lambda: app.conversation.turns and app.chat.phase is TurnPhase.IDLE, what="the turn")
