@@ -107,9 +107,10 @@ class RenderedMarkdown(Widget):
     def render_line(self, y: int) -> Strip:
         width = self.size.width
         lines = self._lines_for(width)
+        style = self.rich_style
         if y >= len(lines):
-            return Strip.blank(width, self.rich_style)
-        return lines[y].crop_extend(0, width, self.rich_style).apply_style(self.rich_style)
+            return Strip.blank(width, style)
+        return lines[y].crop_extend(0, width, style).apply_style(style)
 
     def on_resize(self) -> None:
         self.refresh()
@@ -164,7 +165,6 @@ class AssistantReply(Vertical):
         self._streaming = streaming
         self._live = ""
         """Text of the unfinished last block (rendered again on each write)."""
-        self.set_class(streaming, "-streaming")
 
     def compose(self):
         yield Static(literal(self._title), classes="who")
@@ -215,7 +215,8 @@ class AssistantReply(Vertical):
                 await self.query(".body").remove()
                 await self.mount(collapsed_body(""), before=self.query_one(".meta"))
             self.query_one(".meta", Static).update(self._footer_content())
-            self.remove_class("-streaming")
+            # Only classes that change a style: a class change restyles the
+            # whole reply, and that repaint is the most costly frame of a turn.
             self.set_class(metrics.stop_reason == "cancelled", "-stopped")
             self.set_class(metrics.stop_reason == "error", "-error")
         self._text = text
