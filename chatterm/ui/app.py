@@ -37,14 +37,27 @@ from textual.widgets import Footer, Static
 
 from chatterm.core import paths
 from chatterm.core.conversation import Conversation, EnergyMeter
-from chatterm.core.engine import DeviceInfo, Engine, PrefixReport
+from chatterm.core.engine import DeviceInfo, Engine
 from chatterm.core.errors import ChattermError
 from chatterm.core.format import SEP, prefix_outcome_label, printable
 from chatterm.core.personas import Persona
 from chatterm.ui.chat_view import ChatView, TurnPhase
 from chatterm.ui.conversation import OlderTurns
 from chatterm.ui.dashboard import Dashboard
-from chatterm.ui.engine_lease import EngineClosing, EngineLease
+from chatterm.ui.engine_lease import EngineLease
+from chatterm.ui.engine_setup import (
+    EngineFactory,
+    EngineLoaded,
+    EngineSetup,
+    GpuPolled,
+    GpuProbe,
+    LoadFailed,
+    LoadProgressed,
+    MeterFactory,
+    PersonaPrepared,
+    default_gpu_status,
+    energy_meter_factory,
+)
 from chatterm.ui.resume import Resume, read_resume, resolve_resume, resumed_notice
 from chatterm.ui.screens import HelpScreen, PersonaPicker, SessionsScreen
 from chatterm.ui.settings import load_ui_settings, remember_theme
@@ -58,27 +71,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-EngineFactory = Callable[["ModelSpec"], Engine]
-GpuProbe = Callable[[], "GpuStatus | None"]
-MeterFactory = Callable[[], "EnergyMeter | None"]
-
 DASHBOARD_MIN_WIDTH = 100
 """Below this many columns the dashboard is hidden unless the user shows it (F4)."""
-
-
-def _gpu_status() -> "GpuStatus | None":
-    from chatterm.core.gpu_telemetry import gpu_status
-
-    return gpu_status()
-
-
-def _energy_meter_factory(usd_per_kwh: float | None) -> MeterFactory:
-    def make() -> "EnergyMeter | None":
-        from chatterm.core.gpu_telemetry import energy_meter_or_none, resolve_usd_per_kwh
-
-        return energy_meter_or_none(resolve_usd_per_kwh(usd_per_kwh))
-
-    return make
 
 
 class ChatApp(App[None]):
@@ -100,40 +94,10 @@ class ChatApp(App[None]):
         Binding("ctrl+q", "quit", "Quit", priority=True),
     ]
 
-    # -- messages from the workers (posted from threads: thread-safe) --------
-    @dataclass
-    class LoadProgressed(Message):
-        fraction: float
-
-        def can_replace(self, message: Message) -> bool:
-            return isinstance(message, ChatApp.LoadProgressed)
-
-    @dataclass
-    class EngineLoaded(Message):
-        engine: Engine
-        device: DeviceInfo
-        gpu: "GpuStatus | None"
-        energy: "EnergyMeter | None"
-
-    @dataclass
-    class LoadFailed(Message):
-        error: str
-
-    @dataclass
-    class PersonaPrepared(Message):
-        persona: Persona
-        report: PrefixReport | None
-        error: str | None = None
-
-    @dataclass
-    class GpuPolled(Message):
-        status: "GpuStatus | None"
-
-        def can_replace(self, message: Message) -> bool:
-            return isinstance(message, ChatApp.GpuPolled)
-
     @dataclass
     class SessionExported(Message):
+        """Posted by the export worker (from its thread)."""
+
         path: Path | None
         error: str | None = None
 
@@ -149,7 +113,7 @@ class ChatApp(App[None]):
         theme: str = DEFAULT_THEME,
         settings_path: Path | None = None,
         resume: Resume | None = None,
-        gpu_status: GpuProbe = _gpu_status,
+        gpu_status: GpuProbe = default_gpu_status,
         energy_meter: MeterFactory | None = None,
         startup_notices: Iterable[str] = (),
     ):
@@ -160,15 +124,15 @@ class ChatApp(App[None]):
         self.store = store
         self.engine_factory = engine_factory
         self.settings_path = settings_path
-        self.gpu_probe = gpu_status
-        self.energy_meter_factory = energy_meter or _energy_meter_factory(
-            getattr(workspace.catalog, "usd_per_kwh", None)
+        self.lease = EngineLease()
+        self.setup = EngineSetup(
+            self, self.lease, engine_factory, gpu_status,
+            energy_meter or energy_meter_factory(getattr(workspace.catalog, "usd_per_kwh", None)),
         )
         self.engine_error: str | None = None
         self.device_info: DeviceInfo | None = None
         self.gpu: "GpuStatus | None" = None
         self.energy: "EnergyMeter | None" = None
-        self.lease = EngineLease()
         self._resume = resume
         """A session to continue once the model is loaded."""
         self._startup_notices = list(startup_notices)
@@ -225,7 +189,7 @@ class ChatApp(App[None]):
             await self.chat.messages.add_notice(resumed_notice(self._resume))
             self.chat.show_session(self._resume.turns)
         self.chat.set_status("loading model…")
-        self._load_engine()
+        self._run_setup(self.setup.load, self.spec, self.persona, group="load")
 
     def on_resize(self, event) -> None:
         self._apply_width(event.size.width)
@@ -246,67 +210,12 @@ class ChatApp(App[None]):
     def _turn_finished(self, event: ChatView.TurnFinished) -> None:
         self._show_model()
 
-    # -- model loading ----------------------------------------------------------
-    @work(thread=True, exclusive=True, group="load", exit_on_error=False)
-    def _load_engine(self) -> None:
-        engine: Engine | None = None
-        try:
-            engine = self.engine_factory(self.spec)
-            engine.load(self._load_progress)
-        except Exception as exc:  # noqa: BLE001 - shown to the user, never a traceback
-            if not isinstance(exc, ChattermError):
-                log.exception("model load failed")
-            message = str(exc) if isinstance(exc, ChattermError) else f"{type(exc).__name__}: {exc}"
-            if engine is not None:
-                _close_quietly(engine)
-            self.post_message(self.LoadFailed(message))
-            return
-        if not self.lease.adopt(engine):
-            return  # the app quit while the model loaded
-        try:
-            with self.lease.use():
-                device = engine.device()
-                # The GPU probe may import torch (seconds): here, off the UI thread.
-                gpu = self._probe_gpu()
-                energy = self._make_energy_meter() if gpu is not None else None
-                self.post_message(self.EngineLoaded(engine, device, gpu, energy))
-                self._prepare(engine, self.persona)
-        except EngineClosing:
-            return
-        except Exception as exc:  # noqa: BLE001
-            log.exception("engine set-up failed")
-            self.post_message(self.LoadFailed(f"{type(exc).__name__}: {exc}"))
-
-    def _load_progress(self, fraction: float) -> bool:
-        """Report load progress; False (app quitting) makes the engine abandon the load."""
-        self.post_message(self.LoadProgressed(fraction))
-        return not self.lease.closing
-
-    def _make_energy_meter(self) -> "EnergyMeter | None":
-        try:
-            return self.energy_meter_factory()
-        except Exception:  # noqa: BLE001 - no meter means energy shows "n/a"
-            log.debug("no energy meter", exc_info=True)
-            return None
-
-    def _probe_gpu(self) -> "GpuStatus | None":
-        try:
-            return self.gpu_probe()
-        except Exception:  # noqa: BLE001 - no telemetry is "n/a", not an error
-            log.debug("GPU probe failed", exc_info=True)
-            return None
-
-    def _prepare(self, engine: Engine, persona: Persona) -> None:
-        """Make the persona prefix ready (in a worker thread) and report how."""
-        try:
-            report = engine.prepare_persona(persona)
-        except ChattermError as exc:
-            self.post_message(self.PersonaPrepared(persona, None, str(exc)))
-        except Exception as exc:  # noqa: BLE001
-            log.exception("persona prepare failed")
-            self.post_message(self.PersonaPrepared(persona, None, f"{type(exc).__name__}: {exc}"))
-        else:
-            self.post_message(self.PersonaPrepared(persona, report))
+    # -- model loading (the work itself: ui/engine_setup.py) ----------------------
+    def _run_setup(self, work: Callable[..., None], *args, group: str) -> None:
+        """Run an `EngineSetup` step in a thread worker (loads and GPU polls:
+        one at a time; persona prepares: one per switch)."""
+        self.run_worker(partial(work, *args), thread=True, group=group,
+                        exclusive=group != "prepare", exit_on_error=False)
 
     @on(LoadProgressed)
     def _load_progressed(self, event: LoadProgressed) -> None:
@@ -329,7 +238,7 @@ class ChatApp(App[None]):
         self.query_one(Dashboard).show_persona(self.persona.name, self._persona_state)
         self.call_after_refresh(self.chat.collect_garbage)
         if event.gpu is not None:
-            self.set_interval(self.GPU_POLL_S, self._poll_gpu)
+            self.set_interval(self.GPU_POLL_S, partial(self._run_setup, self.setup.poll_gpu, group="gpu"))
 
     @on(LoadFailed)
     async def _load_failed(self, event: LoadFailed) -> None:
@@ -358,13 +267,6 @@ class ChatApp(App[None]):
         engine = self.lease.engine
         used = engine.context_used() if engine is not None else None
         self.query_one(Dashboard).show_model(self.spec.label, self.device_info, used, self.gpu)
-
-    def _poll_gpu(self) -> None:
-        self._poll_gpu_worker()
-
-    @work(thread=True, exclusive=True, group="gpu", exit_on_error=False)
-    def _poll_gpu_worker(self) -> None:
-        self.post_message(self.GpuPolled(self._probe_gpu()))
 
     @on(GpuPolled)
     def _gpu_polled(self, event: GpuPolled) -> None:
@@ -400,14 +302,6 @@ class ChatApp(App[None]):
         self.query_one(Dashboard).show_persona(self.persona.name, self._persona_state)
         self._show_model()
 
-    @work(thread=True, group="prepare", exit_on_error=False)
-    def _prepare_worker(self, persona: Persona) -> None:
-        try:
-            with self.lease.use() as engine:
-                self._prepare(engine, persona)
-        except EngineClosing:
-            pass
-
     async def switch_persona(self, persona_id: str) -> None:
         try:
             persona = self.workspace.personas.get(persona_id)
@@ -428,7 +322,7 @@ class ChatApp(App[None]):
         if self.lease.engine is not None:
             self.chat.prefix_pending = True
             self.chat.set_status(self._preparing_status(self.lease.engine, persona))
-            self._prepare_worker(persona)
+            self._run_setup(self.setup.prepare, persona, group="prepare")
 
     async def _start_over(self, notice: str, resume: Resume | None = None) -> None:
         """Replace the conversation (and what the chat shows) with a new or resumed one."""
@@ -479,7 +373,7 @@ class ChatApp(App[None]):
             self._persona_state = "preparing…"
         await self._start_over(resumed_notice(resume), resume)
         if self.lease.engine is not None:
-            self._prepare_worker(self.persona)
+            self._run_setup(self.setup.prepare, self.persona, group="prepare")
 
     # -- actions --------------------------------------------------------------------
     def action_stop(self) -> None:
@@ -600,13 +494,6 @@ def palette_text(text: str) -> str:
     return printable(text).replace("[", "\\[")
 
 
-def _close_quietly(engine: Engine) -> None:
-    try:
-        engine.close()
-    except Exception:  # noqa: BLE001 - the load error is the one to show
-        log.debug("closing a half-loaded engine failed", exc_info=True)
-
-
 def require_theme(theme: str | None, known: set[str] | None = None) -> None:
     """A ChattermError listing the valid themes when `theme` is not one of them."""
     if theme is None:
@@ -628,7 +515,7 @@ def make_app(
     engine_factory: EngineFactory | None = None,
     theme_folders: list[Path] | None = None,
     settings_path: Path | None = None,
-    gpu_status: GpuProbe = _gpu_status,
+    gpu_status: GpuProbe = default_gpu_status,
     energy_meter: MeterFactory | None = None,
 ) -> ChatApp:
     """Build the app. `resume` is a session id or "latest" (needs `store`)."""
