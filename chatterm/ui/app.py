@@ -58,7 +58,7 @@ from chatterm.ui.engine_setup import (
     default_gpu_status,
     energy_meter_factory,
 )
-from chatterm.ui.resume import Resume, read_resume, resolve_resume, resumed_notice
+from chatterm.ui.resume import Resume, read_history, read_resume, resolve_resume, resumed_notice
 from chatterm.ui.screens import HelpScreen, PersonaPicker, SessionsScreen
 from chatterm.ui.settings import load_ui_settings, remember_theme
 from chatterm.ui.themes import DEFAULT_THEME, ThemeSet, load_themes
@@ -93,6 +93,13 @@ class ChatApp(App[None]):
         Binding("escape", "stop", "Stop reply", show=False),
         Binding("ctrl+q", "quit", "Quit", priority=True),
     ]
+
+    @dataclass
+    class HistoryRead(Message):
+        """Posted by the history worker: a resumed session's history is read."""
+
+        resume: Resume
+        error: str | None = None
 
     @dataclass
     class SessionExported(Message):
@@ -187,7 +194,7 @@ class ChatApp(App[None]):
                 self.persona.name, self._resume.tail, self._older_turns(self._resume)
             )
             await self.chat.messages.add_notice(resumed_notice(self._resume))
-            self.chat.show_session(self._resume.turns)
+            self._read_history(self._resume)
         self.chat.set_status("loading model…")
         self._run_setup(self.setup.load, self.spec, self.persona, group="load")
 
@@ -204,7 +211,8 @@ class ChatApp(App[None]):
 
     @on(ChatView.StatusChanged)
     def _status_changed(self, event: ChatView.StatusChanged) -> None:
-        self.query_one("#title-bar", Static).update(self._title_content(event.text), layout=False)
+        for title in self.query("#title-bar").results(Static):  # none while the app closes
+            title.update(self._title_content(event.text), layout=False)
 
     @on(ChatView.TurnFinished)
     def _turn_finished(self, event: ChatView.TurnFinished) -> None:
@@ -226,8 +234,7 @@ class ChatApp(App[None]):
         self.device_info = event.device
         self.gpu = event.gpu
         self.energy = event.energy
-        resume, self._resume = self._resume, None
-        self.chat.attach(self._new_conversation_object(resume))
+        self._attach_when_ready()
         self.chat.show_load_progress(None)
         for note in event.device.notes:
             self.notify(note, severity="warning", markup=False, timeout=8)
@@ -249,6 +256,40 @@ class ChatApp(App[None]):
         self.query_one(Dashboard).show_model(self.spec.label, None, None, None, status="failed to load")
         self.notify(event.error, title="Model failed to load", severity="error", markup=False, timeout=15)
         await self.chat.messages.add_notice(f"Model failed to load: {event.error}", "error")
+
+    def _attach_when_ready(self) -> None:
+        """Give the chat its conversation once the engine is loaded and a
+        resumed session's history is read (whichever comes last calls this)."""
+        resume = self._resume
+        if self.lease.engine is None or self.device_info is None:
+            return
+        if resume is not None and not resume.history_read:
+            return
+        self._resume = None
+        self.chat.attach(self._new_conversation_object(resume))
+
+    @work(thread=True, exclusive=True, group="history", exit_on_error=False)
+    def _read_history(self, resume: Resume) -> None:
+        try:
+            read_history(self.store, resume)
+        except ChattermError as exc:
+            self.post_message(self.HistoryRead(resume, str(exc)))
+        else:
+            self.post_message(self.HistoryRead(resume))
+
+    @on(HistoryRead)
+    async def _history_read(self, event: HistoryRead) -> None:
+        if event.resume is not self._resume:
+            return  # another session was opened meanwhile
+        if event.error is not None:
+            self._resume = None
+            self.notify(event.error, severity="error", markup=False)
+            await self._start_over(f"Could not continue session {event.resume.session_id}; new conversation.")
+            return
+        self.chat.show_session(event.resume.turns)
+        self._attach_when_ready()
+        if self.chat.conversation is not None and self.chat.phase is TurnPhase.IDLE and not self.chat.prefix_pending:
+            self.chat.set_status("ready")
 
     def _new_conversation_object(self, resume: Resume | None = None) -> Conversation:
         assert self.lease.engine is not None
@@ -289,7 +330,7 @@ class ChatApp(App[None]):
             return  # an earlier switch; a newer one is under way
         chat = self.chat
         chat.prefix_pending = False
-        if chat.phase in (TurnPhase.IDLE, TurnPhase.NO_MODEL):
+        if chat.phase is TurnPhase.IDLE:  # not while a resumed session's history is read
             chat.set_status("ready")
         if event.error is not None:
             self._persona_state = f"not prepared: {event.error}"
@@ -328,14 +369,13 @@ class ChatApp(App[None]):
         """Replace the conversation (and what the chat shows) with a new or resumed one."""
         chat = self.chat
         chat.persona_name = self.persona.name
+        self._resume = resume  # taken up once the model is loaded and the history read
         conversation = None
-        if self.lease.engine is not None:
-            conversation = self._new_conversation_object(resume)
-        else:
-            self._resume = resume  # taken up when the model is loaded
+        if resume is None and self.lease.engine is not None:
+            conversation = self._new_conversation_object()
         await chat.start_over(conversation, notice, resume.tail if resume else (), self._older_turns(resume))
-        if conversation is None and resume is not None:
-            chat.show_session(resume.turns)
+        if resume is not None:
+            self._read_history(resume)
         self.query_one(Dashboard).show_persona(self.persona.name, self._persona_state)
 
     # -- sessions (resume rule: ui/resume.py) ----------------------------------------

@@ -200,12 +200,15 @@ class ChatView(Vertical):
         await view.clear()
         self._reply = None
         await view.show_records(self.persona_name, tail, older)
+        self._conversation = None
+        if self._phase is TurnPhase.IDLE:
+            self._phase = TurnPhase.NO_MODEL
         if conversation is not None:
             self.attach(conversation)
         await view.add_notice(notice)
         self._dashboard.show_turn(None)
         self.show_session()
-        self.set_status("ready" if self._conversation is not None else "loading model…")
+        self.set_status("ready" if self._conversation is not None else "loading…")
         self.call_after_refresh(self.collect_garbage, True)
 
     def show_session(self, turns: list[TurnMetrics] | None = None) -> None:

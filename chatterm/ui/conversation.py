@@ -316,9 +316,12 @@ class ConversationView(VerticalScroll):
         finally:
             self._loading_older = False
 
-    def _keep_place(self, height_before: int) -> None:
+    async def _keep_place(self, height_before: int) -> None:
         added = self.virtual_size.height - height_before
         if added > 0 and self._anchor_released:
+            # A scroll still animating towards the top (Home, a fling) would
+            # drag the view up again and page in the whole session.
+            await self.app.animator.stop_animation(self, "scroll_y", complete=False)
             self.scroll_to(y=self.scroll_y + added, animate=False, immediate=True)
         self.call_after_refresh(self._maybe_load_older)
 

@@ -1,12 +1,15 @@
 """Reading a stored session to continue it in the app (`--resume`, F3).
 
 Contract:
-- `read_resume(store, workspace, session_id, model)` reads what the app needs
-  to continue a session: the history for the model, every turn's metrics (for
-  the dashboard's session figures) and only the LAST `TAIL_TURNS` turns' texts
-  for the screen. Older turns stay in the store; the conversation pane pages
-  them in with `SessionStore.turns_page` as the user scrolls up, so opening a
-  5,000-turn session mounts what a 5-turn one does.
+- `read_resume(store, workspace, session_id, model)` reads what the screen
+  needs to show a session: its last `TAIL_TURNS` turns and its turn count.
+  Older turns stay in the store; the conversation pane pages them in with
+  `SessionStore.turns_page` as the user scrolls up, so opening a 5,000-turn
+  session mounts what a 5-turn one does.
+- `read_history(store, resume)` reads what continuing it needs: the history
+  for the model and every turn's metrics (the dashboard's session figures).
+  It reads the whole session, so the app runs it in a thread worker while the
+  tail is already on screen.
 - `resolve_resume(...)` is `make_app`'s rule for `--resume [ID]`: which session,
   and which model and persona it implies. Bad ids raise `ChattermError`.
 - The rules for refusing, adopting or warning about a session's model and
@@ -40,14 +43,15 @@ class Resume:
     session_id: int
     tail: list["TurnRecord"]
     """The last turns, oldest first: what the screen shows at first."""
-    history: list[ChatMessage]
-    """What the model is given."""
-    turns: list[TurnMetrics]
-    """Every turn's metrics, oldest first (the session's dashboard figures)."""
+    turn_count: int
+    history: list[ChatMessage] | None = None
+    """What the model is given (None until `read_history`)."""
+    turns: list[TurnMetrics] | None = None
+    """Every turn's metrics, oldest first (None until `read_history`)."""
 
     @property
-    def turn_count(self) -> int:
-        return len(self.turns)
+    def history_read(self) -> bool:
+        return self.history is not None
 
 
 def resumed_notice(resume: Resume) -> str:
@@ -60,8 +64,6 @@ def read_resume(
 ) -> tuple[Resume, Persona | None, str | None]:
     """Read a stored session: (resume data, its persona or None, a warning or None)."""
     info = store.session(session_id)
-    turns = [record.metrics for record in store.turns(session_id)]
-    history = store.history(session_id)
     tail = store.turns_page(session_id, None, TAIL_TURNS)
     warnings = []
     try:
@@ -71,7 +73,14 @@ def read_resume(
         warnings.append(f"session {session_id} used persona {info.persona_id!r}, which no longer exists")
     if current_model is not None and info.model_id != current_model:
         warnings.append(f"session {session_id} was recorded with {info.model_id}; continuing with {current_model}")
-    return Resume(session_id, tail, history, turns), persona, "; ".join(warnings) or None
+    return Resume(session_id, tail, info.turns), persona, "; ".join(warnings) or None
+
+
+def read_history(store: "SessionStore", resume: Resume) -> Resume:
+    """Fill in `resume.history` and `resume.turns` (reads every stored turn)."""
+    resume.turns = [record.metrics for record in store.turns(resume.session_id)]
+    resume.history = store.history(resume.session_id)
+    return resume
 
 
 def resolve_resume(
