@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from ui_startup import one_launch
+from ui_startup import FIRST_FRAME, one_launch
 
 SIZES = (500, 5_000)
 SHOWN_TARGET_S = 1.0
@@ -153,11 +153,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     # stores its KV state; every later launch restores it, as a user's would.
     launch_figures(tmp, sessions[SIZES[0]], SIZES[0])
     launches = {n: [launch_figures(tmp, sessions[n], n) for _ in range(args.runs)] for n in SIZES}
+    plain = [one_launch(tmp, shown=FIRST_FRAME) for _ in range(args.runs)]
     page_ms, stall_ms, mounted = scroll_figures(workspace, store, sessions[SIZES[-1]], args.pages)
     store.close()
 
     print(f"`chatterm launch --resume` on a 120x40 pty, {args.runs} runs per session size")
     print(f"{'turns':>6} {'shown s (median/worst)':>24} {'ready s (median/worst)':>24} {'peak RSS MiB':>13}")
+    print(f"{'none':>6} {statistics.median(r[0] for r in plain):>15.3f} / {max(r[0] for r in plain):.3f} "
+          f"{statistics.median(r[1] for r in plain):>15.3f} / {max(r[1] for r in plain):.3f} "
+          f"{statistics.median(r[2] for r in plain):>13.1f}   (plain `launch`, for comparison)")
     ok = True
     for n in SIZES:
         shown = [r[0] for r in launches[n]]
