@@ -224,6 +224,10 @@ class ChatView(Vertical):
         """Collect garbage now unless a turn is on its way (see `gc_policy`)."""
         if self._phase in (TurnPhase.IDLE, TurnPhase.NO_MODEL):
             gc_policy.collect_all() if everything else gc_policy.collect_recent()
+            # Only now: re-enabled at the end of the reply, the collector
+            # would start its own full pass at once (the gen-1 passes of a
+            # long reply are counted towards one).
+            gc_policy.allow_full_passes(True)
 
     # -- Enter: sending and streaming -----------------------------------------------
     @on(PromptArea.Submitted)
@@ -342,16 +346,20 @@ class ChatView(Vertical):
         finally:
             # Only now: a new turn must not start while this one is being drawn.
             self._phase = TurnPhase.IDLE if self._conversation is not None else TurnPhase.NO_MODEL
-            gc_policy.allow_full_passes(True)
         self.collect_garbage_later()
 
     @on(ConversationView.OlderShown)
     def _older_shown(self) -> None:
         self.collect_garbage_later()
 
+    IDLE_COLLECT_S = 2.0
+    """A collection waits this long after a reply: a pause of 20-30 ms then is
+    one the user reading the reply does not notice, and one right at the end
+    of a reply would delay its last frame or the next keystroke."""
+
     def collect_garbage_later(self) -> None:
         """Collect once the finished reply is on screen and the user reads it."""
-        self.set_timer(0.25, self.collect_garbage)
+        self.set_timer(self.IDLE_COLLECT_S, self.collect_garbage)
 
     async def _show_turn_end(self, event: TurnEnded) -> None:
         reply, turn = event.reply, event.turn

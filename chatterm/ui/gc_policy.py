@@ -4,10 +4,10 @@ A full (generation 2) collection scans every live object: with a long
 conversation on screen that paused the event loop for 40-60 ms, and up to
 300 ms once a few hundred earlier messages were mounted. So:
 
-- `allow_full_passes(False)` turns off automatic full collections for the
-  length of a reply; the young generations are still collected as usual (their cost is
+- `allow_full_passes(False)` turns off automatic full collections from the
+  start of a reply until the next idle collection; the young generations are still collected as usual (their cost is
   bounded by what was allocated since the last one).
-- `collect_recent()`, at an idle moment (a little after a reply ends, after
+- `collect_recent()`, at an idle moment (two seconds after a reply ends, after
   start-up, after older messages were paged in), collects what is not frozen,
   i.e. what was allocated since the last call, and freezes the survivors
   (`gc.freeze`): later collections skip them.
