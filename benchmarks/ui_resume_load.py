@@ -73,7 +73,7 @@ def launch_figures(tmp: Path, sid: int, turns: int) -> tuple[float, float, float
 def scroll_figures(workspace, store, sid: int, pages: int) -> tuple[list[float], float, int]:
     """(ms per page of older turns, worst loop stall ms, turns mounted at the end)."""
     from chatterm.core.engine import DeviceInfo, Engine, PrefixReport
-    from chatterm.ui.app import make_app
+    from chatterm.ui.launch import make_app
     from chatterm.ui.conversation import ConversationView, UserMessage
 
     class IdleEngine(Engine):

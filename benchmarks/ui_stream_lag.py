@@ -119,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
     from chatterm.core.metrics import TurnMetrics
     from chatterm.core.store import SessionStore
     from chatterm.core.workspace import Workspace
-    from chatterm.ui.app import make_app
+    from chatterm.ui.launch import make_app
     from chatterm.ui.chat_view import TurnPhase
     from textual import events
     from textual.geometry import Region

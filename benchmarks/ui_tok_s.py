@@ -46,7 +46,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from chatterm.core.conversation import Conversation
     from chatterm.core.workspace import Workspace
-    from chatterm.ui.app import make_app
+    from chatterm.ui.launch import make_app
     from chatterm.ui.chat_view import TurnPhase
 
     workspace = Workspace.load(db_path=tmp / "bench.db")

@@ -1,10 +1,9 @@
-"""The chat application and `make_app`, the one factory shared by CLI and tests.
+"""The chat application: bootstrap, key bindings, screens and the palette.
 
 Contract:
-- `make_app(workspace, ...)` resolves model, persona, theme and the session to
-  resume (bad ids raise `ChattermError` before anything is drawn) and returns a
-  `ChatApp`. Nothing is loaded at import or construction: the first frame comes
-  at once and the model loads in a thread worker that reports progress.
+- Build it with `chatterm.ui.launch.make_app`. Nothing is loaded at import or
+  construction: the first frame comes at once and the model loads in a thread
+  worker that reports progress.
 - The App bootstraps and routes: model load (+ GPU probe + persona prefix),
   persona preparation, GPU polling, export and theme saving run in thread
   workers or timers here; key bindings, screens (help, personas, sessions) and
@@ -32,10 +31,8 @@ from textual.containers import Horizontal
 from textual.content import Content
 from textual.message import Message
 from textual.screen import Screen
-from textual.theme import BUILTIN_THEMES
 from textual.widgets import Footer, Static
 
-from chatterm.core import paths
 from chatterm.core.conversation import Conversation, EnergyMeter
 from chatterm.core.engine import DeviceInfo, Engine
 from chatterm.core.errors import ChattermError
@@ -58,10 +55,10 @@ from chatterm.ui.engine_setup import (
     default_gpu_status,
     energy_meter_factory,
 )
-from chatterm.ui.resume import Resume, read_history, read_resume, resolve_resume, resumed_notice
+from chatterm.ui.resume import Resume, read_history, read_resume, resumed_notice
 from chatterm.ui.screens import HelpScreen, PersonaPicker, SessionsScreen
-from chatterm.ui.settings import load_ui_settings, remember_theme
-from chatterm.ui.themes import DEFAULT_THEME, ThemeSet, load_themes
+from chatterm.ui.settings import remember_theme
+from chatterm.ui.themes import DEFAULT_THEME, ThemeSet
 
 if TYPE_CHECKING:
     from chatterm.core.gpu_telemetry import GpuStatus
@@ -257,52 +254,12 @@ class ChatApp(App[None]):
         self.notify(event.error, title="Model failed to load", severity="error", markup=False, timeout=15)
         await self.chat.messages.add_notice(f"Model failed to load: {event.error}", "error")
 
-    def _attach_when_ready(self) -> None:
-        """Give the chat its conversation once the engine is loaded and a
-        resumed session's history is read (whichever comes last calls this)."""
-        resume = self._resume
-        if self.lease.engine is None or self.device_info is None:
-            return
-        if resume is not None and not resume.history_read:
-            return
-        self._resume = None
-        self.chat.attach(self._new_conversation_object(resume))
-
-    @work(thread=True, exclusive=True, group="history", exit_on_error=False)
-    def _read_history(self, resume: Resume) -> None:
-        try:
-            read_history(self.store, resume)
-        except ChattermError as exc:
-            self.post_message(self.HistoryRead(resume, str(exc)))
-        else:
-            self.post_message(self.HistoryRead(resume))
-
-    @on(HistoryRead)
-    async def _history_read(self, event: HistoryRead) -> None:
-        if event.resume is not self._resume:
-            return  # another session was opened meanwhile
-        if event.error is not None:
-            self._resume = None
-            self.notify(event.error, severity="error", markup=False)
-            await self._start_over(f"Could not continue session {event.resume.session_id}; new conversation.")
-            return
-        self.chat.show_session(event.resume.turns)
-        self._attach_when_ready()
-        if self.chat.conversation is not None and self.chat.phase is TurnPhase.IDLE and not self.chat.prefix_pending:
-            self.chat.set_status("ready")
-
     def _new_conversation_object(self, resume: Resume | None = None) -> Conversation:
         assert self.lease.engine is not None
         kwargs = {}
         if resume is not None:
             kwargs = dict(session_id=resume.session_id, history=resume.history, turns=resume.turns)
         return Conversation(self.lease.engine, self.persona, self.store, energy=self.energy, **kwargs)
-
-    def _older_turns(self, resume: Resume | None) -> OlderTurns | None:
-        """How the conversation pane reads a resumed session's older turns."""
-        if self.store is None or resume is None:
-            return None
-        return partial(self.store.turns_page, resume.session_id)
 
     def _show_model(self) -> None:
         engine = self.lease.engine
@@ -378,7 +335,48 @@ class ChatApp(App[None]):
             self._read_history(resume)
         self.query_one(Dashboard).show_persona(self.persona.name, self._persona_state)
 
-    # -- sessions (resume rule: ui/resume.py) ----------------------------------------
+    # -- resumed sessions (which sessions, models and personas may be resumed:
+    #    ui/resume.py; here only how a resumed session is shown and attached) ---
+    def _attach_when_ready(self) -> None:
+        """Give the chat its conversation once the engine is loaded and a
+        resumed session's history is read (whichever comes last calls this)."""
+        resume = self._resume
+        if self.lease.engine is None or self.device_info is None:
+            return
+        if resume is not None and not resume.history_read:
+            return
+        self._resume = None
+        self.chat.attach(self._new_conversation_object(resume))
+
+    @work(thread=True, exclusive=True, group="history", exit_on_error=False)
+    def _read_history(self, resume: Resume) -> None:
+        try:
+            read_history(self.store, resume)
+        except ChattermError as exc:
+            self.post_message(self.HistoryRead(resume, str(exc)))
+        else:
+            self.post_message(self.HistoryRead(resume))
+
+    @on(HistoryRead)
+    async def _history_read(self, event: HistoryRead) -> None:
+        if event.resume is not self._resume:
+            return  # another session was opened meanwhile
+        if event.error is not None:
+            self._resume = None
+            self.notify(event.error, severity="error", markup=False)
+            await self._start_over(f"Could not continue session {event.resume.session_id}; new conversation.")
+            return
+        self.chat.show_session(event.resume.turns)
+        self._attach_when_ready()
+        if self.chat.conversation is not None and self.chat.phase is TurnPhase.IDLE and not self.chat.prefix_pending:
+            self.chat.set_status("ready")
+
+    def _older_turns(self, resume: Resume | None) -> OlderTurns | None:
+        """How the conversation pane reads a resumed session's older turns."""
+        if self.store is None or resume is None:
+            return None
+        return partial(self.store.turns_page, resume.session_id)
+
     def action_sessions(self) -> None:
         if self.store is None:
             self.notify("No session store: sessions are not being saved.", severity="warning", markup=False)
@@ -532,67 +530,3 @@ def palette_text(text: str) -> str:
     """Text for the command palette, which parses markup: every `[` escaped
     (textual.markup.escape leaves a trailing `[/` as is, textual#6155)."""
     return printable(text).replace("[", "\\[")
-
-
-def require_theme(theme: str | None, known: set[str] | None = None) -> None:
-    """A ChattermError listing the valid themes when `theme` is not one of them."""
-    if theme is None:
-        return
-    if known is None:
-        known = set(BUILTIN_THEMES) | set(load_themes().themes)
-    if theme not in known:
-        raise ChattermError(f"unknown theme {theme!r}; valid themes: {', '.join(sorted(known))}")
-
-
-def make_app(
-    workspace: "Workspace",
-    *,
-    model_id: str | None = None,
-    persona_id: str | None = None,
-    theme: str | None = None,
-    resume: int | str | None = None,
-    store: "SessionStore | None" = None,
-    engine_factory: EngineFactory | None = None,
-    theme_folders: list[Path] | None = None,
-    settings_path: Path | None = None,
-    gpu_status: GpuProbe = default_gpu_status,
-    energy_meter: MeterFactory | None = None,
-) -> ChatApp:
-    """Build the app. `resume` is a session id or "latest" (needs `store`)."""
-    notices = list(workspace.personas.errors)
-    resume_data = None
-    session_id = None
-    if resume is not None:
-        session_id, model_id, persona_id = resolve_resume(store, workspace, resume, model_id, persona_id)
-    spec, persona = workspace.resolve(model_id, persona_id)
-    if session_id is not None:
-        resume_data, _, warning = read_resume(store, workspace, session_id, spec.id)
-        if warning:
-            notices.append(warning)
-
-    settings_path = paths.settings_file() if settings_path is None else settings_path
-    settings = load_ui_settings(settings_path)
-    if settings.error:
-        notices.append(settings.error)
-    themes = load_themes(theme_folders)
-    notices += themes.errors
-    known = set(BUILTIN_THEMES) | set(themes.themes)
-    require_theme(theme, known)
-    chosen = theme or settings.theme or DEFAULT_THEME
-    if chosen not in known:
-        notices.append(f"remembered theme {chosen!r} is not available; using {DEFAULT_THEME}")
-        chosen = DEFAULT_THEME if DEFAULT_THEME in known else "textual-dark"
-    return ChatApp(
-        workspace,
-        spec,
-        persona,
-        engine_factory=engine_factory or workspace.make_engine,
-        store=store,
-        themes=themes,
-        theme=chosen,
-        settings_path=settings_path,
-        resume=resume_data,
-        gpu_status=gpu_status,
-        energy_meter=energy_meter,
-        startup_notices=notices,
-    )

@@ -9,7 +9,7 @@ import pytest
 from fake_engine import FakeEngine
 
 from chatterm.core.workspace import Workspace
-from chatterm.ui.app import make_app
+from chatterm.ui.launch import make_app
 from chatterm.ui.chat_view import TurnPhase
 
 

@@ -443,7 +443,7 @@ async def wait_for_thread(predicate, timeout: float = 10.0) -> None:
 
 def test_importing_the_app_loads_no_model():
     code = (
-        "import sys, chatterm.ui.app, chatterm.cli.launch_cmd; "
+        "import sys, chatterm.ui.app, chatterm.ui.launch, chatterm.cli.launch_cmd; "
         "print('llama_cpp' in sys.modules, 'torch' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -504,7 +504,7 @@ async def test_persona_names_with_markup_are_literal_everywhere(isolated_dirs, t
     from fake_engine import FakeEngine
 
     from chatterm.core.workspace import Workspace
-    from chatterm.ui.app import make_app
+    from chatterm.ui.launch import make_app
 
     folder = isolated_dirs["CHATTERM_CONFIG_DIR"] / "personas"
     folder.mkdir(parents=True)
