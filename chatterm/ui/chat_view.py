@@ -8,7 +8,8 @@ Contract:
 - What happens when the user presses Enter, in order:
   1. `_submitted` (PromptArea.Submitted): refused with a notification unless the
      phase is IDLE; otherwise the user message and an empty streaming reply are
-     mounted, the phase becomes STREAMING, the timers start, `_run_turn` starts.
+     mounted, the phase becomes STREAMING, the collector's full passes stop
+     (`gc_policy`), the timers start, `_run_turn` starts.
   2. `_run_turn` (thread worker): `Conversation.send` starts the engine's turn,
      and each delta goes onto `_unshown`, a deque (nothing runs on the UI thread
      per token: `call_from_thread` per token capped a producer at 365 tok/s).
@@ -19,6 +20,8 @@ Contract:
   4. `TurnEnded` (posted by the worker): the phase becomes ENDING, the rest of
      `_unshown` is written, the reply is finished with its footer, notices and
      errors are added, the dashboard gets the turn, the phase becomes IDLE.
+     Two seconds later, if still IDLE, garbage is collected and full passes
+     are allowed again.
   Esc (`stop`) moves STREAMING to STOPPING and cancels the turn; the engine
   stops at its next token and step 4 follows.
 - Errors in drawing never kill the app (logged); engine errors become notices.
@@ -44,16 +47,16 @@ from textual.widgets import ProgressBar, Static
 from chatterm.core.conversation import Conversation
 from chatterm.core.format import SEP, fmt_ms, fmt_tok_s, printable
 from chatterm.core.metrics import SessionSummary, TurnMetrics
+from chatterm.ui import gc_policy
 from chatterm.ui.conversation import AssistantReply, ConversationView, OlderTurns
 from chatterm.ui.engine_lease import EngineClosing, EngineLease
-from chatterm.ui import gc_policy
 from chatterm.ui.prompt import PromptArea
 
 if TYPE_CHECKING:
-    from chatterm.core.engine import Turn
-    from chatterm.core.store import TurnRecord
     from textual.timer import Timer
 
+    from chatterm.core.engine import Turn
+    from chatterm.core.store import TurnRecord
     from chatterm.ui.dashboard import Dashboard
 
 log = logging.getLogger(__name__)
@@ -137,6 +140,7 @@ class ChatView(Vertical):
         self._reply: AssistantReply | None = None
         self._turn: "Turn | None" = None
         self._budget = FrameBudget()
+        self._flush_timer: "Timer | None" = None
         self._store_error_shown: str | None = None
 
     # -- layout and public state ------------------------------------------------
@@ -148,7 +152,6 @@ class ChatView(Vertical):
         yield PromptArea(id="prompt", placeholder="Message — Enter sends, Ctrl+J new line, F1 help")
 
     def on_mount(self) -> None:
-        self._flush_timer: Timer | None = None
         self._dash_timer = self.set_interval(1 / self.DASHBOARD_HZ, self._dashboard_tick, pause=True)
 
     @property
