@@ -122,7 +122,6 @@ def run(args: argparse.Namespace) -> int:
     from chatterm.ui.launch import make_app
     from chatterm.ui.chat_view import TurnPhase
     from textual import events
-    from textual.geometry import Region
 
     class PacedTurn(Turn):
         """Yields `tokens` at `rate` per second on a fixed schedule (catching up if late)."""
@@ -255,11 +254,7 @@ def run(args: argparse.Namespace) -> int:
             turn = engines[0].turns[0]
             m = turn.metrics
             # Sanity: the whole reply reached the screen (its last section heading).
-            text = "\n".join(
-                strip.text
-                for body in app.query("AssistantReply").last().query(".body")
-                for strip in body.render_lines(Region(0, 0, *body.size))
-            )
+            text = app.query("AssistantReply").last().body_text
             last_heading = [t for t in turn.tokens if t.startswith("Section ")][-1]
             assert last_heading in text, "the reply on screen is incomplete"
             mounted = len(app.query("UserMessage"))

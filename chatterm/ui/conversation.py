@@ -18,8 +18,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable, Sequence
 
+from rich.console import Console
 from rich.markdown import Markdown as RichMarkdown
-from textual.containers import Vertical, VerticalScroll
+from rich.segment import Segment
+from rich.text import Text
+from textual.containers import VerticalScroll
 from textual.content import Content
 from textual.message import Message
 from textual.geometry import Size
@@ -51,23 +54,18 @@ def shortened(text: str, limit: int = USER_DISPLAY_CHARS) -> str:
     return f"{text[:limit]}\n… ({len(text) - limit:,} more characters not shown)"
 
 
-class RenderedMarkdown(Widget):
-    """Markdown rendered to lines once per width; more text can be appended
-    without rendering what is already there.
+class MarkdownLines:
+    """Markdown rendered to lines once per width; more can be appended without
+    rendering again what is already there.
 
-    A `Static` holding rich Markdown renders it twice per change (once to
-    measure its height, once to draw) and all of it; this renders each
-    appended part once (rich Markdown, no links, no console markup) and keeps
-    the lines until the width changes. `RichLog` renders once too, but keeps
-    the width it rendered at on resize, and scrolls on its own.
-    Parts must be whole top-level blocks: they are rendered separately with a
-    blank line between them, as Markdown separates blocks.
+    A `Static` holding rich Markdown renders all of it twice per change (once
+    to measure its height, once to draw); this renders each appended part once
+    (rich Markdown: no links, no console markup) and keeps the lines until the
+    width changes. Parts must be whole top-level blocks: they are rendered
+    separately with a blank line between them, as Markdown separates blocks.
     """
 
-    DEFAULT_CSS = "RenderedMarkdown { height: auto; }"
-
-    def __init__(self, text: str = "", **kwargs) -> None:
-        super().__init__(**kwargs)
+    def __init__(self, text: str = "") -> None:
         self._parts: list[str] = [text] if text else []
         self._lines: list[Strip] = []
         self._width = 0
@@ -76,52 +74,29 @@ class RenderedMarkdown(Widget):
     def source(self) -> str:
         return "".join(self._parts)
 
-    def append(self, text: str) -> None:
-        """Add whole Markdown blocks (printable text) below what is shown."""
+    def append(self, text: str, console: Console) -> None:
         if not text:
             return
         self._parts.append(text)
         if self._width:
-            self._lines += self._render_part(text, self._width, first=len(self._parts) == 1)
-        self.refresh(layout=True)
+            self._lines += render_markdown(text, self._width, console, first=len(self._parts) == 1)
 
-    def _render_part(self, text: str, width: int, first: bool) -> list[Strip]:
-        console = self.app.console
-        lines = console.render_lines(_markdown(text), console.options.update_width(width), pad=False)
-        strips = Strip.from_lines(lines)
-        return strips if first else [Strip.blank(0), *strips]
-
-    def _lines_for(self, width: int) -> list[Strip]:
+    def lines(self, width: int, console: Console) -> list[Strip]:
         if width != self._width:
             self._width = width
             self._lines = [
                 line
                 for index, part in enumerate(self._parts)
-                for line in self._render_part(part, width, first=index == 0)
+                for line in render_markdown(part, width, console, first=index == 0)
             ]
         return self._lines
 
-    def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
-        return len(self._lines_for(width))
 
-    def render_line(self, y: int) -> Strip:
-        width = self.size.width
-        lines = self._lines_for(width)
-        style = self.rich_style
-        if y >= len(lines):
-            return Strip.blank(width, style)
-        return lines[y].crop_extend(0, width, style).apply_style(style)
-
-    def on_resize(self) -> None:
-        self.refresh()
-
-
-def collapsed_body(text: str) -> Widget:
-    """A finished reply as one cheap widget (rich Markdown: no markup, no links)."""
-    text = printable(text)
-    if not text.strip():
-        return Static(Content("(no text)"), classes="body empty")
-    return RenderedMarkdown(text, classes="body")
+def render_markdown(text: str, width: int, console: Console, first: bool = True) -> list[Strip]:
+    """Printable Markdown as lines `width` wide (a blank line first unless `first`)."""
+    lines = console.render_lines(_markdown(text), console.options.update_width(max(width, 1)), pad=False)
+    strips = Strip.from_lines(lines)
+    return strips if first else [Strip.blank(0), *strips]
 
 
 class UserMessage(Static):
@@ -136,20 +111,24 @@ class Notice(Static):
         super().__init__(literal(text), classes=f"-{kind}")
 
 
-class AssistantReply(Vertical):
-    """One reply: Markdown that renders as it streams, at a cost per write
-    bounded by what the write brings.
+class AssistantReply(Widget):
+    """One reply, one widget: the persona's name, the Markdown, the footer.
 
-    While streaming, the reply is a `RenderedMarkdown` holding its finished
-    top-level blocks and, below it, a live `Static` holding the unfinished last
-    block. A write renders the blocks it finished once (appended, nothing
-    earlier is rendered again) and the live block again; so a write costs what
-    arrived plus one block, however long the reply already is. A finished reply
-    is one `RenderedMarkdown`. (Textual's `Markdown` widget mounts a widget per
-    block and re-lays them out on each append: 150-270 ms frames on a 2-core
-    machine, and tens of thousands of objects for the collector to sweep
-    after a long reply.)
+    It draws its own lines (Textual's line API), so a conversation costs the
+    layout two widgets per turn. While streaming, finished top-level blocks are
+    rendered once and appended (`MarkdownLines`); only the block still being
+    written is rendered again on each write. So a write costs what it brings
+    plus one block, however long the reply already is. (Textual's `Markdown`
+    widget mounts a widget per block and re-lays them out on every append:
+    150-270 ms frames on a 2-core machine, and tens of thousands of objects
+    for the collector to sweep after a long reply.)
+    Title and footer take their style from the component classes
+    `reply--who` and `reply--meta` (the stylesheet, so themes apply).
     """
+
+    COMPONENT_CLASSES = {"reply--who", "reply--meta"}
+    PAD = 1
+    """Columns left and right of the text and the footer."""
 
     def __init__(
         self,
@@ -159,28 +138,37 @@ class AssistantReply(Vertical):
         streaming: bool = False,
     ) -> None:
         super().__init__()
-        self._title = title
+        self._title = printable(title)
         self._text = text
         self._metrics = metrics
         self._streaming = streaming
+        self._body = MarkdownLines(printable(text))
         self._live = ""
         """Text of the unfinished last block (rendered again on each write)."""
+        self._live_lines: tuple[int, list[Strip]] | None = None
+        self._cache: tuple[int, list[Strip]] | None = None
 
-    def compose(self):
-        yield Static(literal(self._title), classes="who")
-        if self._streaming:
-            yield RenderedMarkdown(classes="body")
-            yield Static(Content(""), classes="live")
-        else:
-            yield collapsed_body(self._text)
-        yield Static(self._footer_content(), classes="meta")
+    # -- what it shows, as text (tests and the benchmarks read these) -----------
+    @property
+    def title_text(self) -> str:
+        return self._text_of(self._title_lines(self._width()))
 
-    def _footer_content(self) -> Content:
-        m = self._metrics
-        if m is None:
-            return Content("…" if self._streaming else "")
-        return literal(footer_line(m))
+    @property
+    def body_text(self) -> str:
+        return self._text_of(self._body_lines(self._width()))
 
+    @property
+    def footer_text(self) -> str:
+        return self._text_of(self._footer_lines(self._width()))
+
+    @staticmethod
+    def _text_of(lines: list[Strip]) -> str:
+        return "\n".join(line.text.rstrip() for line in lines)
+
+    def _width(self) -> int:
+        return self.size.width or 80
+
+    # -- streaming ----------------------------------------------------------------
     async def write(self, text: str) -> None:
         """Append streamed text (the caller batches what arrived since its last write)."""
         if not self._streaming or not text:
@@ -189,38 +177,88 @@ class AssistantReply(Vertical):
         cut = settled_length(self._live)
         if cut > 0:
             done, self._live = self._live[:cut], self._live[cut:]
-            self.query_one(RenderedMarkdown).append(done)
-        self.query_one(".live", Static).update(_markdown(self._live))
+            self._body.append(done, self.app.console)
+        self._live_lines = None
+        self._changed()
 
     async def stop_stream(self) -> None:
         """Stop taking writes (the conversation is being cleared)."""
         self._streaming = False
 
     async def finish(self, text: str, metrics: TurnMetrics) -> None:
-        """Stop streaming; the final text stays as streamed; show the final footer."""
+        """Stop streaming; the text stays as streamed; show the final footer."""
         self._streaming = False
         self._metrics = metrics
         shown = printable(text)
-        with self.app.batch_update():
-            body = self.query_one(RenderedMarkdown)
-            if shown == body.source + self._live:
-                body.append(self._live)
-            else:
-                # The engine's final text differs from what streamed (it never
-                # should): show the final text whole.
-                await body.remove()
-                await self.mount(collapsed_body(text), before=self.query_one(".live"))
-            await self.query(".live").remove()
-            if not shown.strip():
-                await self.query(".body").remove()
-                await self.mount(collapsed_body(""), before=self.query_one(".meta"))
-            self.query_one(".meta", Static).update(self._footer_content())
-            # Only classes that change a style: a class change restyles the
-            # whole reply, and that repaint is the most costly frame of a turn.
-            self.set_class(metrics.stop_reason == "cancelled", "-stopped")
-            self.set_class(metrics.stop_reason == "error", "-error")
-        self._text = text
+        if shown == self._body.source + self._live:
+            self._body.append(self._live, self.app.console)
+        else:
+            # The engine's final text differs from what streamed (it never
+            # should): show the final text whole.
+            self._body = MarkdownLines(shown)
         self._live = ""
+        self._live_lines = None
+        self._text = text
+        self.set_class(metrics.stop_reason == "cancelled", "-stopped")
+        self.set_class(metrics.stop_reason == "error", "-error")
+        self._changed()
+
+    def _changed(self) -> None:
+        self._cache = None
+        self.refresh(layout=True)
+
+    # -- drawing ---------------------------------------------------------------------
+    def notify_style_update(self) -> None:
+        self._cache = None  # title and footer colours come from the theme
+        super().notify_style_update()
+
+    def _title_lines(self, width: int) -> list[Strip]:
+        style = self.get_component_rich_style("reply--who")
+        return self._text_lines(Text(self._title, style=style), width, pad=0)
+
+    def _footer_lines(self, width: int) -> list[Strip]:
+        if self._metrics is not None:
+            footer = footer_line(self._metrics)
+        else:
+            footer = "…" if self._streaming else ""
+        if not footer:
+            return []
+        style = self.get_component_rich_style("reply--meta")
+        return self._text_lines(Text(printable(footer), style=style), width, pad=self.PAD)
+
+    def _text_lines(self, text: Text, width: int, pad: int) -> list[Strip]:
+        console = self.app.console
+        lines = console.render_lines(text, console.options.update_width(max(width - 2 * pad, 1)), pad=False)
+        return [Strip([Segment(" " * pad), *line]) if pad else Strip(line) for line in lines]
+
+    def _body_lines(self, width: int) -> list[Strip]:
+        inner = max(width - 2 * self.PAD, 1)
+        console = self.app.console
+        lines = self._body.lines(inner, console)
+        if self._live.strip():
+            if self._live_lines is None or self._live_lines[0] != inner:
+                self._live_lines = (inner, render_markdown(self._live, inner, console, first=not lines))
+            lines = lines + self._live_lines[1]
+        elif not lines and not self._streaming:
+            lines = [Strip([Segment("(no text)")])]
+        return [Strip([Segment(" " * self.PAD), *line]) for line in lines]
+
+    def _all_lines(self, width: int) -> list[Strip]:
+        if self._cache is None or self._cache[0] != width:
+            lines = self._title_lines(width) + self._body_lines(width) + self._footer_lines(width)
+            self._cache = (width, lines)
+        return self._cache[1]
+
+    def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
+        return len(self._all_lines(width))
+
+    def render_line(self, y: int) -> Strip:
+        width = self.size.width
+        lines = self._all_lines(width)
+        style = self.rich_style
+        if y >= len(lines):
+            return Strip.blank(width, style)
+        return lines[y].crop_extend(0, width, style).apply_style(style)
 
 
 def _markdown(text: str) -> RichMarkdown:

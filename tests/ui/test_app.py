@@ -39,7 +39,7 @@ def strips(widget):
 
 def reply_text(reply) -> str:
     """What a reply shows of its text: finished blocks and the block still streaming."""
-    return "\n".join(rendered(w) for w in reply.query(".body, .live"))
+    return reply.body_text
 
 
 def all_text(app) -> str:
@@ -54,11 +54,11 @@ async def test_reply_streams_and_dashboard_fills(build):
         engine = engines[0]
         assert engine.received[0][2] == "Hi"
         reply = app.query_one(AssistantReply)
-        body = rendered(reply.query_one(".body"))
+        body = reply.body_text
         assert "Hello there, general Kenobi." in body and "• one" in body
         # Collapsed: no Markdown widget tree stays behind once the reply ended.
         assert not reply.query(Markdown)
-        footer = rendered(reply.query_one(".meta"))
+        footer = reply.footer_text
         assert "TTFT" in footer and "tok/s" in footer and "(30 cached)" in footer
         assert "restored 12 ms" in footer
         m = app.conversation.turns[0]
@@ -112,9 +112,9 @@ async def test_escape_stops_a_reply_and_keeps_the_partial_text(build):
         assert m.stop_reason == "cancelled" and m.generated_tokens == 3
         reply = app.query_one(AssistantReply)
         assert reply.has_class("-stopped")
-        assert "one two three" in rendered(reply.query_one(".body"))
-        assert "four" not in rendered(reply.query_one(".body"))
-        assert "stopped" in rendered(reply.query_one(".meta"))
+        assert "one two three" in reply.body_text
+        assert "four" not in reply.body_text
+        assert "stopped" in reply.footer_text
         # The partial reply is part of the history the next turn sees.
         assert app.conversation.history[-1].content == "one two three"
 
@@ -215,7 +215,7 @@ async def test_markup_and_escapes_in_model_output_are_literal(build):
         engines[0].gate.set()
         await wait_for(pilot, lambda: app.conversation.turns and app.chat.phase is TurnPhase.IDLE, what="the turn")
         assert app.is_running
-        body = app.query_one(AssistantReply).query_one(".body")
+        body = app.query_one(AssistantReply)  # drawn as the user sees it: name, text, footer
         text = " ".join(rendered(body).split())  # undo the wrapping
         assert "[bold]not bold[/] and [/]" in text
         assert "[link=https://example.com]not a link[/link]" in text
@@ -391,7 +391,7 @@ async def test_resume_latest_at_launch_and_bad_ids(build, workspace):
         assert len(app.query(UserMessage)) == 2
         assert app.conversation.session_id == sid and len(app.conversation.history) == 4
         assert any("Resumed session" in rendered(n) for n in app.query(Notice))
-        footers = [rendered(r.query_one(".meta")) for r in app.query(AssistantReply)]
+        footers = [r.footer_text for r in app.query(AssistantReply)]
         assert footers[0].strip().startswith("TTFT 100 ms · 50.0 tok/s")
     with pytest.raises(ChattermError, match="unknown session 999"):
         build(resume=999, store=store)
@@ -496,7 +496,7 @@ async def test_gpu_fields_and_energy_come_from_telemetry(build):
         await send(pilot, "hi")
         m = app.conversation.turns[0]
         assert m.energy_wh == 0.5 and m.energy_cost_usd == pytest.approx(0.0001)
-        assert "0.500 Wh" in rendered(app.query_one(AssistantReply).query_one(".meta"))
+        assert "0.500 Wh" in app.query_one(AssistantReply).footer_text
         assert "energy      0.500 Wh" in rendered(app.query_one("#dash-session"))
 
 
@@ -530,5 +530,5 @@ async def test_persona_names_with_markup_are_literal_everywhere(isolated_dirs, t
         assert any(name in str(options.get_option_at_index(i).prompt) for i in range(options.option_count))
         await pilot.press("escape")
         await send(pilot, "hi")
-        assert name in rendered(app.query_one(AssistantReply).query_one(".who"))
+        assert name in app.query_one(AssistantReply).title_text
     assert app.return_code in (None, 0)
