@@ -135,7 +135,7 @@ def scroll_figures(workspace, store, sid: int, pages: int) -> tuple[list[float],
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--pages", type=int, default=25, help="pages of older turns to scroll through")
+    parser.add_argument("--pages", type=int, default=50, help="pages of older turns to scroll through")
     args = parser.parse_args(argv)
 
     tmp = Path(tempfile.mkdtemp(prefix="chatterm-bench-"))

@@ -298,7 +298,7 @@ class ConversationView(VerticalScroll):
     class OlderShown(Message):
         """A page of older turns was mounted (a good moment to collect garbage)."""
 
-    PAGE_TURNS = 8
+    PAGE_TURNS = 4
     LOAD_MARGIN = 3
     """Rows from the top at which the next older page is read."""
 
