@@ -354,6 +354,9 @@ class ChatApp(App[None]):
             read_history(self.store, resume)
         except ChattermError as exc:
             self.post_message(self.HistoryRead(resume, str(exc)))
+        except Exception as exc:  # noqa: BLE001 - shown to the user, never a traceback
+            log.exception("reading the session failed")
+            self.post_message(self.HistoryRead(resume, f"{type(exc).__name__}: {exc}"))
         else:
             self.post_message(self.HistoryRead(resume))
 
