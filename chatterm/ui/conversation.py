@@ -2,13 +2,13 @@
 
 Contract:
 - Everything shown is literal: texts pass through `core.format.printable` and
-  become `Content` (user text, notices, footers) or rich Markdown without
-  links (`hyperlinks=False`); Markdown parsing never interprets console markup
-  such as `[bold]`.
-- A reply renders as Markdown while it streams and costs a bounded amount per
-  write however long it gets (`AssistantReply`); a finished reply is a few
-  Statics, so frame cost does not grow with the number of widgets a Markdown
-  widget tree would keep alive (~224 for a 2,000-token reply).
+  become `Content` (user text, notices), rich `Text` (a reply's name and
+  footer) or rich Markdown without links (`hyperlinks=False`); Markdown
+  parsing never interprets console markup such as `[bold]`.
+- A reply is ONE widget that draws its own lines, renders Markdown while it
+  streams and costs a bounded amount per write however long it gets
+  (`AssistantReply`): a turn is two widgets in the layout, where a Textual
+  Markdown tree would keep ~224 alive for a 2,000-token reply.
 - Under each reply, a footer line from `core.format.footer_line`.
 - A resumed session mounts its last turns only; older ones are paged in from
   the store as the user scrolls up (`ConversationView`).
@@ -24,8 +24,8 @@ from rich.segment import Segment
 from rich.text import Text
 from textual.containers import VerticalScroll
 from textual.content import Content
-from textual.message import Message
 from textual.geometry import Size
+from textual.message import Message
 from textual.strip import Strip
 from textual.widget import Widget
 from textual.widgets import Static
