@@ -1,4 +1,5 @@
-"""Pilot tests of `ChatView` (the turn loop and its phases) and of paging a
+"""Pilot tests of `ChatView` (the turn loop and its phases), of replies drawn
+as one widget (Markdown while streaming, theme colours), and of paging a
 resumed session in as the user scrolls up.
 
 The engine is the scripted one (tests/ui/fake_engine.py); the session store
@@ -12,6 +13,7 @@ import threading
 from conftest import loaded, send, wait_for
 from fake_engine import tokens_of
 from test_app import reply_text
+from textual.geometry import Region
 
 from chatterm.core.errors import ChattermError
 from chatterm.core.metrics import TurnMetrics
@@ -161,3 +163,21 @@ def test_frame_budget_writes_less_often_when_frames_cost_more():
     for _ in range(50):  # cheap again: back to the fastest rate, gradually
         budget.spent(0.001)
     assert budget.interval == budget.min_interval
+
+
+async def test_a_replys_name_and_footer_follow_the_theme(build):
+    app, engines = build(["Themed."])
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        await send(pilot, "hi")
+        reply = app.query_one(AssistantReply)
+
+        def name_colour() -> str:
+            region = Region(0, 0, reply.size.width, 1)
+            segment = next(s for s in reply.render_lines(region)[0] if s.text.strip())
+            return segment.style.color.triplet.hex
+
+        assert name_colour() == "#4ea1ff"  # chatterm-dark's primary
+        app.theme = "chatterm-light"
+        await wait_for(pilot, lambda: name_colour() == "#0b5cad", what="the light theme's primary")
+        assert "Themed." in reply.body_text and "TTFT" in reply.footer_text
