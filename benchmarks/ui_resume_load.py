@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -156,6 +157,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     plain = [one_launch(tmp, shown=FIRST_FRAME) for _ in range(args.runs)]
     page_ms, stall_ms, mounted = scroll_figures(workspace, store, sessions[SIZES[-1]], args.pages)
     store.close()
+    shutil.rmtree(tmp, ignore_errors=True)  # the benchmark's own folders and database
 
     print(f"`chatterm launch --resume` on a 120x40 pty, {args.runs} runs per session size")
     print(f"{'turns':>6} {'shown s (median/worst)':>24} {'ready s (median/worst)':>24} {'peak RSS MiB':>13}")

@@ -30,6 +30,7 @@ import argparse
 import asyncio
 import gc
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -271,6 +272,7 @@ def run(args: argparse.Namespace) -> int:
 
     results = [asyncio.run(one_run()) for _ in range(args.runs)]
     store.close()
+    shutil.rmtree(tmp, ignore_errors=True)  # the benchmark's own folders and database
 
     factor = BUSY_FACTOR if args.busy else 1.0
     lag_target, stall_target, key_target = (t * factor for t in (END_LAG_TARGET_MS, STALL_TARGET_MS,
