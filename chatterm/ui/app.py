@@ -4,11 +4,12 @@ Contract:
 - Build it with `chatterm.ui.launch.make_app`. Nothing is loaded at import or
   construction: the first frame comes at once and the model loads in a thread
   worker that reports progress.
-- The App bootstraps and routes: model load (+ GPU probe + persona prefix),
-  persona preparation, GPU polling, export and theme saving run in thread
-  workers or timers here; key bindings, screens (help, personas, sessions) and
-  the command palette live here. The conversation, its turn loop and its state
-  live in `ChatView` (ui/chat_view.py): what Enter does is written there.
+- The App bootstraps and routes: it starts the thread workers that load the
+  model, probe the GPU, prepare personas (the work: ui/engine_setup.py), read
+  a resumed session's history and export; it owns the key bindings, the
+  screens (help, personas, sessions) and the command palette (ui/palette.py);
+  theme saving is ui/theme_memory.py. The conversation, its turn loop and its
+  state live in `ChatView` (ui/chat_view.py): what Enter does is written there.
 - The UI shows what the core reports; it computes no metric. Errors (load,
   generation, store, export) become notifications or conversation notices,
   never tracebacks.
@@ -56,8 +57,9 @@ from chatterm.ui.engine_setup import (
     energy_meter_factory,
 )
 from chatterm.ui.resume import Resume, read_history, read_resume, resumed_notice
+from chatterm.ui.palette import chat_commands
 from chatterm.ui.screens import HelpScreen, PersonaPicker, SessionsScreen
-from chatterm.ui.settings import remember_theme
+from chatterm.ui.theme_memory import ThemeMemory
 from chatterm.ui.themes import DEFAULT_THEME, ThemeSet
 
 if TYPE_CHECKING:
@@ -142,12 +144,11 @@ class ChatApp(App[None]):
         self._startup_notices = list(startup_notices)
         self._dashboard_mode = "auto"
         self._persona_state = "waiting for the model"
-        self._theme_save_timer = None
         self._chat: ChatView | None = None
+        self._theme_memory: ThemeMemory | None = None
         for theme_obj in (themes.themes.values() if themes else ()):
             self.register_theme(theme_obj)
         self.theme = theme
-        self._last_theme = theme
 
     # -- layout ---------------------------------------------------------------
     def compose(self):
@@ -179,7 +180,7 @@ class ChatApp(App[None]):
         return Content(printable(SEP.join(parts)))
 
     async def on_mount(self) -> None:
-        self.theme_changed_signal.subscribe(self, self._theme_changed)
+        self._theme_memory = ThemeMemory(self, self.settings_path)
         self._apply_width(self.size.width)
         for notice in self._startup_notices:
             self.notify(notice, severity="warning", markup=False, timeout=8)
@@ -427,7 +428,8 @@ class ChatApp(App[None]):
     def on_unmount(self) -> None:
         if self._chat is not None:
             self._chat.cancel()
-        self._save_theme()
+        if self._theme_memory is not None:
+            self._theme_memory.save_now()
         self.lease.close_when_idle()
 
     def action_help(self) -> None:
@@ -489,47 +491,7 @@ class ChatApp(App[None]):
         else:
             self.notify(event.error or "export failed", title="Export failed", severity="error", markup=False)
 
-    # -- themes -----------------------------------------------------------------------
-    def _theme_changed(self, theme) -> None:
-        if theme.name == self._last_theme:
-            return
-        self._last_theme = theme.name
-        # The theme picker previews each highlighted theme: save once it settles.
-        if self._theme_save_timer is not None:
-            self._theme_save_timer.stop()
-        self._theme_save_timer = self.set_timer(1.0, self._save_theme)
-
-    def _save_theme(self) -> None:
-        timer, self._theme_save_timer = self._theme_save_timer, None
-        if timer is None or self.settings_path is None:
-            return
-        timer.stop()
-        try:
-            remember_theme(self.settings_path, self.theme)
-        except ChattermError as exc:
-            self.notify(str(exc), severity="warning", markup=False)
-
-    # -- command palette ----------------------------------------------------------------
+    # -- command palette (entries: ui/palette.py) -------------------------------------
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)
-        for persona in self.workspace.personas:
-            yield SystemCommand(
-                palette_text(f"Persona: {persona.name}"),
-                palette_text(f"Switch to {persona.id} (starts a new conversation)"),
-                partial(self.switch_persona, persona.id),
-            )
-        yield SystemCommand("Persona picker", "List personas and their cache state (F2)", self.action_personas)
-        yield SystemCommand("Sessions", "Open a past session to continue it (F3)", self.action_sessions)
-        yield SystemCommand("New conversation", "Start over with the same persona (Ctrl+N)",
-                            self.action_new_conversation)
-        for fmt, label in (("md", "Markdown report"), ("jsonl", "JSONL"), ("csv", "CSV")):
-            yield SystemCommand(f"Export session: {label}", f"Write this session as {fmt} to the data folder",
-                                partial(self.action_export, fmt))
-        yield SystemCommand("Toggle dashboard", "Show or hide the latency dashboard (F4)", self.action_toggle_dashboard)
-        yield SystemCommand("Help", "Every key (F1)", self.action_help)
-
-
-def palette_text(text: str) -> str:
-    """Text for the command palette, which parses markup: every `[` escaped
-    (textual.markup.escape leaves a trailing `[/` as is, textual#6155)."""
-    return printable(text).replace("[", "\\[")
+        yield from chat_commands(self)
