@@ -203,7 +203,8 @@ async def test_app_keeps_chatting_and_says_once_that_turns_are_not_stored(tmp_pa
     from fake_engine import FakeEngine
 
     from chatterm.core.workspace import Workspace
-    from chatterm.ui.app import make_app
+    from chatterm.ui.launch import make_app
+    from chatterm.ui.chat_view import TurnPhase
     from chatterm.ui.conversation import AssistantReply
 
     workspace = Workspace.load(db_path=tmp_path / "chatterm.db")
@@ -224,7 +225,7 @@ async def test_app_keeps_chatting_and_says_once_that_turns_are_not_stored(tmp_pa
             before = len(app.conversation.turns)
             app.query_one("#prompt").insert(text)
             await pilot.press("enter")
-            await until(lambda: len(app.conversation.turns) > before and not app._turn_active)
+            await until(lambda: len(app.conversation.turns) > before and app.chat.phase is TurnPhase.IDLE)
 
         await until(lambda: app.conversation is not None)
         app.query_one("#prompt").focus()

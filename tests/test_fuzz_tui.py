@@ -32,7 +32,8 @@ from chatterm.core import paths
 from chatterm.core.format import printable
 from chatterm.core.store import SessionStore
 from chatterm.core.workspace import Workspace
-from chatterm.ui.app import make_app
+from chatterm.ui.chat_view import TurnPhase
+from chatterm.ui.launch import make_app
 from chatterm.ui.screens import SessionsScreen
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "ui"))
@@ -150,7 +151,7 @@ async def send(pilot, text: str) -> None:
     app.query_one("#prompt").focus()
     app.query_one("#prompt").insert(text)
     await pilot.press("enter")
-    await wait_for(pilot, lambda: len(app.conversation.turns) > before and not app._turn_active)
+    await wait_for(pilot, lambda: len(app.conversation.turns) > before and app.chat.phase is TurnPhase.IDLE)
 
 
 def test_fixed_hostile_corpus_stays_literal(tmp_path):

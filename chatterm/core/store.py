@@ -504,19 +504,35 @@ class SessionStore:
             row = self._query("SELECT id FROM sessions ORDER BY started_at DESC, id DESC LIMIT 1")
         return row[0][0] if row else None
 
-    def turns(self, session_id: int, newest: int | None = None) -> list[TurnRecord]:
-        """The session's turns in order, or only its `newest` ones (ChattermError
-        when the session is unknown)."""
+    def turns(self, session_id: int) -> list[TurnRecord]:
+        """The session's turns in order (ChattermError when the session is unknown)."""
+        return self._turn_records(session_id, "", (), newest_first=False)
+
+    def turns_page(self, session_id: int, before_index: int | None, limit: int) -> list[TurnRecord]:
+        """Up to `limit` turns with an index below `before_index` (None: the
+        newest), oldest first: a long session is read a screenful at a time.
+        ChattermError when the session is unknown."""
+        before = before_index if before_index is not None else 2**62
+        return self._turn_records(
+            session_id, "AND turn_index < ? ", (before,), newest_first=True, limit=max(limit, 0)
+        )
+
+    def _turn_records(
+        self, session_id: int, where: str, params: tuple, *, newest_first: bool, limit: int | None = None
+    ) -> list[TurnRecord]:
         with self._lock:
             if self._empty() or not self._query("SELECT 1 FROM sessions WHERE id = ?", (session_id,)):
                 raise self._unknown(session_id)
             columns = ["turn_index", "user_text", "reply", *sorted(_METRIC_FIELDS & self._turn_columns)]
-            select = f"SELECT {', '.join(columns)} FROM turns WHERE session_id = ?"
-            if newest is None:
-                rows = self._query(f"{select} ORDER BY turn_index", (session_id,))
-            else:
-                rows = self._query(f"{select} ORDER BY turn_index DESC LIMIT ?", (session_id, newest))
-                rows.reverse()
+            sql = (
+                f"SELECT {', '.join(columns)} FROM turns WHERE session_id = ? {where}"
+                f"ORDER BY turn_index {'DESC' if newest_first else ''}"
+            )
+            if limit is not None:
+                sql += f" LIMIT {int(limit)}"
+            rows = self._query(sql, (session_id, *params))
+        if newest_first:
+            rows.reverse()
         metrics = _metrics_of(columns[3:], (row[3:] for row in rows))
         return [TurnRecord(row[0], row[1], row[2], m) for row, m in zip(rows, metrics)]
 
