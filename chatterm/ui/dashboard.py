@@ -78,6 +78,9 @@ class Dashboard(VerticalScroll):
     def compose(self):
         yield Static(Content("Turn"), classes="title")
         yield Static(rows([("state", "no turn yet")]), id="dash-turn")
+        ahead = Static(Content(""), id="dash-ahead")
+        ahead.display = False
+        yield ahead
         yield Static(Content("Session"), classes="title")
         yield Static(rows([("turns", "0")]), id="dash-session")
         yield Static(Content("History (one bar per turn)"), classes="title")
@@ -147,6 +150,15 @@ class Dashboard(VerticalScroll):
         self.query_one("#spark-rate", Sparkline).data = [
             rate for t in turns if (rate := t.decode_tok_s) is not None
         ]
+
+    def show_type_ahead(self, ready: int | None, total: int | None) -> None:
+        """How much of the draft's prompt is prefilled ahead (None: nothing)."""
+        widget = self.query_one("#dash-ahead", Static)
+        if ready is None or total is None:
+            widget.display = False
+            return
+        widget.display = True
+        widget.update(rows([("type-ahead", f"{fmt_int(ready)} of {fmt_int(total)} tokens ready")]))
 
     def show_persona(self, name: str, state: str) -> None:
         self._set("dash-persona", rows([("persona", name), ("prefix", state)]))
