@@ -25,9 +25,10 @@ Contract:
   Esc (`stop`) moves STREAMING to STOPPING and cancels the turn; the engine
   stops at its next token and step 4 follows.
 - Type-ahead: while the prompt is edited (and the chat is IDLE), the draft is
-  prefilled in a thread worker (`Engine.prefill_ahead`) after a pause in typing
-  (`AHEAD_DEBOUNCE_S`), at once after a paste; the dashboard shows how much of
-  the draft's prompt is ready. Enter needs nothing from it: the engine's turn
+  prefilled in a thread worker (`Engine.prefill_ahead`) shortly after each
+  change (`AHEAD_DELAY_S`, one prefill at a time), at once after a paste; the
+  dashboard shows how much of the draft's prompt is ready. Enter needs
+  nothing from it: the engine's turn
   preempts a prefill in progress and reuses whatever matches. Esc in an empty
   prompt, a persona switch or a new conversation drop it (`drop_ahead`). Off
   when `type_ahead` is False or the engine cannot (served models).
@@ -113,8 +114,10 @@ class FrameBudget:
 
 class ChatView(Vertical):
     DASHBOARD_HZ = 5
-    AHEAD_DEBOUNCE_S = 0.3
-    """Pause in typing after which the draft is prefilled."""
+    AHEAD_DELAY_S = 0.15
+    """A change to the draft is prefilled this long after it (one prefill at a
+    time; a burst of keys is taken up together), so the prefill keeps pace
+    with typing and Enter finds all but the last keystrokes ready."""
     PASTE_CHARS = 16
     """A change that adds at least this many characters at once is a paste:
     prefilled at once, not after the pause."""
@@ -439,11 +442,12 @@ class ChatView(Vertical):
         grew = len(draft) - len(self._ahead_last)
         if not self._can_prefill_ahead() or not draft.strip() or draft == self._ahead_last:
             return
-        self._stop_ahead_timer()
         if grew >= self.PASTE_CHARS:
+            self._stop_ahead_timer()
             self._start_ahead()
-        else:
-            self._ahead_timer = self.set_timer(self.AHEAD_DEBOUNCE_S, self._start_ahead)
+        elif self._ahead_timer is None:
+            # Not restarted by every key: a steady typist still gets prefilled.
+            self._ahead_timer = self.set_timer(self.AHEAD_DELAY_S, self._start_ahead)
 
     def _can_prefill_ahead(self) -> bool:
         engine = self._lease.engine
@@ -496,7 +500,7 @@ class ChatView(Vertical):
         event.stop()
         self._ahead_running = False
         if self.query_one(PromptArea).text != event.draft and self._ahead_timer is None:
-            self._ahead_timer = self.set_timer(self.AHEAD_DEBOUNCE_S, self._start_ahead)
+            self._ahead_timer = self.set_timer(self.AHEAD_DELAY_S, self._start_ahead)
 
     def drop_ahead(self) -> None:
         """Forget the type-ahead prefill (persona switch, new conversation, Esc)."""

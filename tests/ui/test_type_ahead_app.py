@@ -14,7 +14,7 @@ from chatterm.ui.launch import make_app
 from conftest import loaded, wait_for
 
 MESSAGE = "Name three rivers in Europe and say which one is longest."
-# Typed in bursts with pauses longer than the debounce; "rivres" is mistyped and
+# Typed in bursts with pauses longer than the type-ahead delay; "rivres" is mistyped and
 # taken back with backspaces into that earlier word.
 BURSTS = ["Name three rivres", "\b\b\b\bvers in Eur", "ope and say which one is longest."]
 
@@ -65,7 +65,7 @@ async def test_typed_in_bursts_gives_the_plain_sends_prompt_and_reply(greedy_wor
         app.query_one("#prompt").focus()
         for burst in BURSTS:
             await type_text(pilot, burst)
-            await pilot.pause(app.chat.AHEAD_DEBOUNCE_S + 0.2)
+            await pilot.pause(app.chat.AHEAD_DELAY_S + 0.2)
         assert app.query_one("#prompt").text == MESSAGE
         await wait_for(pilot, lambda: not app.chat._ahead_running, timeout=60, what="the type-ahead prefill")
         await pilot.press("enter")
