@@ -73,7 +73,7 @@ def turn_row(info: SessionInfo, record: TurnRecord, *, texts: bool) -> dict:
         "model_identity": info.model_identity,
         "device": info.device,
         "turn_index": record.index,
-        **{name: metrics[name] for name in TURN_FIELDS},
+        **metrics,  # to_dict() has exactly TURN_FIELDS, in that order
         "user_chars": len(record.user_text),
         "reply_chars": len(record.reply),
     }
