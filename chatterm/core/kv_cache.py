@@ -115,6 +115,44 @@ def _describe_difference(key: str, found: Any, expected: Any) -> str:
     return f"{key.replace('_', ' ')} differs (file {found!r}, now {expected!r})"
 
 
+def read_header(fh) -> dict[str, Any]:
+    raw = fh.read(_PREAMBLE.size)
+    if len(raw) < _PREAMBLE.size:
+        raise ValueError("file too short for a header (truncated)")
+    magic, version, header_len = _PREAMBLE.unpack(raw)
+    if magic != MAGIC:
+        raise ValueError("not a chatterm KV state file (bad magic)")
+    if version != FORMAT_VERSION:
+        raise ValueError(f"format version {version}, expected {FORMAT_VERSION}")
+    if header_len > 64 << 20:
+        raise ValueError("corrupt header length")
+    blob = fh.read(header_len)
+    if len(blob) != header_len:
+        raise ValueError("header truncated")
+    try:
+        header = json.loads(blob.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        raise ValueError("corrupt header (not JSON)") from None
+    if not isinstance(header, dict) or not isinstance(header.get("compat"), dict):
+        raise ValueError("corrupt header (no compat section)")
+    return header
+
+
+def sweep_temp_files(folder: Path, older_than_s: float = 3600.0) -> int:
+    """Delete temp files left by writers that died mid-write (a live writer's
+    temp file is seconds old; an hour-old one has no owner)."""
+    removed = 0
+    cutoff = time.time() - older_than_s
+    for tmp in folder.glob("*/.*.tmp") if folder.is_dir() else []:
+        try:
+            if tmp.stat().st_mtime < cutoff:
+                tmp.unlink()
+                removed += 1
+        except OSError:
+            pass
+    return removed
+
+
 class KVStateCache:
     def __init__(self, folder: Path, budget_bytes: int = DEFAULT_BUDGET_BYTES):
         self.folder = folder
@@ -128,35 +166,14 @@ class KVStateCache:
         return self.path_for(model_id, persona_id).is_file()
 
     # -- reading ---------------------------------------------------------
-    @staticmethod
-    def read_header(fh) -> dict[str, Any]:
-        raw = fh.read(_PREAMBLE.size)
-        if len(raw) < _PREAMBLE.size:
-            raise ValueError("file too short for a header (truncated)")
-        magic, version, header_len = _PREAMBLE.unpack(raw)
-        if magic != MAGIC:
-            raise ValueError("not a chatterm KV state file (bad magic)")
-        if version != FORMAT_VERSION:
-            raise ValueError(f"format version {version}, expected {FORMAT_VERSION}")
-        if header_len > 64 << 20:
-            raise ValueError("corrupt header length")
-        blob = fh.read(header_len)
-        if len(blob) != header_len:
-            raise ValueError("header truncated")
-        try:
-            header = json.loads(blob.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError):
-            raise ValueError("corrupt header (not JSON)") from None
-        if not isinstance(header, dict) or not isinstance(header.get("compat"), dict):
-            raise ValueError("corrupt header (no compat section)")
-        return header
+    read_header = staticmethod(read_header)  # chatterm.core.bench reads headers through the class
 
     def load(self, model_id: str, persona_id: str, compat: dict[str, Any]) -> LoadedState | Miss:
         path = self.path_for(model_id, persona_id)
         try:
             with open(path, "rb") as fh:
                 try:
-                    header = self.read_header(fh)
+                    header = read_header(fh)
                 except ValueError as exc:
                     return Miss(f"state file rejected: {exc}")
                 found = header["compat"]
@@ -240,7 +257,7 @@ class KVStateCache:
             try:
                 st = path.stat()
                 with open(path, "rb") as fh:
-                    header = self.read_header(fh)
+                    header = read_header(fh)
                 found.append(
                     CacheEntry(
                         path,
@@ -261,18 +278,7 @@ class KVStateCache:
         return found
 
     def sweep_temp_files(self, older_than_s: float = 3600.0) -> int:
-        """Delete temp files left by writers that died mid-write (a live writer's
-        temp file is seconds old; an hour-old one has no owner)."""
-        removed = 0
-        cutoff = time.time() - older_than_s
-        for tmp in self.folder.glob("*/.*.tmp") if self.folder.is_dir() else []:
-            try:
-                if tmp.stat().st_mtime < cutoff:
-                    tmp.unlink()
-                    removed += 1
-            except OSError:
-                pass
-        return removed
+        return sweep_temp_files(self.folder, older_than_s)
 
     def evict(self, keep: Path | None = None) -> list[Path]:
         """Remove least-recently-used files until the total fits the budget."""
