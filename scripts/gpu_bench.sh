@@ -24,7 +24,7 @@
 # A CUDA build of llama-cpp-python without a GPU (nvcc compiles for a named
 # architecture; the build machine needs nvcc and cuBLAS, and network for pip):
 #
-#   CMAKE_ARGS="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=90" \
+#   CMAKE_ARGS="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAVA_BUILD=OFF" \
 #       pip wheel --no-deps llama-cpp-python==0.3.36 -w wheels/
 #
 # (90 = Hopper H100/H200; 89 Ada, 86 Ampere RTX 30xx, 80 A100, 120 Blackwell RTX

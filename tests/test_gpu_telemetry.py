@@ -15,7 +15,6 @@ import pytest
 from chatterm.core.cost import energy_cost_usd
 from chatterm.core.errors import ChattermError
 from chatterm.core.gpu_telemetry import (
-    DEFAULT_USD_PER_KWH,
     USD_PER_KWH_ENV,
     GpuEnergyMeter,
     GpuStatus,
@@ -190,9 +189,8 @@ def test_stop_with_a_foreign_handle_returns_none():
 # -- electricity price -------------------------------------------------------------
 
 
-def test_price_comes_from_env_then_catalog_then_default(monkeypatch):
+def test_price_comes_from_env_then_catalog(monkeypatch):
     monkeypatch.delenv(USD_PER_KWH_ENV, raising=False)
-    assert resolve_usd_per_kwh() == DEFAULT_USD_PER_KWH
     assert resolve_usd_per_kwh(0.31) == 0.31
     monkeypatch.setenv(USD_PER_KWH_ENV, "0.42")
     assert resolve_usd_per_kwh(0.31) == 0.42
@@ -206,14 +204,14 @@ def test_a_bad_price_in_the_environment_is_one_clear_error(monkeypatch, raw):
     assert USD_PER_KWH_ENV in str(err.value) and repr(raw) in str(err.value)
 
 
-def test_default_price_is_the_catalogs(monkeypatch):
-    from dataclasses import fields
-
+def test_default_price_is_the_catalogs(monkeypatch, tmp_path):
     from chatterm.core import resources
-    from chatterm.core.models import ModelCatalog, load_catalog
+    from chatterm.core.config_schema import defaults
+    from chatterm.core.models import CatalogDefaults, load_catalog
 
     monkeypatch.delenv(USD_PER_KWH_ENV, raising=False)
-    default = next(f.default for f in fields(ModelCatalog) if f.name == "usd_per_kwh")
-    assert DEFAULT_USD_PER_KWH == default
+    bare = tmp_path / "models.toml"  # no [defaults] usd_per_kwh: the one default applies
+    bare.write_text(resources.bundled_models_file().read_text().replace("usd_per_kwh", "# usd_per_kwh"))
+    assert load_catalog(bare).usd_per_kwh == defaults(CatalogDefaults)["usd_per_kwh"]
     catalog = load_catalog(resources.bundled_models_file())
     assert resolve_usd_per_kwh(catalog.usd_per_kwh) == catalog.usd_per_kwh

@@ -148,13 +148,13 @@ def test_bad_state_files_are_rejected_and_rebuilt(ws, persona, damage, reason):
         engine.wait_for_saves()
         path = engine.kv_cache.path_for(engine.spec.id, persona.id)
         damage(path)
-        engine._clear_context()  # as a fresh process would start
+        engine.reset_context()  # as a fresh process would start
         turn, reply = run_turn(engine, persona)
         assert turn.metrics.cache_outcome == "cold"
         assert reason in turn.metrics.cache_detail
         assert reply == reference  # the damaged file was never loaded
         engine.wait_for_saves()
-        engine._clear_context()
+        engine.reset_context()
         again, again_reply = run_turn(engine, persona)
         assert again.metrics.cache_outcome == "restored"  # rewritten, valid again
         assert again_reply == reference
@@ -330,7 +330,7 @@ def test_unwritable_cache_folder_chat_goes_on_and_says_so_once(ws, persona, tmp_
         first, reply = run_turn(engine, persona)
         engine.wait_for_saves()
         second, _ = run_turn(engine, persona, "And in Rust?")
-        engine._clear_context()
+        engine.reset_context()
         third, _ = run_turn(engine, persona, "And in Go?")
     finally:
         engine.close()

@@ -239,7 +239,7 @@ def test_fallback_layer_sequence():
 
 def test_gguf_block_count_matches_what_llama_cpp_loads(default_spec, tmp_path):
     path = default_spec.model_path()
-    assert gguf_block_count(path) == 30  # SmolLM2-135M (DESIGN.md)
+    assert gguf_block_count(path) == 30  # SmolLM2-135M has 30 layers
     bad = tmp_path / "not-a-model.gguf"
     bad.write_bytes(b"definitely not gguf")
     assert gguf_block_count(bad) is None

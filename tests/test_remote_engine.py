@@ -251,7 +251,7 @@ def test_wrong_api_key_is_refused_and_never_shown(llama_server, monkeypatch):
     m = turn.metrics
     assert m.stop_reason == "error" and "401" in m.error and "Invalid API key" in m.error
     for text in (m.error, repr(eng), eng.model_identity, eng.device().name,
-                 json.dumps(m.to_dict()), json.dumps(turn.body)):
+                 json.dumps(m.to_dict()), json.dumps(turn.request)):
         assert wrong not in text and SERVER_KEY not in text
     eng.close()
 

@@ -14,6 +14,7 @@ from chatterm.cli import main
 from chatterm.core import store as store_module
 from chatterm.core.engine import ChatMessage
 from chatterm.core.errors import ChattermError
+from chatterm.core.sessions import history_of
 from chatterm.core.metrics import TURN_FIELDS, TurnMetrics
 from chatterm.core.store import SCHEMA_VERSION, SessionStore
 
@@ -121,7 +122,7 @@ def test_sessions_listing_newest_first_with_aggregates(tmp_path):
 def test_unknown_session_is_named(tmp_path):
     with SessionStore(tmp_path / "s.db") as store:
         new_session(store)
-        for call in (store.session, store.turns, store.history):
+        for call in (store.session, store.turns, store.turn_metrics):
             with pytest.raises(ChattermError, match="unknown session 42"):
                 call(42)
         with pytest.raises(ChattermError, match="unknown session 42"):
@@ -135,7 +136,7 @@ def test_history_alternates_and_skips_turns_that_failed_without_text(tmp_path):
         store.record_turn(sid, "hello", "hi there", full_metrics(stop_reason="eos"))
         store.record_turn(sid, "crash?", "", full_metrics(stop_reason="error", error="oom"))
         store.record_turn(sid, "long story", "once upon", full_metrics(stop_reason="cancelled"))
-        assert store.history(sid) == [
+        assert history_of(store.turns(sid)) == [
             ChatMessage("user", "hello"),
             ChatMessage("assistant", "hi there"),
             ChatMessage("user", "long story"),

@@ -17,6 +17,8 @@ from chatterm.cli.common import add_model_persona_options, workspace
 from chatterm.core.conversation import Conversation
 from chatterm.core.errors import ChattermError
 from chatterm.core.format import footer_line, printable
+from chatterm.core.metrics import StopReason
+from chatterm.core.sessions import plan_resume, resume_conversation
 from chatterm.core.store import SessionStore
 
 
@@ -53,29 +55,21 @@ def run(args: argparse.Namespace) -> int:
     text = _message(args)
     store = None if args.no_store else SessionStore(ws.db_path)
     try:
-        history, turns, persona_id, model_id = [], [], args.persona, args.model
+        plan = None
         if args.session is not None:
             if store is None:
                 raise ChattermError("--session needs the session database (drop --no-store)")
-            info = store.session(args.session)
-            if args.persona and args.persona != info.persona_id:
-                raise ChattermError(
-                    f"session {args.session} uses persona {info.persona_id!r}, not {args.persona!r}"
-                )
-            if args.model and args.model != info.model_id:
-                raise ChattermError(
-                    f"session {args.session} uses model {info.model_id!r}, not {args.model!r}"
-                )
-            persona_id, model_id = info.persona_id, info.model_id
-            history = store.history(args.session)
-            turns = [record.metrics for record in store.turns(args.session)]
-        spec, persona = ws.resolve(model_id, persona_id)
+            plan = plan_resume(store, ws, args.session, model_id=args.model, persona_id=args.persona)
+            spec, persona = plan.spec, plan.persona
+        else:
+            spec, persona = ws.resolve(args.model, args.persona)
         engine = ws.make_engine(spec)
         engine.load()
         try:
-            conversation = Conversation(
-                engine, persona, store=store, session_id=args.session, history=history, turns=turns
-            )
+            if plan is not None:
+                conversation = resume_conversation(plan, store, engine)
+            else:
+                conversation = Conversation(engine, persona, store=store)
             turn = conversation.send(text)
             try:
                 for delta in turn.stream():
@@ -95,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
             print(json.dumps({
                 "reply": turn.reply,
                 "session_id": conversation.session_id,
-                "notices": turn.notices,
+                "notices": [*(plan.warnings if plan else []), *turn.notices],
                 "store_error": conversation.store_error,
                 "metrics": m.to_dict(),
             }, indent=2))
@@ -103,15 +97,15 @@ def run(args: argparse.Namespace) -> int:
             if turn.reply and not turn.reply.endswith("\n"):
                 sys.stdout.write("\n")
             sys.stdout.flush()
-            for notice in turn.notices:
+            for notice in [*(plan.warnings if plan else []), *turn.notices]:
                 print(f"note: {printable(notice)}", file=sys.stderr)
             print(footer_line(m), file=sys.stderr)
             if conversation.store_error:
                 print(f"warning: {printable(conversation.store_error)}", file=sys.stderr)
-        if m.stop_reason == "error":
+        if m.stop_reason == StopReason.ERROR:
             print(f"chatterm: error: {printable(m.error or '')}", file=sys.stderr)
             return 1
-        return 130 if m.stop_reason == "cancelled" else 0
+        return 130 if m.stop_reason == StopReason.CANCELLED else 0
     finally:
         if store is not None:
             store.close()

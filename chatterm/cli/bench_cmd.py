@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     table.add_column("measure")
     table.add_column("value", justify="right")
     rows = []
-    if engine.kind == "local":
+    if engine.capabilities.kv_control:
         r = result["ratios"]
         rows = [
             ("persona prefix", f"{result['prefix_tokens']:,} tokens"),

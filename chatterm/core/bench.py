@@ -28,6 +28,7 @@ from chatterm import __version__
 from chatterm.core.atomic import atomic_write_bytes
 from chatterm.core.engine import Engine
 from chatterm.core.errors import ChattermError
+from chatterm.core.metrics import CacheOutcome, StopReason
 from chatterm.core.personas import Persona
 
 QUESTIONS = [
@@ -82,18 +83,18 @@ def run_bench(
         "runs": runs,
         "max_tokens": max_tokens,
     }
-    if engine.kind == "local":
+    if engine.capabilities.kv_control:
         result.update(_bench_local(engine, persona, runs, say))
     else:
         result.update(_bench_turns(engine, persona, runs, say))
     return result
 
 
-def _turn(engine: Engine, persona: Persona, question: str):
-    turn = engine.start_turn(persona, [], question)
+def _turn(engine: Engine, persona: Persona, question: str, **options):
+    turn = engine.start_turn(persona, [], question, **options)
     for _ in turn.stream():
         pass
-    if turn.metrics.stop_reason == "error":
+    if turn.metrics.stop_reason == StopReason.ERROR:
         raise ChattermError(f"benchmark turn failed: {turn.metrics.error}")
     return turn
 
@@ -111,35 +112,26 @@ def _bench_turns(engine: Engine, persona: Persona, runs: int, say: Report) -> di
 
 
 def _bench_local(engine, persona: Persona, runs: int, say: Report) -> dict[str, Any]:
-    from chatterm.core.kv_cache import KVStateCache
-    from chatterm.core.local_engine import LocalEngine
-
-    assert isinstance(engine, LocalEngine)
-    llm = engine.llm
+    """Cold / restored / in-memory series on an engine with `kv_control`."""
     cache = engine.kv_cache
     if cache is None:
         raise ChattermError("the benchmark needs the persona KV cache (no cache folder)")
     prefix = engine.prefix_tokens(persona)
 
     def cold():
-        engine._clear_context()
-        saved, engine.kv_cache = engine.kv_cache, None  # nothing restored, nothing saved
-        try:
-            return _turn(engine, persona, q)
-        finally:
-            engine.kv_cache = saved
+        engine.reset_context()
+        return _turn(engine, persona, q, use_cache=False)  # nothing restored, nothing saved
 
     def restored():
-        engine._clear_context()
+        engine.reset_context()
         return _turn(engine, persona, q)
 
     def memory():
-        engine._ensure_prefix(persona, prefix)
-        llm.n_tokens = len(prefix)  # keep only the persona prefix
+        engine.reset_context(keep=persona)  # only the persona prefix stays
         return _turn(engine, persona, q)
 
     # Make sure a valid state file exists (and is fresh) before measuring restores.
-    engine._clear_context()
+    engine.reset_context()
     _turn(engine, persona, _question(0))
     engine.wait_for_saves()
     if cache.write_error:
@@ -157,10 +149,9 @@ def _bench_local(engine, persona: Persona, runs: int, say: Report) -> dict[str, 
             say(f"{label}: run {i + 1}/{runs}")
             turn = fn()
             m = turn.metrics
-            expected = label
-            if m.cache_outcome != expected:
+            if m.cache_outcome != CacheOutcome(label):
                 raise ChattermError(
-                    f"benchmark expected a {expected} turn, got {m.cache_outcome} ({m.cache_detail})"
+                    f"benchmark expected a {label} turn, got {m.cache_outcome} ({m.cache_detail})"
                 )
             series[label].append(m)
             if label == "restored" and m.restore_ms is not None:
@@ -172,7 +163,7 @@ def _bench_local(engine, persona: Persona, runs: int, say: Report) -> dict[str, 
     file_bytes = path.stat().st_size
     read_ms = [cache.read_ms(engine.spec.id, persona.id) for _ in range(runs)]
     with open(path, "rb") as fh:
-        header = KVStateCache.read_header(fh)
+        header = cache.read_header(fh)
     state_bytes = header["state_size"]
 
     baseline = _bench_baseline(engine, persona, runs, say)
@@ -215,10 +206,9 @@ def _bench_local(engine, persona: Persona, runs: int, say: Report) -> dict[str, 
 
 def _bench_baseline(engine, persona: Persona, runs: int, say: Report) -> dict[str, float | None]:
     """Plain llama-cpp-python: create_chat_completion(stream=True), time to first chunk."""
-    llm = engine.llm
     s = persona.sampling
 
-    def ttft(question: str) -> float:
+    def ttft(llm, question: str) -> float:
         t0 = time.perf_counter()
         stream = llm.create_chat_completion(
             messages=[
@@ -237,18 +227,17 @@ def _bench_baseline(engine, persona: Persona, runs: int, say: Report) -> dict[st
         return first if first is not None else (time.perf_counter() - t0) * 1000.0
 
     out: dict[str, list[float]] = {"cold": [], "warm": []}
-    with engine._lock:
+    with engine.exclusive() as llm:
         for label in ("cold", "warm"):
             say(f"baseline {label}: warm-up")
             if label == "cold":
-                engine._clear_context()
-            ttft(_question(0))
+                llm.reset()  # no prefix to match: the whole prompt is evaluated
+            ttft(llm, _question(0))
             for i in range(runs):
                 say(f"baseline {label}: run {i + 1}/{runs}")
                 if label == "cold":
-                    engine._clear_context()
-                out[label].append(ttft(_question(i + 1)))
-        engine._clear_context()
+                    llm.reset()
+                out[label].append(ttft(llm, _question(i + 1)))
     return {k: _median(v) for k, v in out.items()}
 
 

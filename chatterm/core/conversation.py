@@ -18,7 +18,7 @@ from typing import Protocol
 
 from chatterm.core.cost import energy_cost_usd
 from chatterm.core.engine import ChatMessage, Engine, Turn
-from chatterm.core.metrics import SessionSummary, TurnMetrics
+from chatterm.core.metrics import SessionSummary, StopReason, TurnMetrics
 from chatterm.core.personas import Persona
 
 log = logging.getLogger(__name__)
@@ -41,6 +41,14 @@ class EnergyMeter(Protocol):
 
     def stop(self, handle: object) -> float | None:
         """Energy in Wh since `start`, or None when the device reports no power."""
+
+
+def turn_messages(user_text: str, reply: str, metrics: TurnMetrics) -> list[ChatMessage]:
+    """What a finished turn adds to the history: the user message and the reply
+    (partial when cancelled); nothing for a turn that failed before any text."""
+    if metrics.stop_reason == StopReason.ERROR and not reply:
+        return []
+    return [ChatMessage("user", user_text), ChatMessage("assistant", reply)]
 
 
 class Conversation:
@@ -79,9 +87,7 @@ class Conversation:
             if wh is not None:
                 m.energy_wh = wh
                 m.energy_cost_usd = energy_cost_usd(wh, self.energy.usd_per_kwh)
-        if m.stop_reason != "error" or turn.reply:
-            self.history.append(ChatMessage("user", text))
-            self.history.append(ChatMessage("assistant", turn.reply))
+        self.history += turn_messages(text, turn.reply, m)
         self.turns.append(m)
         if self.store is None:
             return

@@ -5,15 +5,17 @@ Contract:
   `ChattermError` with one line on failure. Everything else may be called
   only after a successful load.
 - `Engine.start_turn(persona, history, user_text)` returns a `Turn` at once; the
-  caller drives `Turn.stream()` from one worker thread. `stream()` yields text
-  deltas and never raises: a failure ends the stream with
-  `metrics.stop_reason == "error"` and `metrics.error` set. `Turn.cancel()` is
-  safe from any thread and stops the stream within one token; the partial
-  reply stays in `Turn.reply`.
+  caller drives `Turn.stream()` from one worker thread. The generation is the
+  engine's own code; a `Turn` is only the handle: `stream()` yields text deltas
+  and never raises (a failure ends the stream with `metrics.stop_reason ==
+  StopReason.ERROR` and `metrics.error` set), `cancel()` is safe from any thread
+  and stops the stream within one token (the partial reply stays in
+  `Turn.reply`), `metrics` fills while it streams.
 - An engine runs one turn at a time (a lock guards it: llama.cpp contexts have
   no locking of their own).
-- The UI, the store and the export know nothing of which engine produced a turn
-  beyond `TurnMetrics.engine` and `model_id`.
+- Callers never ask which engine they hold: what differs is declared in
+  `Engine.capabilities`. The UI, the store and the export know nothing of the
+  engine beyond `TurnMetrics.engine` and `model_id`.
 """
 
 from __future__ import annotations
@@ -23,11 +25,11 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Sequence, TypeVar
+from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 from chatterm.core.cost import apply_cost
 from chatterm.core.errors import ChattermError
-from chatterm.core.metrics import TurnMetrics
+from chatterm.core.metrics import CacheOutcome, StopReason, TurnMetrics
 from chatterm.core.models import ModelSpec, PriceProfile
 from chatterm.core.personas import Persona
 
@@ -104,23 +106,52 @@ class DeviceInfo:
 class PrefixReport:
     """How a persona's prefix was made ready (switch time or first turn)."""
 
-    outcome: str
-    """"restored", "memory", "cold" or "server" (see metrics.CACHE_OUTCOMES)."""
+    outcome: CacheOutcome
+    """RESTORED, MEMORY, COLD or SERVER."""
     ms: float
     tokens: int
     detail: str = ""
 
 
-class Turn(ABC):
-    """One streamed assistant reply. See the module contract."""
+@dataclass(frozen=True)
+class EngineCapabilities:
+    """What an engine can do, so callers never ask which engine they hold."""
 
-    def __init__(self, metrics: TurnMetrics, price: PriceProfile | None):
+    persona_cache: bool = False
+    """Persona prefixes are prepared and cached by this process: `prepare_persona`
+    does real work (seconds on a first use) and `persona_cached` is meaningful."""
+    kv_control: bool = False
+    """The KV state is local and controllable: `reset_context()`, turns with
+    `use_cache=False`, and `exclusive()` (benchmarks measure cold / restored /
+    in-memory turns and the bare library against each other)."""
+
+
+Produce = Callable[["Turn"], Iterator[str]]
+"""An engine's generation for one turn: yields text deltas, calls
+`turn.token_arrived()` once per token, sets `turn.metrics.stop_reason`, checks
+`turn.cancelled` on every token and may raise (the Turn reports it)."""
+
+
+class Turn:
+    """One streamed assistant reply: a handle over the engine's own generation.
+
+    The engine builds it with its `Produce` function; callers only stream,
+    cancel and read. See the module contract."""
+
+    def __init__(self, metrics: TurnMetrics, price: PriceProfile | None, produce: Produce):
         self.metrics = metrics
         self.reply = ""
         self.notices: list[str] = []
         """One-line messages for the user (e.g. "dropped 2 oldest turns")."""
+        self.perf: dict[str, float] = {}
+        """The engine's own counters for this turn, where it has them (llama.cpp's
+        `llama_perf_context`: t_p_eval_ms, n_p_eval, t_eval_ms, n_eval)."""
+        self.request: dict[str, Any] = {}
+        """What a served engine sent (the request body after trimming); never a secret."""
         self._price = price
+        self._produce = produce
         self._cancel = threading.Event()
+        self._cancel_hooks: list[Callable[[], None]] = []
         self._t_submit = time.perf_counter()
         self._t_first: float | None = None
         self._finished: list[Callable[[Turn], None]] = []
@@ -129,6 +160,8 @@ class Turn(ABC):
     # -- for callers -----------------------------------------------------
     def cancel(self) -> None:
         self._cancel.set()
+        for hook in list(self._cancel_hooks):
+            hook()
 
     @property
     def cancelled(self) -> bool:
@@ -140,7 +173,7 @@ class Turn(ABC):
 
     def stream(self) -> Iterator[str]:
         try:
-            for delta in self._produce():
+            for delta in self._produce(self):
                 if delta:
                     self.reply += delta
                     yield delta
@@ -159,15 +192,12 @@ class Turn(ABC):
             self._finish()
 
     # -- for engines -----------------------------------------------------
-    @abstractmethod
-    def _produce(self) -> Iterator[str]:
-        """Yield text deltas (may be empty for a token that completes no character).
+    def on_cancel(self, hook: Callable[[], None]) -> None:
+        """Run `hook()` (from the cancelling thread) when the turn is cancelled:
+        an engine wakes whatever its generation is blocked on."""
+        self._cancel_hooks.append(hook)
 
-        Call `_token_arrived()` once per generated token and set
-        `metrics.stop_reason` before returning; check `cancelled` on every token.
-        """
-
-    def _token_arrived(self) -> None:
+    def token_arrived(self) -> None:
         now = time.perf_counter()
         m = self.metrics
         if self._t_first is None:
@@ -178,7 +208,7 @@ class Turn(ABC):
         m.generated_tokens += 1
 
     def _fail(self, message: str) -> None:
-        self.metrics.stop_reason = "error"
+        self.metrics.stop_reason = StopReason.ERROR
         self.metrics.error = message
 
     def _finish(self) -> None:
@@ -186,7 +216,7 @@ class Turn(ABC):
             return
         m = self.metrics
         if not m.stop_reason:
-            m.stop_reason = "cancelled" if self.cancelled else "eos"
+            m.stop_reason = StopReason.CANCELLED if self.cancelled else StopReason.EOS
         m.total_ms = (time.perf_counter() - self._t_submit) * 1000.0
         if self._price is not None:
             apply_cost(m, self._price)
@@ -201,6 +231,9 @@ class Turn(ABC):
 
 class Engine(ABC):
     kind: str = ""
+    """Recorded with each turn ("local", "openai"); never used to decide behaviour
+    (that is what `capabilities` is for)."""
+    capabilities = EngineCapabilities()
 
     def __init__(self, spec: ModelSpec, price: PriceProfile):
         self.spec = spec
@@ -232,7 +265,7 @@ class Engine(ABC):
 
     def prepare_persona(self, persona: Persona) -> PrefixReport:
         """Make the persona's prefix ready now (e.g. on a persona switch)."""
-        return PrefixReport("server", 0.0, 0)
+        return PrefixReport(CacheOutcome.SERVER, 0.0, 0)
 
     @abstractmethod
     def start_turn(

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 
-from chatterm.core.metrics import TurnMetrics
+from chatterm.core.metrics import CacheOutcome, StopReason, TurnMetrics
 
 SEP = " · "
 
@@ -72,40 +72,46 @@ def fmt_usd(usd: float | None) -> str:
 
 def cache_label(m: TurnMetrics) -> str:
     """Where the prompt prefix came from, with its cost in time when there was one."""
-    if m.cache_outcome == "restored":
-        return f"restored {fmt_ms(m.restore_ms)}" if m.restore_ms is not None else "restored"
-    if m.cache_outcome == "memory":
-        return "prefix in memory"
-    if m.cache_outcome == "cold":
-        if m.cached_tokens:
-            # The persona prefix was prefilled when it was switched to, before
-            # this turn; the turn itself only prefilled its own tokens.
+    match m.cache_outcome:
+        case CacheOutcome.RESTORED:
+            return f"restored {fmt_ms(m.restore_ms)}" if m.restore_ms is not None else "restored"
+        case CacheOutcome.MEMORY:
+            return "prefix in memory"
+        case CacheOutcome.SWITCH:
             return "persona prefilled at switch"
-        return f"cold prefill {fmt_ms(m.prefill_ms)}"
-    if m.cache_outcome == "server":
-        return "server cache" if m.cached_tokens else "server (no cache hit)"
-    return m.cache_outcome
+        case CacheOutcome.COLD:
+            return f"cold prefill {fmt_ms(m.prefill_ms)}"
+        case CacheOutcome.SERVER:
+            return "server cache" if m.cached_tokens else "server (no cache hit)"
+    return str(m.cache_outcome)
 
 
-def prefix_outcome_label(outcome: str, ms: float, tokens: int) -> str:
+_PREFIX_OUTCOMES = {
+    CacheOutcome.RESTORED: "restored from disk",
+    CacheOutcome.MEMORY: "already in memory",
+    CacheOutcome.COLD: "prefilled cold",
+    CacheOutcome.SWITCH: "prefilled cold",
+    CacheOutcome.SERVER: "served remotely",
+}
+
+
+def prefix_outcome_label(outcome: CacheOutcome, ms: float, tokens: int) -> str:
     """A `PrefixReport` (persona made ready) in words."""
-    what = {
-        "restored": "restored from disk",
-        "memory": "already in memory",
-        "cold": "prefilled cold",
-        "server": "served remotely",
-    }.get(outcome, outcome)
-    if outcome == "server":
+    what = _PREFIX_OUTCOMES.get(outcome, str(outcome))
+    if outcome == CacheOutcome.SERVER:
         return what
     return f"{what} in {fmt_ms(ms)} ({fmt_int(tokens)} tokens)"
 
 
+_STOP_LABELS = {
+    StopReason.CANCELLED: "stopped",
+    StopReason.LENGTH: "max tokens reached",
+    StopReason.ERROR: "error",
+}
+
+
 def stop_label(m: TurnMetrics) -> str:
-    return {
-        "cancelled": "stopped",
-        "length": "max tokens reached",
-        "error": "error",
-    }.get(m.stop_reason, "")
+    return _STOP_LABELS.get(m.stop_reason, "")
 
 
 def footer_line(m: TurnMetrics) -> str:

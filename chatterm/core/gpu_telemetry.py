@@ -37,8 +37,6 @@ from chatterm.core.errors import ChattermError
 log = logging.getLogger(__name__)
 
 USD_PER_KWH_ENV = "CHATTERM_USD_PER_KWH"
-DEFAULT_USD_PER_KWH = 0.30
-"""Same as ModelCatalog.usd_per_kwh's default: a round figure, not a measured tariff."""
 
 PowerReader = Callable[[], "float | None"]
 """Returns the current power draw in watts, or None when it cannot be read."""
@@ -200,12 +198,12 @@ def energy_meter_or_none(
     return GpuEnergyMeter(usd_per_kwh, interval_s, read_power_w=torch_power_reader(device))
 
 
-def resolve_usd_per_kwh(configured: float | None = None) -> float:
+def resolve_usd_per_kwh(configured: float) -> float:
     """The electricity price: $CHATTERM_USD_PER_KWH, else `configured` (the
-    catalog's `[defaults] usd_per_kwh`), else DEFAULT_USD_PER_KWH."""
+    catalog's `[defaults] usd_per_kwh`, which has the default)."""
     raw = os.environ.get(USD_PER_KWH_ENV)
     if raw is None or not raw.strip():
-        return DEFAULT_USD_PER_KWH if configured is None else configured
+        return configured
     try:
         value = float(raw)
     except ValueError:

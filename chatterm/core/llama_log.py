@@ -1,7 +1,7 @@
 """Route llama.cpp's log into Python logging with the right levels.
 
 llama-cpp-python's stock callback maps ggml's levels from an old enum, so with
-verbose=False errors are hidden (DESIGN.md). ggml's current enum is
+verbose=False errors are hidden (docs/engine.md). ggml's current enum is
 NONE=0, DEBUG=1, INFO=2, WARN=3, ERROR=4, CONT=5 (continue the previous line).
 Records go to the "llama.cpp" logger; lines are joined until a newline.
 """

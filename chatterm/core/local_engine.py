@@ -15,7 +15,7 @@ Contract (beyond chatterm.core.engine):
   falls back to a plain prefill and says why in `cache_detail`.
 - Metrics are exact: TTFT from submit to the first sampled token; decode
   tokens/s from first to last token; llama.cpp's own perf counters for the
-  turn are kept in `LocalTurn.perf` (tests compare the two).
+  turn are kept in `Turn.perf` (tests compare the two).
 - When the prompt would not fit n_ctx (leaving room for the reply), the oldest
   history turns are dropped (never the persona) and the turn says how many;
   a single message that alone cannot fit keeps its last tokens, and says so.
@@ -43,6 +43,7 @@ from chatterm.core.engine import (
     ChatMessage,
     DeviceInfo,
     Engine,
+    EngineCapabilities,
     PrefixReport,
     Progress,
     Turn,
@@ -53,7 +54,7 @@ from chatterm.core.engine import (
 from chatterm.core.errors import ChattermError
 from chatterm.core.file_identity import sha256_of_file
 from chatterm.core.kv_cache import KVStateCache, LoadedState
-from chatterm.core.metrics import TurnMetrics
+from chatterm.core.metrics import CacheOutcome, StopReason, TurnMetrics
 from chatterm.core.models import ModelSpec, PriceProfile
 from chatterm.core.personas import Persona
 
@@ -110,7 +111,7 @@ def _check_gguf(path: Path) -> None:
 
 def _llama_library_sha256() -> str:
     """Identity of the llama.cpp build: restore silently accepts a different
-    llama.cpp version (DESIGN.md), so the library's own bytes are part of `compat`."""
+    llama.cpp version (docs/engine.md), so the library's own bytes are part of `compat`."""
     lib_dir = Path(llama_cpp.__file__).parent / "lib"
     for name in ("libllama.so", "libllama.dylib", "llama.dll"):
         if (lib_dir / name).exists():
@@ -120,6 +121,7 @@ def _llama_library_sha256() -> str:
 
 class LocalEngine(Engine):
     kind = "local"
+    capabilities = EngineCapabilities(persona_cache=True, kv_control=True)
 
     def __init__(self, spec: ModelSpec, price: PriceProfile, kv_cache: KVStateCache | None = None):
         super().__init__(spec, price)
@@ -130,10 +132,10 @@ class LocalEngine(Engine):
         self._model_sha256 = ""
         self._compat_base: dict[str, Any] = {}
         self._prefix_cache: dict[str, list[int]] = {}
-        self._pending: tuple[str, PrefixReport] | None = None
+        self._switch_report: tuple[str, PrefixReport] | None = None
         """(persona fingerprint, report) of a prefix made ready by prepare_persona
         and not yet used by a turn; cleared whenever the context is cleared."""
-        self._running: LocalTurn | None = None
+        self._running: Turn | None = None
         self._abort_flag = ctypes.create_string_buffer(2)
         self._cache_warned = False
         self._savers: list[threading.Thread] = []
@@ -257,7 +259,7 @@ class LocalEngine(Engine):
 
     def _warm_up(self) -> None:
         """Decode a short batch and a single token, then forget them: the first
-        decode of a fresh context carries a one-time cost (DESIGN.md)."""
+        decode of a fresh context carries a one-time cost (docs/engine.md)."""
         llm = self.llm
         assert llm is not None
         tokens = llm.tokenize(b"Hello, warm up.", add_bos=False, special=False)[:8] or [0]
@@ -271,7 +273,7 @@ class LocalEngine(Engine):
     def _clear_context(self) -> None:
         llm = self.llm
         assert llm is not None
-        self._pending = None
+        self._switch_report = None
         llm.reset()
         llm._ctx.kv_cache_seq_rm(-1, 0, -1)
 
@@ -379,19 +381,21 @@ class LocalEngine(Engine):
         n = len(prefix)
         return llm.n_tokens >= n and llm.input_ids[:n].tolist() == prefix
 
-    def _ensure_prefix(self, persona: Persona, prefix: list[int]) -> PrefixReport:
-        """Make `prefix` the start of the context: memory, restore, or prefill+save."""
+    def _ensure_prefix(self, persona: Persona, prefix: list[int], use_cache: bool = True) -> PrefixReport:
+        """Make `prefix` the start of the context: memory, restore, or prefill+save
+        (`use_cache=False`: neither restore nor save)."""
         if self._prefix_in_context(prefix):
-            return PrefixReport("memory", 0.0, len(prefix))
+            return PrefixReport(CacheOutcome.MEMORY, 0.0, len(prefix))
         detail = ""
-        if self.kv_cache is not None:
+        cache = self.kv_cache if use_cache else None
+        if cache is not None:
             t0 = time.perf_counter()
-            loaded = self.kv_cache.load(self.spec.id, persona.id, self._compat(persona, prefix))
+            loaded = cache.load(self.spec.id, persona.id, self._compat(persona, prefix))
             if isinstance(loaded, LoadedState):
                 reason = self._restore(loaded, prefix)
                 if reason is None:
                     self._note_prefill_rate(persona, float(loaded.header.get("prefill_ms", 0.0)), len(prefix))
-                    return PrefixReport("restored", (time.perf_counter() - t0) * 1000.0, len(prefix))
+                    return PrefixReport(CacheOutcome.RESTORED, (time.perf_counter() - t0) * 1000.0, len(prefix))
                 detail = reason
             else:
                 detail = loaded.reason
@@ -400,10 +404,10 @@ class LocalEngine(Engine):
         self.llm.eval(prefix)
         prefill_ms = (time.perf_counter() - t0) * 1000.0
         self._note_prefill_rate(persona, prefill_ms, len(prefix))
-        if self.kv_cache is not None and self.kv_cache.write_error is None:
+        if cache is not None and cache.write_error is None:
             self._save_prefix(persona, prefix, prefill_ms)
             detail = f"{detail}; state saved for next time" if detail else "state saved for next time"
-        return PrefixReport("cold", prefill_ms, len(prefix), detail)
+        return PrefixReport(CacheOutcome.COLD, prefill_ms, len(prefix), detail)
 
     def _note_prefill_rate(self, persona: Persona, prefill_ms: float, tokens: int) -> None:
         """Keep the fastest cold prefill rate seen for the persona: a prefill that
@@ -494,7 +498,7 @@ class LocalEngine(Engine):
                 raise ChattermError(f"preparing persona {persona.id!r} was interrupted") from None
             finally:
                 self._set_abort(False)
-            self._pending = (persona.fingerprint, report)
+            self._switch_report = (persona.fingerprint, report)
             return report
 
     def cache_notice(self) -> str | None:
@@ -505,14 +509,169 @@ class LocalEngine(Engine):
         return None
 
     # -- turns -----------------------------------------------------------
-    def start_turn(self, persona: Persona, history: Sequence[ChatMessage], user_text: str) -> "LocalTurn":
+    def start_turn(
+        self, persona: Persona, history: Sequence[ChatMessage], user_text: str, *, use_cache: bool = True
+    ) -> Turn:
+        """A turn over the persona's prefix, `history` and `user_text`.
+        `use_cache=False` neither restores nor saves a persona state (benchmarks)."""
         metrics = TurnMetrics(
             engine=self.kind,
             model_id=self.spec.id,
             persona_id=persona.id,
             submitted_at=time.time(),
         )
-        return LocalTurn(self, persona, list(history), user_text, metrics)
+        history = list(history)
+        turn = Turn(
+            metrics, self.price, lambda t: self._generate(t, persona, history, user_text, use_cache)
+        )
+        turn.on_cancel(lambda: self._abort_if_running(turn))
+        return turn
+
+    def _abort_if_running(self, turn: Turn) -> None:
+        if self._running is turn:
+            self._set_abort(True)  # interrupts a prefill in progress
+
+    def reset_context(self, keep: Persona | None = None) -> None:
+        """Forget the context; with `keep`, keep that persona's prefix when it is
+        there (a new conversation with the same persona). Waits for a running turn."""
+        with self._lock:
+            assert self.llm is not None
+            prefix = self.prefix_tokens(keep) if keep is not None else None
+            if prefix is not None and self._prefix_in_context(prefix):
+                self._switch_report = None
+                self.llm.n_tokens = len(prefix)
+            else:
+                self._clear_context()
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[llama_cpp.Llama]:
+        """The underlying `llama_cpp.Llama`, alone, for measuring the bare library
+        against chatterm on the same loaded model; the context is cleared after."""
+        with self._lock:
+            assert self.llm is not None
+            self._clear_context()
+            try:
+                yield self.llm
+            finally:
+                self._clear_context()
+
+    def _generate(
+        self, turn: Turn, persona: Persona, history: list[ChatMessage], user_text: str, use_cache: bool
+    ) -> Iterator[str]:
+        with self._lock:
+            if self.llm is None:
+                raise ChattermError("the model is not loaded")
+            self._set_abort(False)
+            self._running = turn
+            try:
+                if not turn.cancelled:
+                    yield from self._run_turn(turn, persona, history, user_text, use_cache)
+            except RuntimeError:
+                if not turn.cancelled:
+                    raise
+                # llama_decode returned 2: the prefill was aborted by cancel().
+            finally:
+                self._running = None
+                self._set_abort(False)
+            if turn.cancelled and not turn.metrics.stop_reason:
+                turn.metrics.stop_reason = StopReason.CANCELLED
+
+    def _prefix_for_turn(self, persona: Persona, prefix: list[int], use_cache: bool) -> PrefixReport:
+        """Make the persona prefix ready and say how, crediting a switch-time preparation."""
+        switch, self._switch_report = self._switch_report, None
+        report = self._ensure_prefix(persona, prefix, use_cache)
+        if switch is None or switch[0] != persona.fingerprint or report.outcome != CacheOutcome.MEMORY:
+            return report
+        # Made ready when the persona was switched to: report how, not "memory".
+        prepared = switch[1]
+        if prepared.outcome == CacheOutcome.COLD:
+            return PrefixReport(CacheOutcome.SWITCH, prepared.ms, prepared.tokens, prepared.detail)
+        return prepared
+
+    def _run_turn(
+        self, turn: Turn, persona: Persona, history: list[ChatMessage], user_text: str, use_cache: bool
+    ) -> Iterator[str]:
+        llm = self.llm
+        assert llm is not None
+        m = turn.metrics
+        s = persona.sampling
+        llama_cpp.llama_synchronize(llm.ctx)
+        llama_cpp.llama_perf_context_reset(llm.ctx)
+        prefix = self.prefix_tokens(persona)
+        report = self._prefix_for_turn(persona, prefix, use_cache)
+        m.cache_outcome = report.outcome
+        m.cache_detail = report.detail
+        if report.outcome == CacheOutcome.RESTORED:
+            m.restore_ms = report.ms
+        notice = self.cache_notice()
+        if notice:
+            turn.notices.append(notice)
+
+        tokens, m.dropped_turns, notices = self.fit_prompt(persona, history, user_text, s.max_tokens)
+        turn.notices.extend(notices)
+        if tokens[: len(prefix)] != prefix:
+            m.cache_detail = "chat template does not start with the persona prefix: full prefill"
+        max_tokens = min(s.max_tokens, llm.n_ctx() - len(tokens))
+        common = _common_prefix(llm.input_ids[: llm.n_tokens].tolist(), tokens)
+        m.prompt_tokens = len(tokens)
+        m.cached_tokens = min(common, len(tokens) - 1)
+        m.prefilled_tokens = len(tokens) - m.cached_tokens
+        # Saved = cached tokens at this persona's measured cold prefill rate, net of
+        # the restore; a cold prefix was paid for (now or at switch time).
+        rate = self._prefill_ms_per_token.get(persona.fingerprint)
+        if rate and report.outcome in (CacheOutcome.RESTORED, CacheOutcome.MEMORY):
+            m.saved_prefill_ms = max(m.cached_tokens * rate - (m.restore_ms or 0.0), 0.0)
+
+        if report.outcome == CacheOutcome.COLD:
+            # The prefix was prefilled by this turn, not reused.
+            m.cached_tokens = max(m.cached_tokens - len(prefix), 0)
+            m.prefilled_tokens = len(tokens) - m.cached_tokens
+            prefix_prefill_ms = report.ms
+        else:
+            prefix_prefill_ms = 0.0
+
+        decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        if s.temperature > 0:
+            llm.set_seed(s.seed)
+        t_prefill = time.perf_counter()
+        generator = llm.generate(
+            tokens,
+            top_k=s.top_k,
+            top_p=s.top_p,
+            min_p=s.min_p,
+            temp=s.temperature,
+            repeat_penalty=s.repeat_penalty,
+            reset=True,
+        )
+        try:
+            for token in generator:
+                turn.token_arrived()
+                if m.generated_tokens == 1:
+                    m.prefill_ms = prefix_prefill_ms + (time.perf_counter() - t_prefill) * 1000.0
+                if llama_cpp.llama_vocab_is_eog(self._vocab, token):
+                    m.stop_reason = StopReason.EOS
+                    break
+                yield decoder.decode(self.token_bytes(token))
+                if turn.cancelled:
+                    m.stop_reason = StopReason.CANCELLED
+                    break
+                if m.generated_tokens >= max_tokens:
+                    m.stop_reason = StopReason.LENGTH
+                    break
+            else:
+                m.stop_reason = StopReason.EOS
+        finally:
+            generator.close()
+            tail = decoder.decode(b"", final=True)
+            if tail:
+                turn.reply += tail
+            perf = llama_cpp.llama_perf_context(llm.ctx)
+            turn.perf = {
+                "t_p_eval_ms": perf.t_p_eval_ms,
+                "n_p_eval": perf.n_p_eval,
+                "t_eval_ms": perf.t_eval_ms,
+                "n_eval": perf.n_eval,
+            }
 
     def close(self) -> None:
         self.wait_for_saves()
@@ -542,135 +701,6 @@ def _gpu_name() -> str:
 
 def _sha256_text(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
-class LocalTurn(Turn):
-    def __init__(self, engine: LocalEngine, persona: Persona, history: list[ChatMessage],
-                 user_text: str, metrics: TurnMetrics):
-        super().__init__(metrics, engine.price)
-        self.engine = engine
-        self.persona = persona
-        self.history = history
-        self.user_text = user_text
-        self.perf: dict[str, float] = {}
-        """llama.cpp's own counters for this turn (llama_perf_context)."""
-
-    def cancel(self) -> None:
-        super().cancel()
-        if self.engine._running is self:
-            self.engine._set_abort(True)  # interrupts a prefill in progress
-
-    def _produce(self) -> Iterator[str]:
-        engine = self.engine
-        with engine._lock:
-            if engine.llm is None:
-                raise ChattermError("the model is not loaded")
-            engine._set_abort(False)
-            engine._running = self
-            try:
-                if not self.cancelled:
-                    yield from self._run(engine, engine.llm)
-            except RuntimeError:
-                if not self.cancelled:
-                    raise
-                # llama_decode returned 2: the prefill was aborted by cancel().
-            finally:
-                engine._running = None
-                engine._set_abort(False)
-            if self.cancelled and not self.metrics.stop_reason:
-                self.metrics.stop_reason = "cancelled"
-
-    def _run(self, engine: LocalEngine, llm: llama_cpp.Llama) -> Iterator[str]:
-        m = self.metrics
-        s = self.persona.sampling
-        llama_cpp.llama_synchronize(llm.ctx)
-        llama_cpp.llama_perf_context_reset(llm.ctx)
-        prefix = engine.prefix_tokens(self.persona)
-        pending, engine._pending = engine._pending, None
-        report = engine._ensure_prefix(self.persona, prefix)
-        from_switch = (
-            pending is not None
-            and pending[0] == self.persona.fingerprint
-            and report.outcome == "memory"
-        )
-        if from_switch:
-            report = pending[1]  # made ready at switch time: report how, not "memory"
-        m.cache_outcome = report.outcome
-        m.cache_detail = report.detail
-        if report.outcome == "restored":
-            m.restore_ms = report.ms
-        notice = engine.cache_notice()
-        if notice:
-            self.notices.append(notice)
-
-        tokens, m.dropped_turns, notices = engine.fit_prompt(
-            self.persona, self.history, self.user_text, s.max_tokens
-        )
-        self.notices.extend(notices)
-        if tokens[: len(prefix)] != prefix:
-            m.cache_detail = "chat template does not start with the persona prefix: full prefill"
-        n_ctx = llm.n_ctx()
-        max_tokens = min(s.max_tokens, n_ctx - len(tokens))
-        common = _common_prefix(llm.input_ids[: llm.n_tokens].tolist(), tokens)
-        m.prompt_tokens = len(tokens)
-        m.cached_tokens = min(common, len(tokens) - 1)
-        m.prefilled_tokens = len(tokens) - m.cached_tokens
-        # Saved = cached tokens at this persona's measured cold prefill rate, net of
-        # the restore; a cold prefix was paid for (now or at switch time).
-        rate = engine._prefill_ms_per_token.get(self.persona.fingerprint)
-        if rate and report.outcome in ("restored", "memory"):
-            m.saved_prefill_ms = max(m.cached_tokens * rate - (m.restore_ms or 0.0), 0.0)
-
-        if report.outcome == "cold" and not from_switch:
-            # The prefix was prefilled by this turn, not reused.
-            m.cached_tokens = max(m.cached_tokens - len(prefix), 0)
-            m.prefilled_tokens = len(tokens) - m.cached_tokens
-            prefix_prefill_ms = report.ms
-        else:
-            prefix_prefill_ms = 0.0
-
-        decoder = codecs.getincrementaldecoder("utf-8")("replace")
-        if s.temperature > 0:
-            llm.set_seed(s.seed)
-        t_prefill = time.perf_counter()
-        generator = llm.generate(
-            tokens,
-            top_k=s.top_k,
-            top_p=s.top_p,
-            min_p=s.min_p,
-            temp=s.temperature,
-            repeat_penalty=s.repeat_penalty,
-            reset=True,
-        )
-        try:
-            for token in generator:
-                self._token_arrived()
-                if m.generated_tokens == 1:
-                    m.prefill_ms = prefix_prefill_ms + (time.perf_counter() - t_prefill) * 1000.0
-                if llama_cpp.llama_vocab_is_eog(engine._vocab, token):
-                    m.stop_reason = "eos"
-                    break
-                yield decoder.decode(engine.token_bytes(token))
-                if self.cancelled:
-                    m.stop_reason = "cancelled"
-                    break
-                if m.generated_tokens >= max_tokens:
-                    m.stop_reason = "length"
-                    break
-            else:
-                m.stop_reason = "eos"
-        finally:
-            generator.close()
-            tail = decoder.decode(b"", final=True)
-            if tail:
-                self.reply += tail
-            perf = llama_cpp.llama_perf_context(llm.ctx)
-            self.perf = {
-                "t_p_eval_ms": perf.t_p_eval_ms,
-                "n_p_eval": perf.n_p_eval,
-                "t_eval_ms": perf.t_eval_ms,
-                "n_eval": perf.n_eval,
-            }
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:

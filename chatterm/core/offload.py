@@ -2,8 +2,8 @@
 
 Contract:
 - `plan_offload(spec, supports_gpu)` turns a model's `n_gpu_layers`, `flash_attn`
-  and `kv_type` settings into the exact values handed to `llama_cpp.Llama`
-  (`OffloadPlan.llama_kwargs()`), plus one-line notes for the dashboard.
+  and `kv_type` settings into the exact values the engine hands to
+  `llama_cpp.Llama` (`OffloadPlan` fields), plus one-line notes for the dashboard.
   n_gpu_layers "auto" means every layer (-1) when llama.cpp has GPU offload, else 0.
   A quantized KV type with `flash_attn = false` is a `ChattermError`: llama.cpp
   refuses to quantize the V cache without flash attention ("Failed to create

@@ -13,11 +13,12 @@ Contract:
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from chatterm.core import paths, resources
+from chatterm.core.config_schema import from_table, integer, key, non_empty_text, number, text
 from chatterm.core.errors import ChattermError
 from chatterm.core.tomlfile import read_toml
 
@@ -26,27 +27,30 @@ DEFAULT_PERSONA = "assistant"
 
 @dataclass(frozen=True)
 class Sampling:
-    """Sampling defaults; temperature 0 is greedy (deterministic)."""
+    """The `[sampling]` table; temperature 0 is greedy (deterministic)."""
 
-    temperature: float = 0.7
-    top_p: float = 0.9
-    top_k: int = 40
-    min_p: float = 0.05
-    repeat_penalty: float = 1.1
-    max_tokens: int = 512
+    temperature: float = key(0.7, check=number(0))
+    top_p: float = key(0.9, check=number(0))
+    top_k: int = key(40, check=integer(0))
+    min_p: float = key(0.05, check=number(0))
+    repeat_penalty: float = key(1.1, check=number(0))
+    max_tokens: int = key(512, check=integer(1))
     """Upper bound on generated tokens per reply."""
-    seed: int = 1234
+    seed: int = key(1234, check=integer(0))
 
 
 @dataclass(frozen=True)
 class Persona:
+    """One persona file; its id is the file name without `.toml`."""
+
     id: str
-    name: str
-    system_prompt: str
-    description: str = ""
-    model: str | None = None
+    system_prompt: str = key(check=non_empty_text)
+    name: str = key("", check=text)
+    """Shown in the UI; the id when empty."""
+    description: str = key("", check=text)
+    model: str | None = key(None, check=non_empty_text)
     """Model id this persona prefers; None uses the catalog default."""
-    sampling: Sampling = field(default_factory=Sampling)
+    sampling: Sampling = key(default_factory=Sampling, check=Sampling)
     source: Path | None = field(default=None, compare=False)
 
     @property
@@ -54,39 +58,10 @@ class Persona:
         return hashlib.sha256(self.system_prompt.encode("utf-8")).hexdigest()
 
 
-_SAMPLING_FIELDS = {f for f in Sampling.__dataclass_fields__}
-
-
 def _persona_from(path: Path, raw: dict[str, Any]) -> Persona:
     pid = path.stem
-    prompt = raw.get("system_prompt")
-    if not isinstance(prompt, str) or not prompt.strip():
-        raise ChattermError(f"{path}: persona {pid!r} needs a non-empty 'system_prompt'")
-    sampling_raw = raw.get("sampling") or {}
-    if not isinstance(sampling_raw, dict):
-        raise ChattermError(f"{path}: [sampling] must be a table")
-    unknown = sorted(set(sampling_raw) - _SAMPLING_FIELDS)
-    if unknown:
-        raise ChattermError(f"{path}: [sampling] unknown key {unknown[0]!r}")
-    try:
-        defaults = Sampling()
-        sampling = Sampling(
-            **{k: type(getattr(defaults, k))(v) for k, v in sampling_raw.items()}
-        )
-    except (TypeError, ValueError):
-        raise ChattermError(f"{path}: [sampling] values must be numbers") from None
-    if sampling.max_tokens < 1 or sampling.temperature < 0:
-        raise ChattermError(f"{path}: [sampling] max_tokens must be >= 1 and temperature >= 0")
-    model = raw.get("model")
-    return Persona(
-        id=pid,
-        name=str(raw.get("name", pid)),
-        system_prompt=prompt.strip(),
-        description=str(raw.get("description", "")),
-        model=str(model) if model else None,
-        sampling=sampling,
-        source=path,
-    )
+    persona = from_table(Persona, raw, path=path, where="", fixed={"id": pid, "source": path})
+    return replace(persona, name=persona.name or pid, system_prompt=persona.system_prompt.strip())
 
 
 def load_persona_file(path: Path) -> Persona:

@@ -50,6 +50,7 @@ from chatterm.core.engine import (
     ChatMessage,
     DeviceInfo,
     Engine,
+    EngineCapabilities,
     Progress,
     Turn,
     context_full_notice,
@@ -57,7 +58,7 @@ from chatterm.core.engine import (
     trim_history,
 )
 from chatterm.core.errors import ChattermError
-from chatterm.core.metrics import TurnMetrics
+from chatterm.core.metrics import CacheOutcome, StopReason, TurnMetrics
 from chatterm.core.models import ModelSpec, PriceProfile
 from chatterm.core.personas import Persona
 
@@ -72,7 +73,7 @@ ERROR_BODY_MAX_BYTES = 65536
 REASON_MAX_CHARS = 160
 """Server reasons are cut to this length: the error must stay one readable line."""
 
-_FINISH_TO_STOP = {"length": "length"}
+_FINISH_TO_STOP = {"length": StopReason.LENGTH}
 """finish_reason -> stop_reason; "stop", "eos", "content_filter", "tool_calls" -> "eos"."""
 
 
@@ -160,6 +161,7 @@ def _sse_data(lines: Iterable[str]) -> Iterator[str]:
 
 class RemoteEngine(Engine):
     kind = "openai"
+    capabilities = EngineCapabilities()  # the server owns its KV state and prefix cache
 
     def __init__(self, spec: ModelSpec, price: PriceProfile):
         super().__init__(spec, price)
@@ -265,18 +267,18 @@ class RemoteEngine(Engine):
     def model_identity(self) -> str:
         return f"{self._url}#{self.spec.remote_model}"
 
-    def start_turn(
-        self, persona: Persona, history: Sequence[ChatMessage], user_text: str
-    ) -> "RemoteTurn":
+    def start_turn(self, persona: Persona, history: Sequence[ChatMessage], user_text: str) -> Turn:
         metrics = TurnMetrics(
             engine=self.kind,
             model_id=self.spec.id,
             persona_id=persona.id,
             submitted_at=time.time(),
             price_profile=self.price.id,
-            cache_outcome="server",
+            cache_outcome=CacheOutcome.SERVER,
         )
-        turn = RemoteTurn(self, metrics, self.price)
+        exchange = _Exchange()
+        turn = Turn(metrics, self.price, lambda t: self._generate(t, exchange))
+        turn.on_cancel(exchange.wake)
         system = {"role": "system", "content": persona.system_prompt}
         user = {"role": "user", "content": user_text}
         sampling = persona.sampling
@@ -297,7 +299,7 @@ class RemoteEngine(Engine):
         if metrics.prompt_tokens + MIN_REPLY_TOKENS > n_ctx:
             # Sent anyway: the estimate may be wrong, and the server's answer says
             # what really happened. This notice explains a rejection or a cut stream.
-            turn.prompt_may_overflow = True
+            exchange.prompt_may_overflow = True
             turn.notices.append(
                 f"The prompt (~{metrics.prompt_tokens} tokens, estimated at {CHARS_PER_TOKEN} "
                 f"characters per token) may not fit the {n_ctx}-token context of model "
@@ -308,7 +310,7 @@ class RemoteEngine(Engine):
         # no more than what is left (by the estimate), and never less than the room
         # reserved above.
         max_tokens = min(sampling.max_tokens, max(n_ctx - metrics.prompt_tokens, room))
-        turn.body = {
+        turn.request = {
             "model": self.spec.remote_model,
             "messages": messages,
             "stream": True,
@@ -319,9 +321,106 @@ class RemoteEngine(Engine):
         }
         return turn
 
-    def _drop_connections(self) -> None:
-        """Forget pooled connections (after a failed turn); the next request reconnects."""
-        self.close()
+    # -- generation ----------------------------------------------------------
+    def _generate(self, turn: Turn, exchange: "_Exchange") -> Iterator[str]:
+        key = ""
+        with self._lock:
+            try:
+                if turn.cancelled:
+                    return
+                key = self._api_key()
+                yield from self._exchange(turn, exchange, key)
+            except Exception as exc:  # noqa: BLE001 - redacted here, reported by Turn.stream
+                if turn.cancelled:
+                    return  # a cancel that broke the read is not an error
+                # A server that failed mid-reply may close the connection right after
+                # answering; reusing it from the pool would fail the next turn with
+                # "connection reset". Start the next turn on a fresh connection.
+                self.close()
+                if isinstance(exc, ChattermError):
+                    message = str(exc)
+                elif isinstance(exc, httpx.HTTPError):
+                    message = self._transport_error(exc, key)
+                else:
+                    message = f"{type(exc).__name__}: {_one_line(_redact(str(exc), key), 120)}"
+                raise ChattermError(_redact(message, key)) from None
+            finally:
+                exchange.settle_counts(turn.metrics)
+
+    def _exchange(self, turn: Turn, exchange: "_Exchange", key: str) -> Iterator[str]:
+        with self.client.stream(
+            "POST", "/chat/completions", json=turn.request, headers=self._headers(key)
+        ) as resp:
+            if resp.status_code >= 400:
+                reason = _reason_from_body(_read_bounded(resp), key) or resp.reason_phrase
+                raise ChattermError(f"server {self._url}: HTTP {resp.status_code} {reason}")
+            ctype = resp.headers.get("content-type", "")
+            if "text/event-stream" not in ctype:
+                reason = _reason_from_body(_read_bounded(resp), key)
+                raise ChattermError(
+                    f"server {self._url} did not stream (content-type "
+                    f"{_one_line(ctype, 60)!r}){': ' + reason if reason else ''}"
+                )
+            stream = resp.extensions.get("network_stream")
+            exchange.attach(stream.get_extra_info("socket") if stream is not None else None)
+            try:
+                yield from self._events(turn, exchange, resp, key)
+            finally:
+                exchange.attach(None)
+        # Leaving the `with` closes the response; an unfinished one closes the
+        # connection, which is what tells the server to stop generating.
+
+    def _events(self, turn: Turn, exchange: "_Exchange", resp: httpx.Response, key: str) -> Iterator[str]:
+        finish: str | None = None
+        done = False
+        for data in _sse_data(resp.iter_lines()):
+            if turn.cancelled:
+                return
+            if data.strip() == "[DONE]":
+                done = True
+                break
+            try:
+                event = json.loads(data)
+                if not isinstance(event, dict):
+                    raise ValueError("not an object")
+            except ValueError:
+                raise ChattermError(
+                    f"malformed event from {self._url}: {_one_line(_redact(data, key), 80)!r}"
+                ) from None
+            if "error" in event or event.get("object") == "error":
+                # {"error": {...}} (OpenAI shape) or {"object": "error", "message": ...}
+                # (older vLLM): the server gave up mid-reply and said why.
+                err = event.get("error") or event
+                msg = err.get("message", err) if isinstance(err, dict) else err
+                raise ChattermError(f"server {self._url}: {_one_line(_redact(str(msg), key))}")
+            if isinstance(event.get("usage"), dict):
+                exchange.usage = event["usage"]
+            if isinstance(event.get("timings"), dict):
+                exchange.timings = event["timings"]
+            for choice in event.get("choices") or []:
+                if not isinstance(choice, dict):
+                    continue
+                delta = choice.get("delta") or {}
+                content = delta.get("content") if isinstance(delta, dict) else None
+                if content:
+                    turn.token_arrived()
+                    yield str(content)
+                if choice.get("finish_reason"):
+                    finish = str(choice["finish_reason"])
+        if turn.cancelled:
+            return
+        if finish is None and not done:
+            # Servers that fail mid-stream (llama-cpp-python: prompt over its context)
+            # just end the stream; the reason is only in the server's log.
+            hint = (
+                "; the prompt may exceed its context"
+                if exchange.prompt_may_overflow
+                else "; its log has the reason"
+            )
+            raise ChattermError(
+                f"server {self._url} closed the stream before the reply finished{hint}"
+            )
+        turn.metrics.stop_reason = _FINISH_TO_STOP.get(finish or "", StopReason.EOS)
 
     def close(self) -> None:
         if self._client is not None:
@@ -351,24 +450,26 @@ def _redact(text: str, key: str) -> str:
     return text.replace(key, "***") if key else text
 
 
-class RemoteTurn(Turn):
-    def __init__(self, engine: RemoteEngine, metrics: TurnMetrics, price: PriceProfile):
-        super().__init__(metrics, price)
-        self._engine = engine
-        self.body: dict[str, Any] = {}
-        """The request body (messages after trimming); never holds the key."""
+class _Exchange:
+    """One turn's streaming state: the socket to wake on cancel, what the server
+    reported, and whether the prompt was expected to overflow."""
+
+    def __init__(self) -> None:
         self._sock: socket.socket | None = None
         self._sock_lock = threading.Lock()
         self.prompt_may_overflow = False
         """The estimated prompt leaves no room for a reply in n_ctx."""
-        self._usage: dict[str, Any] | None = None
-        self._timings: dict[str, Any] | None = None
+        self.usage: dict[str, Any] | None = None
+        self.timings: dict[str, Any] | None = None
 
-    def cancel(self) -> None:
-        super().cancel()
-        # Wake a reader blocked on a silent server. shutdown() (unlike close())
-        # interrupts a recv() in another thread; the base-class method is used so
-        # that a TLS socket is not unwrapped under the reader's feet.
+    def attach(self, sock: socket.socket | None) -> None:
+        with self._sock_lock:
+            self._sock = sock
+
+    def wake(self) -> None:
+        """Wake a reader blocked on a silent server. shutdown() (unlike close())
+        interrupts a recv() in another thread; the base-class method is used so
+        that a TLS socket is not unwrapped under the reader's feet."""
         with self._sock_lock:
             if self._sock is not None:
                 try:
@@ -376,121 +477,16 @@ class RemoteTurn(Turn):
                 except OSError:
                     pass
 
-    def _produce(self) -> Iterator[str]:
-        engine = self._engine
-        key = ""
-        with engine._lock:
-            try:
-                if self.cancelled:
-                    return
-                key = engine._api_key()
-                yield from self._exchange(key)
-            except Exception as exc:  # noqa: BLE001 - redacted here, reported by Turn.stream
-                if self.cancelled:
-                    return  # a cancel that broke the read is not an error
-                # A server that failed mid-reply may close the connection right after
-                # answering; reusing it from the pool would fail the next turn with
-                # "connection reset". Start the next turn on a fresh connection.
-                engine._drop_connections()
-                if isinstance(exc, ChattermError):
-                    message = str(exc)
-                elif isinstance(exc, httpx.HTTPError):
-                    message = engine._transport_error(exc, key)
-                else:
-                    message = f"{type(exc).__name__}: {_one_line(_redact(str(exc), key), 120)}"
-                raise ChattermError(_redact(message, key)) from None
-            finally:
-                self._settle_counts()
-
-    def _exchange(self, key: str) -> Iterator[str]:
-        engine = self._engine
-        with engine.client.stream(
-            "POST", "/chat/completions", json=self.body, headers=engine._headers(key)
-        ) as resp:
-            if resp.status_code >= 400:
-                reason = _reason_from_body(_read_bounded(resp), key) or resp.reason_phrase
-                raise ChattermError(f"server {engine._url}: HTTP {resp.status_code} {reason}")
-            ctype = resp.headers.get("content-type", "")
-            if "text/event-stream" not in ctype:
-                reason = _reason_from_body(_read_bounded(resp), key)
-                raise ChattermError(
-                    f"server {engine._url} did not stream (content-type "
-                    f"{_one_line(ctype, 60)!r}){': ' + reason if reason else ''}"
-                )
-            stream = resp.extensions.get("network_stream")
-            with self._sock_lock:
-                self._sock = stream.get_extra_info("socket") if stream is not None else None
-            try:
-                yield from self._events(resp, key)
-            finally:
-                with self._sock_lock:
-                    self._sock = None
-        # Leaving the `with` closes the response; an unfinished one closes the
-        # connection, which is what tells the server to stop generating.
-
-    def _events(self, resp: httpx.Response, key: str) -> Iterator[str]:
-        finish: str | None = None
-        done = False
-        for data in _sse_data(resp.iter_lines()):
-            if self.cancelled:
-                return
-            if data.strip() == "[DONE]":
-                done = True
-                break
-            try:
-                event = json.loads(data)
-                if not isinstance(event, dict):
-                    raise ValueError("not an object")
-            except ValueError:
-                raise ChattermError(
-                    f"malformed event from {self._engine._url}: {_one_line(_redact(data, key), 80)!r}"
-                ) from None
-            if "error" in event or event.get("object") == "error":
-                # {"error": {...}} (OpenAI shape) or {"object": "error", "message": ...}
-                # (older vLLM): the server gave up mid-reply and said why.
-                err = event.get("error") or event
-                msg = err.get("message", err) if isinstance(err, dict) else err
-                raise ChattermError(f"server {self._engine._url}: {_one_line(_redact(str(msg), key))}")
-            if isinstance(event.get("usage"), dict):
-                self._usage = event["usage"]
-            if isinstance(event.get("timings"), dict):
-                self._timings = event["timings"]
-            for choice in event.get("choices") or []:
-                if not isinstance(choice, dict):
-                    continue
-                delta = choice.get("delta") or {}
-                content = delta.get("content") if isinstance(delta, dict) else None
-                if content:
-                    self._token_arrived()
-                    yield str(content)
-                if choice.get("finish_reason"):
-                    finish = str(choice["finish_reason"])
-        if self.cancelled:
-            return
-        if finish is None and not done:
-            # Servers that fail mid-stream (llama-cpp-python: prompt over its context)
-            # just end the stream; the reason is only in the server's log.
-            hint = (
-                "; the prompt may exceed its context"
-                if self.prompt_may_overflow
-                else "; its log has the reason"
-            )
-            raise ChattermError(
-                f"server {self._engine._url} closed the stream before the reply finished{hint}"
-            )
-        self.metrics.stop_reason = _FINISH_TO_STOP.get(finish or "", "eos")
-
-    def _settle_counts(self) -> None:
+    def settle_counts(self, m: TurnMetrics) -> None:
         """Replace the streaming estimates with the server's usage, when it sent any."""
-        m = self.metrics
-        usage = self._usage
+        usage = self.usage
         if usage:
             m.prompt_tokens = int(usage.get("prompt_tokens") or m.prompt_tokens)
             m.generated_tokens = int(usage.get("completion_tokens") or m.generated_tokens)
             details = usage.get("prompt_tokens_details") or {}
             cached = details.get("cached_tokens") if isinstance(details, dict) else None
-            if cached is None and self._timings:
-                cached = self._timings.get("cache_n")
+            if cached is None and self.timings:
+                cached = self.timings.get("cache_n")
             m.cached_tokens = int(cached or 0)
             m.tokens_estimated = False
             m.cache_detail = (
@@ -503,6 +499,6 @@ class RemoteTurn(Turn):
             m.cache_detail = "server sent no usage: counts estimated"
         m.cached_tokens = min(m.cached_tokens, m.prompt_tokens)
         m.prefilled_tokens = m.prompt_tokens - m.cached_tokens
-        if self._timings and isinstance(self._timings.get("prompt_ms"), (int, float)):
+        if self.timings and isinstance(self.timings.get("prompt_ms"), (int, float)):
             # llama.cpp's server times its own prefill; other servers do not say.
-            m.prefill_ms = float(self._timings["prompt_ms"])
+            m.prefill_ms = float(self.timings["prompt_ms"])

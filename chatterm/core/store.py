@@ -34,7 +34,6 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Callable
 
-from chatterm.core.engine import ChatMessage
 from chatterm.core.errors import ChattermError
 from chatterm.core.metrics import TURN_FIELDS, TurnMetrics, percentile
 
@@ -418,16 +417,19 @@ class SessionStore:
             row = self._query("SELECT id FROM sessions ORDER BY started_at DESC, id DESC LIMIT 1")
         return row[0][0] if row else None
 
-    def turns(self, session_id: int) -> list[TurnRecord]:
-        """The session's turns in order (ChattermError when the session is unknown)."""
+    def turns(self, session_id: int, newest: int | None = None) -> list[TurnRecord]:
+        """The session's turns in order, or only its `newest` ones (ChattermError
+        when the session is unknown)."""
         with self._lock:
             if self._empty() or not self._query("SELECT 1 FROM sessions WHERE id = ?", (session_id,)):
                 raise self._unknown(session_id)
             columns = ["turn_index", "user_text", "reply", *sorted(_METRIC_FIELDS & self._turn_columns)]
-            rows = self._query(
-                f"SELECT {', '.join(columns)} FROM turns WHERE session_id = ? ORDER BY turn_index",
-                (session_id,),
-            )
+            select = f"SELECT {', '.join(columns)} FROM turns WHERE session_id = ?"
+            if newest is None:
+                rows = self._query(f"{select} ORDER BY turn_index", (session_id,))
+            else:
+                rows = self._query(f"{select} ORDER BY turn_index DESC LIMIT ?", (session_id, newest))
+                rows.reverse()
         records = []
         for row in rows:
             data = dict(zip(columns[3:], row[3:]))
@@ -436,19 +438,23 @@ class SessionStore:
             records.append(TurnRecord(row[0], row[1], row[2], TurnMetrics.from_dict(data)))
         return records
 
-    def history(self, session_id: int) -> list[ChatMessage]:
-        """The conversation to resume: user and assistant messages alternating.
-
-        Matches what `Conversation` keeps in memory: a turn that failed before
-        producing any text is not part of the history.
-        """
-        messages: list[ChatMessage] = []
-        for record in self.turns(session_id):
-            if record.metrics.stop_reason == "error" and not record.reply:
-                continue
-            messages.append(ChatMessage("user", record.user_text))
-            messages.append(ChatMessage("assistant", record.reply))
-        return messages
+    def turn_metrics(self, session_id: int) -> list[TurnMetrics]:
+        """Every turn's metrics in order, without the texts (session figures)."""
+        with self._lock:
+            if self._empty() or not self._query("SELECT 1 FROM sessions WHERE id = ?", (session_id,)):
+                raise self._unknown(session_id)
+            columns = sorted(_METRIC_FIELDS & self._turn_columns)
+            rows = self._query(
+                f"SELECT {', '.join(columns)} FROM turns WHERE session_id = ? ORDER BY turn_index",
+                (session_id,),
+            )
+        metrics = []
+        for row in rows:
+            data = dict(zip(columns, row))
+            for name in _BOOL_FIELDS & data.keys():
+                data[name] = bool(data[name])
+            metrics.append(TurnMetrics.from_dict(data))
+        return metrics
 
     def _query(self, sql: str, params: tuple = ()) -> list[tuple]:
         try:

@@ -1,8 +1,11 @@
 """Everything a command needs, resolved once: catalog, personas, paths, engines.
 
-The CLI commands and the TUI get their catalog, personas, store and engine from
-one `Workspace`, so `--models`, `--db` and the environment overrides in
-`chatterm.core.paths` mean the same thing everywhere. Nothing here loads a
+The commands that chat (`launch`, `ask`, `bench`) and the TUI get their catalog,
+personas, database path and engine from one `Workspace`, so `--models`, `--db`
+and the environment overrides in `chatterm.core.paths` mean the same thing
+everywhere. `sessions` and `export` read only the database: they resolve its
+path with the same `paths.default_db_path()`, so a broken models.toml never
+stops a user from listing or exporting what is stored. Nothing here loads a
 model or opens a file until asked.
 """
 

@@ -45,6 +45,7 @@ from chatterm.core.errors import ChattermError
 from chatterm.core.format import SEP, fmt_ms, fmt_tok_s, prefix_outcome_label, printable
 from chatterm.core.metrics import SessionSummary
 from chatterm.core.personas import Persona
+from chatterm.core.sessions import SessionPlan, history_of, max_history_turns, plan_resume
 from chatterm.ui.conversation import AssistantReply, ConversationView
 from chatterm.ui.dashboard import Dashboard
 from chatterm.ui.engine_lease import EngineClosing, EngineLease
@@ -89,7 +90,7 @@ def _gpu_status() -> "GpuStatus | None":
     return gpu_status()
 
 
-def _energy_meter_factory(usd_per_kwh: float | None) -> MeterFactory:
+def _energy_meter_factory(usd_per_kwh: float) -> MeterFactory:
     def make() -> "EnergyMeter | None":
         from chatterm.core.gpu_telemetry import energy_meter_or_none, resolve_usd_per_kwh
 
@@ -187,9 +188,7 @@ class ChatApp(App[None]):
         self.engine_factory = engine_factory
         self.settings_path = settings_path
         self.gpu_probe = gpu_status
-        self.energy_meter_factory = energy_meter or _energy_meter_factory(
-            getattr(workspace.catalog, "usd_per_kwh", None)
-        )
+        self.energy_meter_factory = energy_meter or _energy_meter_factory(workspace.catalog.usd_per_kwh)
         self.conversation: Conversation | None = None
         self.engine_error: str | None = None
         self.device_info: DeviceInfo | None = None
@@ -396,7 +395,7 @@ class ChatApp(App[None]):
     def _preparing_status(self, engine: Engine, persona: Persona) -> str:
         """What the status line says while a persona's prefix is made ready: a
         first use prefills the whole system prompt, which takes seconds on a CPU."""
-        if engine.kind != "local":
+        if not engine.capabilities.persona_cache:
             return "ready"
         if engine.persona_cached(persona):
             return f"restoring {persona.name} from disk…"
@@ -693,14 +692,14 @@ class ChatApp(App[None]):
         if self.store is None:
             return
         try:
-            resume, persona, warning = read_resume(self.store, self.workspace, session_id, self.spec.id)
+            resume, plan = read_resume(self.store, self.workspace, session_id, self.spec.id)
         except ChattermError as exc:
             self.notify(str(exc), severity="error", markup=False)
             return
-        if warning:
+        for warning in plan.warnings:
             self.notify(warning, severity="warning", markup=False)
         self._cancel_turn()
-        self.persona = persona or self.persona
+        self.persona = plan.persona
         if self.lease.engine is not None:
             self._persona_state = "preparing…"
         await self._start_over(resumed_notice(resume), resume)
@@ -802,21 +801,13 @@ def _close_quietly(engine: Engine) -> None:
 
 
 def read_resume(
-    store: "SessionStore", workspace: "Workspace", session_id: int, current_model: str | None
-) -> tuple[Resume, Persona | None, str | None]:
-    """Read a stored session: (resume data, its persona or None, a warning or None)."""
-    info = store.session(session_id)
-    records = store.turns(session_id)
-    history = store.history(session_id)
-    warnings = []
-    try:
-        persona = workspace.personas.get(info.persona_id)
-    except ChattermError:
-        persona = None
-        warnings.append(f"session {session_id} used persona {info.persona_id!r}, which no longer exists")
-    if current_model is not None and info.model_id != current_model:
-        warnings.append(f"session {session_id} was recorded with {info.model_id}; continuing with {current_model}")
-    return Resume(session_id, records, history), persona, "; ".join(warnings) or None
+    store: "SessionStore", workspace: "Workspace", session: int | str, model_id: str | None,
+    persona_id: str | None = None,
+) -> tuple[Resume, "SessionPlan"]:
+    """Read a stored session to continue under the one resume rule (core.sessions)."""
+    plan = plan_resume(store, workspace, session, model_id=model_id, persona_id=persona_id)
+    records = store.turns(plan.session_id, newest=max_history_turns(plan.spec))
+    return Resume(plan.session_id, records, history_of(records)), plan
 
 
 def require_theme(theme: str | None, known: set[str] | None = None) -> None:
@@ -846,28 +837,14 @@ def make_app(
     """Build the app. `resume` is a session id or "latest" (needs `store`)."""
     notices = list(workspace.personas.errors)
     resume_data = None
-    session_id = None
     if resume is not None:
         if store is None:
             raise ChattermError("--resume needs the session database")
-        session_id = store.latest_session_id() if resume == "latest" else int(resume)
-        if session_id is None:
-            raise ChattermError(f"no stored session to resume in {store.path}")
-        info = store.session(session_id)  # unknown id: ChattermError naming it
-        if model_id is None:
-            if info.model_id not in workspace.catalog.models:
-                raise ChattermError(
-                    f"session {session_id} used model {info.model_id!r}, which is not in the "
-                    "catalog; pass --model ID"
-                )
-            model_id = info.model_id
-        if persona_id is None and info.persona_id in workspace.personas.personas:
-            persona_id = info.persona_id
-    spec, persona = workspace.resolve(model_id, persona_id)
-    if session_id is not None:
-        resume_data, _, warning = read_resume(store, workspace, session_id, spec.id)
-        if warning:
-            notices.append(warning)
+        resume_data, plan = read_resume(store, workspace, resume, model_id, persona_id)
+        spec, persona = plan.spec, plan.persona
+        notices += plan.warnings
+    else:
+        spec, persona = workspace.resolve(model_id, persona_id)
 
     settings_path = paths.settings_file() if settings_path is None else settings_path
     settings = load_ui_settings(settings_path)

@@ -2,20 +2,24 @@
 
 Contract:
 - `load_ui_settings(path)` never fails: a missing file gives the defaults, a
-  broken one gives the defaults plus a one-line `error` for the app to show.
-- `remember_theme(path, name)` rewrites the file atomically, keeping every other
-  table and key it holds (settings.toml is shared; only `[tui]` is ours). It
-  raises ChattermError with one line when the file cannot be written.
+  broken one (bad TOML, a wrong type, an unknown key) gives the defaults plus a
+  one-line `error` naming the file and key, for the app to show.
+- `remember_theme(path, name)` rewrites the file atomically through tomlkit,
+  so everything else the user wrote there (other tables, comments, layout)
+  stays as it was; only `[tui] theme` changes. It raises ChattermError with one
+  line when the file cannot be read back or written.
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+
+import tomlkit
+from tomlkit.exceptions import TOMLKitError
 
 from chatterm.core.atomic import atomic_write_bytes
+from chatterm.core.config_schema import from_table, key, non_empty_text
 from chatterm.core.errors import ChattermError
 from chatterm.core.tomlfile import read_toml
 
@@ -24,9 +28,11 @@ SECTION = "tui"
 
 @dataclass
 class UiSettings:
-    theme: str | None = None
+    """The `[tui]` table."""
+
+    theme: str | None = key(None, check=non_empty_text)
     """The theme last chosen in the app (None: the default theme)."""
-    error: str | None = None
+    error: str | None = field(default=None, compare=False)
     """Why the file could not be read, if it could not."""
 
 
@@ -34,47 +40,22 @@ def load_ui_settings(path: Path) -> UiSettings:
     if not path.exists():
         return UiSettings()
     try:
-        table = read_toml(path).get(SECTION, {})
+        return from_table(UiSettings, read_toml(path).get(SECTION, {}), path=path, where=SECTION)
     except ChattermError as exc:
         return UiSettings(error=f"settings ignored: {exc}")
-    theme = table.get("theme") if isinstance(table, dict) else None
-    return UiSettings(theme=theme if isinstance(theme, str) and theme else None)
-
-
-def _value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, str):
-        # A JSON string is a valid TOML basic string (same escapes).
-        return json.dumps(value, ensure_ascii=False)
-    if isinstance(value, list):
-        return "[" + ", ".join(_value(v) for v in value) + "]"
-    raise ChattermError(f"cannot rewrite a value of type {type(value).__name__}")
-
-
-def _key(key: str) -> str:
-    return key if key.replace("-", "").replace("_", "").isalnum() and key.isascii() else json.dumps(key)
-
-
-def _dump(data: dict[str, Any], prefix: str = "") -> list[str]:
-    lines = [f"{_key(k)} = {_value(v)}" for k, v in data.items() if not isinstance(v, dict)]
-    for k, v in data.items():
-        if isinstance(v, dict):
-            name = f"{prefix}{_key(k)}"
-            lines += ["", f"[{name}]", *_dump(v, f"{name}.")]
-    return lines
 
 
 def remember_theme(path: Path, theme: str) -> None:
-    data = read_toml(path) if path.exists() else {}
-    section = data.get(SECTION)
+    try:
+        document = tomlkit.parse(path.read_text(encoding="utf-8")) if path.exists() else tomlkit.document()
+    except (OSError, UnicodeDecodeError, TOMLKitError) as exc:
+        raise ChattermError(f"{path}: cannot update settings: {getattr(exc, 'strerror', None) or exc}") from None
+    section = document.get(SECTION)
     if not isinstance(section, dict):
-        section = data[SECTION] = {}
+        section = tomlkit.table()
+        document[SECTION] = section
     section["theme"] = theme
     try:
-        text = "\n".join(_dump(data)).lstrip("\n") + "\n"
-        atomic_write_bytes(path, text.encode("utf-8"), mode=0o644)
+        atomic_write_bytes(path, tomlkit.dumps(document).encode("utf-8"), mode=0o644)
     except OSError as exc:
         raise ChattermError(f"{path}: cannot save settings: {exc.strerror or exc}") from None

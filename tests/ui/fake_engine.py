@@ -1,7 +1,7 @@
 """A scripted Engine for UI layout tests (the real model is used everywhere else).
 
 It implements the `chatterm.core.engine` contract with canned replies: each
-token goes through `Turn._token_arrived`, so TTFT, decode rate and cost are
+token goes through `Turn.token_arrived`, so TTFT, decode rate and cost are
 computed by the core exactly as for a real engine. `gate` lets a test hold
 the stream after a given number of tokens (to press Esc mid-reply).
 """
@@ -14,7 +14,7 @@ from typing import Iterator, Sequence
 
 from chatterm.core.engine import ChatMessage, DeviceInfo, Engine, PrefixReport, Turn
 from chatterm.core.errors import ChattermError
-from chatterm.core.metrics import TurnMetrics
+from chatterm.core.metrics import CacheOutcome, StopReason, TurnMetrics
 from chatterm.core.personas import Persona
 
 
@@ -32,40 +32,6 @@ def tokens_of(text: str) -> list[str]:
     return out
 
 
-class FakeTurn(Turn):
-    def __init__(self, engine: "FakeEngine", persona: Persona, user_text: str, metrics: TurnMetrics,
-                 reply: str):
-        super().__init__(metrics, engine.price)
-        self.engine = engine
-        self.user_text = user_text
-        self.tokens = tokens_of(reply)
-        self.notices.extend(engine.turn_notices)
-
-    def _produce(self) -> Iterator[str]:
-        engine = self.engine
-        with engine._lock:
-            m = self.metrics
-            m.prompt_tokens = 40 + len(self.user_text) // 4
-            m.cached_tokens = 30
-            m.prefilled_tokens = m.prompt_tokens - m.cached_tokens
-            m.cache_outcome = engine.cache_outcome
-            m.restore_ms = 12.5 if engine.cache_outcome == "restored" else None
-            if engine.fail_turn:
-                raise ChattermError(engine.fail_turn)
-            for index, token in enumerate(self.tokens):
-                if engine.hold_after is not None and index == engine.hold_after:
-                    engine.held.set()
-                    engine.gate.wait(timeout=30)
-                if self.cancelled:
-                    m.stop_reason = "cancelled"
-                    return
-                self._token_arrived()
-                yield token
-                if engine.delay_s:
-                    time.sleep(engine.delay_s)
-            m.stop_reason = "eos"
-
-
 class FakeEngine(Engine):
     kind = "fake"
 
@@ -77,7 +43,7 @@ class FakeEngine(Engine):
         self.fail_load = fail_load
         self.fail_turn: str | None = None
         self.turn_notices: list[str] = []
-        self.cache_outcome = "restored"
+        self.cache_outcome = CacheOutcome.RESTORED
         self.hold_after: int | None = None
         self.gate = threading.Event()
         self.held = threading.Event()
@@ -113,14 +79,39 @@ class FakeEngine(Engine):
     def prepare_persona(self, persona: Persona) -> PrefixReport:
         with self._lock:
             self.prepared.append(persona.id)
-            return PrefixReport("restored", 12.5, 60)
+            return PrefixReport(CacheOutcome.RESTORED, 12.5, 60)
 
-    def start_turn(self, persona: Persona, history: Sequence[ChatMessage], user_text: str) -> FakeTurn:
+    def start_turn(self, persona: Persona, history: Sequence[ChatMessage], user_text: str) -> Turn:
         self.received.append((persona.id, list(history), user_text))
         reply = self.replies.pop(0) if self.replies else f"Echo: {user_text[:40]}"
         metrics = TurnMetrics(engine=self.kind, model_id=self.spec.id, persona_id=persona.id,
                               submitted_at=time.time())
-        return FakeTurn(self, persona, user_text, metrics, reply)
+        turn = Turn(metrics, self.price, lambda t: self._generate(t, user_text, tokens_of(reply)))
+        turn.notices.extend(self.turn_notices)
+        return turn
+
+    def _generate(self, turn: Turn, user_text: str, tokens: list[str]) -> Iterator[str]:
+        with self._lock:
+            m = turn.metrics
+            m.prompt_tokens = 40 + len(user_text) // 4
+            m.cached_tokens = 30
+            m.prefilled_tokens = m.prompt_tokens - m.cached_tokens
+            m.cache_outcome = self.cache_outcome
+            m.restore_ms = 12.5 if self.cache_outcome == CacheOutcome.RESTORED else None
+            if self.fail_turn:
+                raise ChattermError(self.fail_turn)
+            for index, token in enumerate(tokens):
+                if self.hold_after is not None and index == self.hold_after:
+                    self.held.set()
+                    self.gate.wait(timeout=30)
+                if turn.cancelled:
+                    m.stop_reason = StopReason.CANCELLED
+                    return
+                turn.token_arrived()
+                yield token
+                if self.delay_s:
+                    time.sleep(self.delay_s)
+            m.stop_reason = StopReason.EOS
 
     def close(self) -> None:
         self.closed = True
