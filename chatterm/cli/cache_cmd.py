@@ -36,8 +36,7 @@ def register(sub, common) -> None:
 
 
 def _cache(args: argparse.Namespace) -> PromptCache:
-    ws = workspace(args)
-    return PromptCache(ws.kv_dir, disk_budget_bytes=ws.catalog.kv_cache_budget_mb << 20)
+    return workspace(args).kv_cache()
 
 
 def run_ls(args: argparse.Namespace) -> int:

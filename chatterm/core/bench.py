@@ -28,8 +28,10 @@ from chatterm import __version__
 from chatterm.core.atomic import atomic_write_bytes
 from chatterm.core.engine import Engine
 from chatterm.core.errors import ChattermError
+from chatterm.core.kv_cache import read_header, read_ms_of
 from chatterm.core.metrics import CacheOutcome, StopReason
 from chatterm.core.personas import Persona
+from chatterm.core.prompt_cache import Slot
 
 QUESTIONS = [
     "Hello! What can you help me with today?",
@@ -124,6 +126,7 @@ def _bench_local(engine, persona: Persona, runs: int, say: Report) -> dict[str, 
 
     def restored():
         engine.reset_context()
+        cache.clear_ram()  # from disk, as after a relaunch
         return _turn(engine, persona, q)
 
     def memory():
@@ -159,11 +162,11 @@ def _bench_local(engine, persona: Persona, runs: int, say: Report) -> dict[str, 
             if turn.perf.get("n_eval") and turn.perf.get("t_eval_ms"):
                 perf_rates.append(turn.perf["n_eval"] / (turn.perf["t_eval_ms"] / 1000.0))
 
-    path = cache.path_for(engine.spec.id, persona.id)
+    path = cache.path_for(engine.spec.id, Slot.persona(persona.id))
     file_bytes = path.stat().st_size
-    read_ms = [cache.read_ms(engine.spec.id, persona.id) for _ in range(runs)]
+    read_ms = [read_ms_of(path) for _ in range(runs)]
     with open(path, "rb") as fh:
-        header = cache.read_header(fh)
+        header = read_header(fh)
     state_bytes = header["state_size"]
 
     baseline = _bench_baseline(engine, persona, runs, say)

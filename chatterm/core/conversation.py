@@ -75,6 +75,7 @@ class Conversation:
         return SessionSummary.of(self.turns)
 
     def send(self, text: str) -> Turn:
+        self.engine.note_conversation(self.session_id)
         turn = self.engine.start_turn(self.persona, self.history, text)
         meter = self.energy.start() if self.energy is not None else None
         turn.on_finished(lambda t: self._finished(t, text, meter))
@@ -104,3 +105,6 @@ class Conversation:
         except Exception as exc:  # noqa: BLE001 - chat goes on; the UI shows store_error
             log.debug("could not store turn", exc_info=True)
             self.store_error = f"session not saved: {exc}"
+            return
+        # The history is in SQLite: now the engine may keep the KV state it matches.
+        self.engine.keep_conversation(self.session_id)

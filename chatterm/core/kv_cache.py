@@ -153,6 +153,15 @@ def sweep_temp_files(folder: Path, older_than_s: float = 3600.0) -> int:
     return removed
 
 
+def read_ms_of(path: Path) -> float:
+    """Time to read a whole file into memory (what a plain load would cost)."""
+    t0 = time.perf_counter()
+    with open(path, "rb", buffering=0) as fh:
+        buffer = bytearray(os.fstat(fh.fileno()).st_size)
+        fh.readinto(buffer)
+    return (time.perf_counter() - t0) * 1000.0
+
+
 class KVStateCache:
     def __init__(self, folder: Path, budget_bytes: int = DEFAULT_BUDGET_BYTES):
         self.folder = folder
