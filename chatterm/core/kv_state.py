@@ -154,6 +154,17 @@ class PrefillProgress:
         return (self.total - self.done) / rate if rate > 0 else None
 
 
+def progress_line(p: PrefillProgress) -> str:
+    """"prefilling 1,024 / 30,000 tokens · 256 tok/s · 1m 53s left"."""
+    line = f"prefilling {p.done:,} / {p.total:,} tokens"
+    if p.rate > 0:
+        line += f" · {p.rate:,.0f} tok/s"
+    if p.eta_s is not None:
+        minutes, seconds = divmod(int(round(p.eta_s)), 60)
+        line += f" · {minutes}m {seconds:02d}s left" if minutes else f" · {seconds}s left"
+    return line
+
+
 @dataclass(frozen=True)
 class PrefillResult:
     done: int

@@ -519,7 +519,8 @@ class LocalEngine(Engine):
         """One notice, once, when state files cannot be written."""
         if self.kv_cache is not None and self.kv_cache.write_error and not self._cache_warned:
             self._cache_warned = True
-            return f"Persona cache off: {self.kv_cache.write_error}. Chat continues without it."
+            return (f"Prompt cache on disk off: {self.kv_cache.write_error}. "
+                    "Chat continues; states are kept in memory only.")
         return None
 
     # -- turns -----------------------------------------------------------
@@ -631,10 +632,10 @@ class LocalEngine(Engine):
             m.saved_prefill_ms = max(m.cached_tokens * rate - (m.restore_ms or 0.0), 0.0)
 
         m.cache_detail = "; ".join(d for d in details if d)
-        # Prefill what is left but the last token (generate() decodes that one and
-        # samples), saving the persona prefix on the way when this turn computes it.
+        # Prefill what is left, saving the persona prefix on the way when this turn
+        # computes it; generate() then samples from the last batch's logits.
         t_prefill = time.perf_counter()
-        todo = len(tokens) - 1 - llm.n_tokens
+        todo = len(tokens) - llm.n_tokens
         prefix = pp.tokens
         if (use_cache and self.kv_cache is not None and self.kv_cache.write_error is None and pp.helps
                 and len(prefix) >= PERSONA_MIN_TOKENS and llm.n_tokens < len(prefix) < len(tokens)
@@ -644,8 +645,7 @@ class LocalEngine(Engine):
                 return
             self._keep(Slot.persona(persona.id), {"prefill_ms": part.ms})
             m.cache_detail = "; ".join(d for d in [*details, "persona prefix saved for next time"] if d)
-        rest = self._prefill(tokens[llm.n_tokens : -1], turn, todo - (len(tokens) - 1 - llm.n_tokens), todo,
-                             t_prefill)
+        rest = self._prefill(tokens[llm.n_tokens :], turn, todo - (len(tokens) - llm.n_tokens), todo, t_prefill)
         if rest.aborted:
             return
         notice = self.cache_notice()
