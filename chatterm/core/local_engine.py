@@ -10,7 +10,7 @@ Contract (beyond chatterm.core.engine):
   user]) and starts from the state sharing the longest token prefix with it:
   the live context, else the prompt cache's RAM tier, else its disk tier
   (`chatterm.core.prompt_cache`); a cached state must beat the live context by
-  MIN_GAIN tokens to be worth a restore. The state is trimmed to the shared
+  MIN_REUSE tokens to be worth a restore. The state is trimmed to the shared
   prefix and only the rest is prefilled, in batches, with progress in
   `Turn.prefill_progress` and a cancel honoured within one batch.
 - The persona's shareable prefix (`templates.persona_prefix`) is one entry of
@@ -119,13 +119,11 @@ def _check_gguf(path: Path) -> None:
         raise ChattermError(f"{path}: not a GGUF model file (bad magic {magic!r})")
 
 
-MIN_REUSE = 16
-"""Fewer reused tokens than this is not called a reuse ("a handful of tokens")."""
-MIN_GAIN = 16
-"""A cached state must share this many more tokens than the live context to be
-restored: a restore replaces the whole context and costs a few ms per 1k tokens."""
-PERSONA_MIN_TOKENS = 8
-"""A persona prefix shorter than this is not worth an entry."""
+MIN_REUSE = 8
+"""Fewer reused tokens than this is not called a reuse (a template's own few
+opening tokens are "a handful"), and a cached state must share this many more
+tokens than the live context to be restored: a restore replaces the whole
+context and costs a few ms per 1k tokens, prefilling 8 tokens costs more."""
 
 
 class _StopFlag:
@@ -394,7 +392,7 @@ class LocalEngine(Engine):
         cache = self.kv_cache if use_cache else None
         if cache is not None:
             t0 = time.perf_counter()
-            found = cache.lookup(self.spec.id, self._compat, target, min_shared=max(live + MIN_GAIN, MIN_REUSE),
+            found = cache.lookup(self.spec.id, self._compat, target, min_shared=live + MIN_REUSE,
                                  expect=expect)
             misses += found.misses
             for candidate in found.candidates:
@@ -460,9 +458,9 @@ class LocalEngine(Engine):
         """Make the persona's shareable prefix the start of the context."""
         pp = self.persona_prefix(persona)
         prefix = pp.tokens
-        if not pp.helps or len(prefix) < PERSONA_MIN_TOKENS:
+        if not pp.helps or len(prefix) < MIN_REUSE:
             self._clear_context()
-            return PrefixReport(CacheOutcome.COLD, 0.0, 0, pp.reason or "persona prefix too short to cache")
+            return PrefixReport(CacheOutcome.COLD, 0.0, 0, pp.reason or f"persona prefix too short to cache ({len(prefix)} tokens)")
         reuse = self._reuse(prefix + [-1], use_cache)  # -1: no token, so all of `prefix` may be reused
         detail = "; ".join(reuse.misses)
         if reuse.tokens == len(prefix):
@@ -490,10 +488,16 @@ class LocalEngine(Engine):
         self._session = session_id
         if self.kv_cache is None:
             return
-        with self._lock:
-            if self.llm is None or self.llm.n_tokens < MIN_REUSE:
-                return
-            self._keep(Slot.session(session_id), {})
+        # Called from a turn's finish callbacks: a consumer that abandoned the
+        # stream may still hold the generation (and its lock) on this thread, and
+        # a busy engine has moved on anyway; either way there is nothing to keep.
+        if not self._lock.acquire(blocking=False):
+            return
+        try:
+            if self.llm is not None and self.llm.n_tokens >= MIN_REUSE:
+                self._keep(Slot.session(session_id), {})
+        finally:
+            self._lock.release()
 
     def interrupt(self) -> None:
         if self._running is not None:
@@ -638,7 +642,7 @@ class LocalEngine(Engine):
         todo = len(tokens) - llm.n_tokens
         prefix = pp.tokens
         if (use_cache and self.kv_cache is not None and self.kv_cache.write_error is None and pp.helps
-                and len(prefix) >= PERSONA_MIN_TOKENS and llm.n_tokens < len(prefix) < len(tokens)
+                and len(prefix) >= MIN_REUSE and llm.n_tokens < len(prefix) < len(tokens)
                 and tokens[: len(prefix)] == prefix):
             part = self._prefill(prefix[llm.n_tokens :], turn, 0, todo, t_prefill)
             if part.aborted:

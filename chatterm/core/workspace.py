@@ -50,7 +50,11 @@ class Workspace:
     def kv_cache(self) -> "PromptCache":
         from chatterm.core.prompt_cache import PromptCache
 
-        return PromptCache(self.kv_dir, disk_budget_bytes=self.catalog.kv_cache_budget_mb << 20)
+        return PromptCache(
+            self.kv_dir,
+            disk_budget_bytes=self.catalog.kv_cache_budget_mb << 20,
+            ram_budget_bytes=self.catalog.ram_cache_budget_mb << 20,
+        )
 
     def make_engine(self, spec: "ModelSpec") -> "Engine":
         price = self.catalog.price(spec.price_profile)
