@@ -68,7 +68,10 @@ def test_sliding_window_model_resumes_a_conversation_and_falls_back_to_the_perso
         second.note_conversation(conversation.session_id)
         resumed = second.start_turn(persona, history, "Name an animal.")
         resumed_reply = "".join(resumed.stream())
-        # A different conversation shares only the persona prefix with the saved one.
+        # A new conversation shares the persona prefix (and "Name a") with the saved
+        # one: the saved state is restored and trimmed, on a sliding-window cache.
+        prefix = len(second.persona_prefix(persona).tokens)
+        second.note_conversation(None)
         second.reset_context()
         other = second.start_turn(persona, [], "Name a city.")
         other_reply = "".join(other.stream())
@@ -84,5 +87,7 @@ def test_sliding_window_model_resumes_a_conversation_and_falls_back_to_the_perso
     assert f"session {conversation.session_id}, restored from disk" in m.cache_detail, m.cache_detail
     assert m.prefilled_tokens < 20
     assert resumed_reply == reference_reply
-    assert "reused persona prefix" in other.metrics.cache_detail, other.metrics.cache_detail
+    o = other.metrics
+    assert "restored from disk" in o.cache_detail and "stale" not in o.cache_detail, o.cache_detail
+    assert prefix <= o.cached_tokens < resumed.metrics.cached_tokens
     assert other_reply == other_reference_reply
