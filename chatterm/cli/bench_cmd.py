@@ -94,6 +94,8 @@ def run(args: argparse.Namespace) -> int:
                 ("resume TTFT restored from RAM", fmt_ms(resume["ttft_ram_ms"])),
                 ("resume TTFT restored from disk", fmt_ms(resume["ttft_disk_ms"])),
                 ("resume TTFT persona only + history prefill", fmt_ms(resume["ttft_persona_only_ms"])),
+                ("resume restore from RAM / disk", f"{fmt_ms(resume['restore_ram_ms'])} / "
+                                                   f"{fmt_ms(resume['restore_disk_ms'])}"),
                 ("disk / persona only (<= 0.1x)", _fmt_ratio(rr["disk_over_persona_only"])),
                 ("disk / in memory (<= 1.3x)", _fmt_ratio(rr["disk_over_memory"], 2)),
                 ("RAM / in memory (<= 1.1x)", _fmt_ratio(rr["ram_over_memory"], 2)),

@@ -248,15 +248,14 @@ def _bench_resume(engine, persona: Persona, runs: int, say: Report) -> dict[str,
     first = engine.start_turn(persona, history, _question(0))
     for _ in first.stream():
         pass
-    engine.keep_conversation(RESUME_SESSION)
     engine.wait_for_saves()
     if cache.write_error:
         raise ChattermError(f"cannot benchmark resumes: {cache.write_error}")
     conversation_tokens = first.metrics.prompt_tokens
 
     def memory(q):
-        turn = engine.start_turn(persona, history, q)  # the live context holds the conversation
-        return _drain(turn)
+        # Every way leaves the conversation (and its last question) in the context.
+        return _drain(engine.start_turn(persona, history, q))
 
     def ram(q):
         engine.reset_context()
@@ -278,18 +277,24 @@ def _bench_resume(engine, persona: Persona, runs: int, say: Report) -> dict[str,
         finally:
             hidden.rename(saved)
 
-    series: dict[str, list] = {}
-    for label, fn, expect in (("memory", memory, "live context"), ("ram", ram, "restored from ram"),
-                              ("disk", disk, "restored from disk"), ("persona_only", persona_only, "persona prefix")):
-        say(f"resume {label}: warm-up")
-        fn(_question(1))
-        series[label] = []
-        for i in range(runs):
-            say(f"resume {label}: run {i + 1}/{runs}")
-            m = fn(_question(i + 2))
+    ways = (("memory", memory, "live context"), ("ram", ram, "restored from ram"),
+            ("disk", disk, "restored from disk"), ("persona_only", persona_only, "persona prefix"))
+    series: dict[str, list] = {label: [] for label, _, _ in ways}
+    # Interleaved (each run measures every way in turn), so a machine that gets
+    # busier or quieter during the run shifts all four series alike.
+    for i in range(runs + 1):
+        for label, fn, expect in ways:
+            say(f"resume {label}: " + (f"run {i}/{runs}" if i else "warm-up"))
+            if label == "memory":
+                # The context holds the conversation again: keep it (the disk and
+                # persona-only ways emptied the RAM tier), outside the timing.
+                engine.keep_conversation(RESUME_SESSION)
+                engine.wait_for_saves()
+            m = fn(_question(i + 1))
             if expect not in m.cache_detail:
                 raise ChattermError(f"resume benchmark expected {expect!r}, got {m.cache_detail!r}")
-            series[label].append(m)
+            if i:
+                series[label].append(m)
     cache.clear(kind="session", key=str(RESUME_SESSION))
     ttft = {label: _median([m.ttft_ms for m in ms]) for label, ms in series.items()}
     return {
@@ -301,6 +306,8 @@ def _bench_resume(engine, persona: Persona, runs: int, say: Report) -> dict[str,
         "ttft_ram_ms": ttft["ram"],
         "ttft_disk_ms": ttft["disk"],
         "ttft_persona_only_ms": ttft["persona_only"],
+        "restore_ram_ms": _median([m.restore_ms for m in series["ram"]]),
+        "restore_disk_ms": _median([m.restore_ms for m in series["disk"]]),
         "ratios": {
             "disk_over_persona_only": _ratio(ttft["disk"], ttft["persona_only"]),
             "disk_over_memory": _ratio(ttft["disk"], ttft["memory"]),
