@@ -36,7 +36,8 @@ pytestmark = pytest.mark.timeout(120)
 KEY_ENV = "CHATTERM_TEST_REMOTE_KEY"
 SERVER_KEY = "sk-test-7f3a9c2e41d8b6"
 """The key the llama.cpp server accepts; tests check it never shows up in output."""
-PRICE = PriceProfile("test-price", "Test", 2.0, 0.5, 8.0, "2025-01-01")
+PRICE = PriceProfile(id="test-price", label="Test", input_per_m=2.0, cached_input_per_m=0.5,
+                     output_per_m=8.0, as_of="2025-01-01")
 SERVER_START_S = 90
 
 

@@ -36,6 +36,8 @@ def full_metrics(i: int = 0, **changes) -> TurnMetrics:
         prompt_tokens=120 + i,
         cached_tokens=100,
         prefilled_tokens=20 + i,
+        ahead_tokens=12,
+        ahead_ms=150.5,
         generated_tokens=33,
         ttft_ms=40.0 + 10 * i,
         decode_ms=320.0,
@@ -151,7 +153,7 @@ def test_database_is_in_wal_mode_with_current_version(tmp_path):
     SessionStore(db).close()
     conn = sqlite3.connect(db)
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
 
 
 def make_v1_database(path: Path) -> None:
@@ -175,7 +177,7 @@ def test_v1_migration_in_code_matches_the_released_v1_schema(tmp_path):
     assert schema(fresh) == schema(fixture)
 
 
-def test_migration_from_v1_keeps_data_and_adds_v2_and_v3(tmp_path):
+def test_migration_from_v1_keeps_data_and_adds_the_later_versions(tmp_path):
     db = tmp_path / "old.db"
     make_v1_database(db)
     before = sha(db)
@@ -186,11 +188,11 @@ def test_migration_from_v1_keeps_data_and_adds_v2_and_v3(tmp_path):
         assert old.metrics.energy_wh is None and old.metrics.ttft_ms == 55.5
     assert sha(db) == before
     with SessionStore(db) as store:
-        assert sqlite3.connect(db).execute("PRAGMA user_version").fetchone()[0] == 3
+        assert sqlite3.connect(db).execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
         (old,) = store.turns(info.id)
         assert (old.index, old.user_text, old.reply) == (1, "hi | there", "hello\nworld")
         assert old.metrics.tokens_estimated is False and old.metrics.cache_outcome == "restored"
-        assert old.metrics.energy_wh is None
+        assert old.metrics.energy_wh is None and old.metrics.ahead_tokens == 0
         assert store.record_turn(info.id, "again", "yes", full_metrics()) == 2
         assert store.turns(info.id)[1].metrics.energy_wh == 0.125
     conn = sqlite3.connect(db)

@@ -124,6 +124,20 @@ class EngineCapabilities:
     """The KV state is local and controllable: `reset_context()`, turns with
     `use_cache=False`, and `exclusive()` (benchmarks measure cold / restored /
     in-memory turns and the bare library against each other)."""
+    prefill_ahead: bool = False
+    """`prefill_ahead()` prefills a message while it is still being typed."""
+
+
+@dataclass(frozen=True)
+class AheadReport:
+    """What a type-ahead prefill left ready in the context."""
+
+    ready: int
+    """Tokens of the draft's prompt now in the context (persona and history included)."""
+    total: int
+    """Tokens of the prompt a send of the draft would have."""
+    ms: float
+    """Time this call spent prefilling."""
 
 
 Produce = Callable[["Turn"], Iterator[str]]
@@ -282,6 +296,23 @@ class Engine(ABC):
     def start_turn(
         self, persona: Persona, history: Sequence[ChatMessage], user_text: str
     ) -> Turn: ...
+
+    def prefill_ahead(
+        self,
+        persona: Persona,
+        history: Sequence[ChatMessage],
+        draft: str,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> AheadReport | None:
+        """Prefill, in the calling thread, the prompt a send of `draft` would
+        start with; None when the engine cannot (a served model) or is busy.
+        It yields to a starting turn and to `drop_ahead()` between batches;
+        `progress(ready, total)` is called after each batch."""
+        return None
+
+    def drop_ahead(self) -> None:
+        """Stop a type-ahead prefill and forget it (persona switch, new
+        conversation, the draft was cleared); callable from any thread."""
 
     def interrupt(self) -> None:
         """Stop whatever the engine is computing as soon as it can (app exit);

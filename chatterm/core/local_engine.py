@@ -44,12 +44,13 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import llama_cpp
 
 from chatterm.core import kv_state, llama_log, offload, templates
 from chatterm.core.engine import (
+    AheadReport,
     ChatMessage,
     DeviceInfo,
     Engine,
@@ -167,7 +168,7 @@ class _Reuse:
 
 class LocalEngine(Engine):
     kind = "local"
-    capabilities = EngineCapabilities(persona_cache=True, kv_control=True)
+    capabilities = EngineCapabilities(persona_cache=True, kv_control=True, prefill_ahead=True)
 
     def __init__(self, spec: ModelSpec, price: PriceProfile, kv_cache: PromptCache | None = None):
         super().__init__(spec, price)
@@ -186,6 +187,14 @@ class LocalEngine(Engine):
         self._session: int | None = None
         """The session the next turn continues (note_conversation)."""
         self._running: Turn | None = None
+        self._turn_waiting = threading.Event()
+        """Set while a turn waits for the lock: a type-ahead prefill yields to it."""
+        self._ahead_epoch = 0
+        """Bumped by drop_ahead(): a type-ahead prefill of an older epoch stops."""
+        self._ahead_from: int | None = None
+        """Context position where type-ahead prefilling began since the last turn."""
+        self._ahead_ms = 0.0
+        self._ahead_running = False
         self._abort_flag = ctypes.create_string_buffer(2)
         self._cache_warned = False
         self._prefill_ms_per_token: float | None = None
@@ -278,6 +287,7 @@ class LocalEngine(Engine):
         llm = self.llm
         assert llm is not None
         self._switch_report = None
+        self._forget_ahead()
         kv_state.clear(llm)
 
     # -- information -----------------------------------------------------
@@ -567,16 +577,104 @@ class LocalEngine(Engine):
         against chatterm on the same loaded model; the context is cleared after."""
         with self._lock:
             assert self.llm is not None
+            self._set_abort(False)
             self._clear_context()
             try:
                 yield self.llm
             finally:
                 self._clear_context()
 
+    # -- type-ahead ----------------------------------------------------------
+    def prefill_ahead(
+        self,
+        persona: Persona,
+        history: Sequence[ChatMessage],
+        draft: str,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> AheadReport | None:
+        if self.llm is None or self._turn_waiting.is_set():
+            return None
+        if not self._lock.acquire(blocking=False):
+            return None  # a turn (or a persona switch) has the context
+        epoch = self._ahead_epoch
+        try:
+            if self._turn_waiting.is_set() or epoch != self._ahead_epoch:
+                return None
+            self._set_abort(False)
+            self._ahead_running = True
+            return self._prefill_ahead(persona, list(history), draft, progress, epoch)
+        except RuntimeError:
+            if self._abort_flag[0] == b"\x01":
+                return None  # a turn or drop_ahead() interrupted the batch
+            raise
+        finally:
+            self._ahead_running = False
+            self._lock.release()
+
+    def _prefill_ahead(
+        self,
+        persona: Persona,
+        history: list[ChatMessage],
+        draft: str,
+        progress: Callable[[int, int], None] | None,
+        epoch: int,
+    ) -> AheadReport | None:
+        llm = self.llm
+        assert llm is not None
+        prefix = self.prefix_tokens(persona)
+        if not prefix or self._live_tokens()[: len(prefix)] != prefix:
+            return None  # the persona is being prepared (switch or first turn)
+        target, total = self._ahead_tokens(persona, history, draft)
+        if target[: len(prefix)] != prefix:
+            return None  # the template does not start with the persona prefix
+        common = common_prefix_len(self._live_tokens(), target)
+        llm.n_tokens = common  # the next eval drops every cell after it
+        self._ahead_from = common if self._ahead_from is None else min(self._ahead_from, common)
+        t0 = time.perf_counter()
+        for start in range(common, len(target), AHEAD_BATCH):
+            if self._turn_waiting.is_set() or epoch != self._ahead_epoch:
+                break
+            llm.eval(target[start : start + AHEAD_BATCH])
+            if progress is not None:
+                progress(llm.n_tokens, total)
+        ms = (time.perf_counter() - t0) * 1000.0
+        self._ahead_ms += ms
+        return AheadReport(llm.n_tokens, total, ms)
+
+    def _ahead_tokens(
+        self, persona: Persona, history: list[ChatMessage], draft: str
+    ) -> tuple[list[int], int]:
+        """(the tokens to prefill for `draft`, the length of its whole prompt).
+
+        All but the last token of the prompt a send of the draft would have,
+        template closing tokens included, so Enter leaves one token to decode.
+        When the user types on, the draft's last tokens may change ("hel" +
+        "lo" is one token) and the closing tokens move: the next call keeps the
+        longest common prefix and re-prefills only the few tokens after it."""
+        try:
+            full = self.fit_prompt(persona, history, draft, persona.sampling.max_tokens)[0]
+        except ChattermError:
+            return [], 0  # the persona alone fills the context: nothing to do ahead
+        return full[:-1], len(full)
+
+    def drop_ahead(self) -> None:
+        self._ahead_epoch += 1
+        if self._ahead_running:
+            self._set_abort(True)  # stops the batch in progress; cleared by the lock's next user
+
+    def _forget_ahead(self) -> None:
+        self._ahead_from = None
+        self._ahead_ms = 0.0
+
     def _generate(
         self, turn: Turn, persona: Persona, history: list[ChatMessage], user_text: str, use_cache: bool
     ) -> Iterator[str]:
+        # A type-ahead prefill holding the lock stops within its current batch.
+        self._turn_waiting.set()
+        if self._ahead_running:
+            self._set_abort(True)
         with self._lock:
+            self._turn_waiting.clear()
             if self.llm is None:
                 raise ChattermError("the model is not loaded")
             self._set_abort(False)
@@ -631,9 +729,16 @@ class LocalEngine(Engine):
         if not pp.helps:
             details.append(pp.reason)
         details += reuse.misses
+        if reuse.source == "live" and self._ahead_from is not None and m.cached_tokens > self._ahead_from:
+            m.ahead_tokens = m.cached_tokens - self._ahead_from
+            m.ahead_ms = self._ahead_ms
+        self._forget_ahead()
+        # Saved = reused tokens at the fastest measured prefill rate, net of the
+        # restore; tokens prefilled ahead were paid for while the user typed.
         rate = reuse.info.get("prefill_ms_per_token") or self._prefill_ms_per_token
         if rate and m.cached_tokens >= MIN_REUSE:
-            m.saved_prefill_ms = max(m.cached_tokens * rate - (m.restore_ms or 0.0), 0.0)
+            reused = m.cached_tokens - m.ahead_tokens
+            m.saved_prefill_ms = max(reused * rate - (m.restore_ms or 0.0), 0.0)
 
         m.cache_detail = "; ".join(d for d in details if d)
         # Prefill what is left, saving the persona prefix on the way when this turn
@@ -705,6 +810,11 @@ class LocalEngine(Engine):
             if self.llm is not None:
                 self.llm.close()
                 self.llm = None
+
+
+AHEAD_BATCH = 32
+"""Tokens per type-ahead decode: a turn that starts waits for at most one batch
+(less: it also sets the abort flag, which stops the batch at its next node)."""
 
 
 def _cpu_name() -> str:

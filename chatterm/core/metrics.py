@@ -73,6 +73,11 @@ class TurnMetrics:
     cached_tokens: int = 0
     """Prompt tokens reused from the KV cache (not prefilled this turn)."""
     prefilled_tokens: int = 0
+    ahead_tokens: int = 0
+    """Prompt tokens prefilled ahead, while the message was being typed: counted
+    in `cached_tokens` (this turn reused them), their time is `ahead_ms`."""
+    ahead_ms: float = 0.0
+    """Time spent prefilling `ahead_tokens` before Enter; not part of TTFT."""
     generated_tokens: int = 0
     ttft_ms: float | None = None
     """Submit to first token available."""

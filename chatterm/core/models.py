@@ -43,7 +43,7 @@ def _url(value: Any) -> str:
     return text(value).rstrip("/")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PriceProfile:
     """API-equivalent prices, in US dollars per 1M tokens (`[prices.ID]`)."""
 
@@ -60,7 +60,7 @@ class PriceProfile:
     """Input tokens served from the provider's prompt cache; the input price when absent."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ModelSpec:
     """One `[models.ID]` entry of models.toml."""
 

@@ -39,7 +39,7 @@ class Sampling:
     seed: int = key(1234, check=integer(0))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Persona:
     """One persona file; its id is the file name without `.toml`."""
 

@@ -173,7 +173,13 @@ def _to_v3(conn: sqlite3.Connection) -> None:
     )
 
 
-_MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_to_v1, _to_v2, _to_v3)
+def _to_v4(conn: sqlite3.Connection) -> None:
+    # v4: type-ahead prefill, reported beside TTFT (which it is not part of).
+    conn.execute("ALTER TABLE turns ADD COLUMN ahead_tokens INTEGER NOT NULL DEFAULT 0")
+    conn.execute("ALTER TABLE turns ADD COLUMN ahead_ms REAL NOT NULL DEFAULT 0")
+
+
+_MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_to_v1, _to_v2, _to_v3, _to_v4)
 SCHEMA_VERSION = len(_MIGRATIONS)
 
 
