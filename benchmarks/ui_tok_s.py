@@ -46,7 +46,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from chatterm.core.conversation import Conversation
     from chatterm.core.workspace import Workspace
-    from chatterm.ui.app import make_app
+    from chatterm.ui.launch import make_app
+    from chatterm.ui.chat_view import TurnPhase
 
     workspace = Workspace.load(db_path=tmp / "bench.db")
     base = workspace.personas.get(None)
@@ -79,22 +80,25 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         app = make_app(workspace, engine_factory=lambda _spec: Shared(), gpu_status=lambda: None)
         stamps: list[tuple[float, int]] = []
-        original_flush = app._drain_pending
-
-        async def stamped_flush() -> None:
-            n = len(app._pending)
-            await original_flush()
-            if n:
-                stamps.append((time.perf_counter(), n))
-
-        app._drain_pending = stamped_flush
         async with app.run_test(size=(120, 40)) as pilot:
+            chat = app.chat
+            original_show = chat._show_unshown
+
+            async def stamped_show() -> bool:
+                # Instrumentation: how many deltas each screen write carried, and when.
+                n = len(chat._unshown)
+                wrote = await original_show()
+                if n:
+                    stamps.append((time.perf_counter(), n))
+                return wrote
+
+            chat._show_unshown = stamped_show
             while app.conversation is None:
                 await pilot.pause(0.02)
             await pilot.pause(0.2)
             app.query_one("#prompt").insert(PROMPT)
             await pilot.press("enter")
-            while not (app.conversation.turns and not app._turn_active):
+            while not (app.conversation.turns and app.chat.phase is TurnPhase.IDLE):
                 await asyncio.sleep(0.01)
             m = app.conversation.turns[0]
         deltas = sum(n for _, n in stamps)

@@ -1,5 +1,6 @@
 """Export formats (golden files, parseability, literal rendering of model text),
-atomic writes, and the `chatterm export` command.
+atomic writes, and the `chatterm export` command. The reports' charts and
+figures: tests/test_report.py.
 
 Regenerate the golden files after an intended format change with
 `UPDATE_GOLDEN=1 .venv/bin/pytest tests/test_export.py` and review the diff.
@@ -13,18 +14,38 @@ import io
 import json
 import os
 import re
+from datetime import datetime
 from pathlib import Path
 
 import pytest
 
 from chatterm.cli import main
 from chatterm.core import atomic, export
+from chatterm.core.cost import apply_cost
 from chatterm.core.errors import ChattermError
 from chatterm.core.export import ROW_FIELDS, TEXT_FIELDS, collect, render
+from chatterm.core.inert import md_escape
 from chatterm.core.metrics import TURN_FIELDS, TurnMetrics
+from chatterm.core.models import PriceProfile
 from chatterm.core.store import SessionStore
 
 GOLDEN = Path(__file__).parent / "golden"
+
+PRICES = {
+    "turbo": PriceProfile(id="turbo", label="Turbo | no discount", input_per_m=10.0,
+                          cached_input_per_m=10.0, output_per_m=30.0, as_of="2024-04-09"),
+    "gpt-4.1": PriceProfile(id="gpt-4.1", label="GPT-4.1", input_per_m=2.0, cached_input_per_m=0.5,
+                            output_per_m=8.0, as_of="2025-04-14"),
+    "sonnet": PriceProfile(id="sonnet", label="Sonnet", input_per_m=3.0, cached_input_per_m=0.3,
+                           output_per_m=15.0, as_of="2025-05-22"),
+}
+"""Fixed profiles for the golden reports (the bundled models.toml may change)."""
+
+
+def priced(m: TurnMetrics) -> TurnMetrics:
+    """Costs filled in as the engine does, with the sample's profile."""
+    apply_cost(m, PRICES[m.price_profile])
+    return m
 
 NASTY_REPLY = (
     "\x1b[31mSure\u202e | [click](http://x)\r\n| a |\n<script>alert(1)</script> "
@@ -44,27 +65,25 @@ def build_sample(db: Path) -> tuple[int, int]:
             started_at=1_700_000_000.0,
         )
         base = dict(
-            engine="local", model_id="smollm2-135m", persona_id="assistant", price_profile="gpt-4-turbo"
+            engine="local", model_id="smollm2-135m", persona_id="assistant", price_profile="gpt-4.1"
         )
-        store.record_turn(first, "Hi!", "Hello! How can I help?", TurnMetrics(
+        store.record_turn(first, "Hi!", "Hello! How can I help?", priced(TurnMetrics(
             **base, submitted_at=1_700_000_001.5, cache_outcome="restored",
             cache_detail="state file 4.2 MB", restore_ms=38.25, prefill_ms=61.0, prompt_tokens=180,
-            cached_tokens=170, prefilled_tokens=10, generated_tokens=9, ttft_ms=75.5, decode_ms=96.0,
-            total_ms=180.0, stop_reason="eos", cost_input_usd=0.0001, cost_cached_input_usd=0.000425,
-            cost_output_usd=0.00027, saved_prefill_ms=2900.0, saved_usd=0.001275,
-        ))
-        store.record_turn(first, "=cmd|' /C calc'!A0", NASTY_REPLY, TurnMetrics(
+            cached_tokens=170, prefilled_tokens=10, generated_tokens=9, ttft_ms=105.5, decode_ms=96.0,
+            total_ms=210.0, stop_reason="eos", saved_prefill_ms=2900.0,
+        )))
+        store.record_turn(first, "=cmd|' /C calc'!A0", NASTY_REPLY, priced(TurnMetrics(
             **base, submitted_at=1_700_000_010.0, cache_outcome="memory", prefill_ms=120.5,
             prompt_tokens=230, cached_tokens=200, prefilled_tokens=30, generated_tokens=41,
             ttft_ms=140.0, decode_ms=500.0, total_ms=660.0, stop_reason="cancelled",
-            cost_input_usd=0.0003, cost_cached_input_usd=0.0005, cost_output_usd=0.00123,
-            saved_prefill_ms=500.0, saved_usd=0.0015, dropped_turns=1,
-        ))
-        store.record_turn(first, "and now?", "", TurnMetrics(
+            saved_prefill_ms=500.0, dropped_turns=1,
+        )))
+        store.record_turn(first, "and now?", "", priced(TurnMetrics(
             **base, submitted_at=1_700_000_020.0, cache_outcome="memory", prompt_tokens=260,
             cached_tokens=250, prefilled_tokens=10, total_ms=12.0, stop_reason="error",
             error="llama_decode returned -1 | out of memory",
-        ))
+        )))
         second = store.create_session(
             model_id="remote-gpt",
             model_identity="http://127.0.0.1:8000/v1 qwen",
@@ -93,11 +112,11 @@ def sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-@pytest.mark.parametrize("fmt", ["jsonl", "csv", "md"])
+@pytest.mark.parametrize("fmt", ["jsonl", "csv", "md", "html"])
 def test_golden(sample, fmt):
     db, ids = sample
     with SessionStore(db, readonly=True) as store:
-        text = render(collect(store, ids), fmt)
+        text = render(collect(store, ids), fmt, PRICES)
     golden = GOLDEN / f"sessions.{fmt}"
     if os.environ.get("UPDATE_GOLDEN"):
         golden.write_bytes(text.encode("utf-8"))
@@ -138,7 +157,13 @@ def test_csv_reads_back_with_metrics_and_no_texts(sample):
     assert rows[2]["ttft_ms"] == "" and rows[2]["stop_reason"] == "error"
     assert rows[3]["tokens_estimated"] == "true" and rows[0]["tokens_estimated"] == "false"
     assert int(rows[1]["reply_chars"]) == len(NASTY_REPLY)
-    assert float(rows[3]["session_started_at"]) == 1_700_003_600.0
+    # Timestamps: ISO 8601 UTC (JSONL keeps Unix seconds).
+    assert rows[3]["session_started_at"] == "2023-11-14T23:13:20.000Z"
+    assert rows[0]["submitted_at"] == "2023-11-14T22:13:21.500Z"
+    for row, record in zip(rows, turns):
+        parsed = datetime.fromisoformat(row["submitted_at"])
+        assert parsed.tzinfo is not None and parsed.utcoffset().total_seconds() == 0
+        assert abs(parsed.timestamp() - record.metrics.submitted_at) < 0.001
 
 
 def _cells(line: str) -> list[str]:
@@ -151,7 +176,7 @@ def test_markdown_renders_model_text_literally(sample):
     with SessionStore(db, readonly=True) as store:
         text = render(collect(store, [first]), "md")
     lines = text.splitlines()
-    header = next(i for i, line in enumerate(lines) if line.startswith("| # |"))
+    header = next(i for i, line in enumerate(lines) if line.startswith("| # | TTFT ms |"))
     table = []
     for line in lines[header:]:
         if not line.startswith("|"):
@@ -164,13 +189,13 @@ def test_markdown_renders_model_text_literally(sample):
     assert "\x1b" not in text and "␛" in nasty_row and "\u202e" not in text
     assert "\\[click\\]" in nasty_row and "↵" in nasty_row
     assert "Turn 3: error: llama\\_decode returned -1 \\| out of memory" in text
-    assert "| TTFT p50 / p95 / max (ms) | 107.8 / 136.8 / 140.0 |" in text
+    assert "| TTFT p50 / p95 / max (ms) | 122.8 / 138.3 / 140.0 |" in text
 
 
 def test_md_escape_limits_and_escapes():
-    assert export.md_escape("a|b\nc") == "a\\|b↵c"
-    assert export.md_escape("x" * 60, limit=10) == "x" * 9 + "…"
-    assert export.md_escape("\x00\x07\x7f\x9b") == "␀␇␡\ufffd"
+    assert md_escape("a|b\nc") == "a\\|b↵c"
+    assert md_escape("x" * 60, limit=10) == "x" * 9 + "…"
+    assert md_escape("\x00\x07\x7f\x9b") == "␀␇␡\ufffd"
 
 
 def test_export_never_changes_the_database(sample):

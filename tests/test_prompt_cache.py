@@ -87,7 +87,7 @@ def test_every_miss_has_a_reason(tmp_path):
     prompt = tokens(10) + [77] * 20  # session 6 is stale: its history was edited
     found = cache.lookup("m", COMPAT, prompt, expect=[Slot.session(6), Slot.session(7)])
     reasons = "\n".join(found.misses)
-    assert "session 1 (disk): truncated" in reasons
+    assert "session 1 (disk): payload truncated" in reasons
     assert "session 2 (disk): corrupt" in reasons and "bad magic" in reasons
     assert "session 3 (disk): other model or settings: model sha256 differs" in reasons
     assert "session 4 (disk): other build: llama cpp build differs" in reasons

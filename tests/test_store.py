@@ -153,7 +153,7 @@ def test_database_is_in_wal_mode_with_current_version(tmp_path):
     SessionStore(db).close()
     conn = sqlite3.connect(db)
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
 
 
 def make_v1_database(path: Path) -> None:
@@ -201,7 +201,7 @@ def test_migration_from_v1_keeps_data_and_adds_the_later_versions(tmp_path):
     assert rows == [(1, "user", "hi | there"), (1, "assistant", "hello\nworld"),
                     (2, "user", "again"), (2, "assistant", "yes")]
     indexes = {r[1] for r in conn.execute("PRAGMA index_list(turns)")}
-    assert "turns_by_session" in indexes
+    assert {"turns_by_session", "turns_summary"} <= indexes  # v2, v4
     with pytest.raises(sqlite3.IntegrityError):
         conn.execute(
             "INSERT INTO turns (session_id, turn_index, recorded_at, user_text, reply) "

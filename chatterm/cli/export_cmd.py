@@ -1,7 +1,11 @@
-"""`chatterm export`: write session latency logs as JSONL, CSV or Markdown.
+"""`chatterm export`: write session latency logs as JSONL or CSV, or a report
+(Markdown or self-contained HTML) that charts and compares sessions.
 
-Reads the database read-only (export never changes it). Output goes to stdout,
-or atomically to `-o FILE`: an unknown id or an unwritable path is one line on
+Reads the database read-only (export never changes it). Several ids put several
+sessions in one file (the reports chart them together). Reports price the
+sessions under every profile of the model catalog (`--models` or bundled + user
+models.toml). Output goes to stdout, or atomically to `-o FILE`: an unknown id,
+a session without turns, a broken catalog or an unwritable path is one line on
 stderr, exit status 2, and no file left behind.
 """
 
@@ -13,32 +17,37 @@ from pathlib import Path
 
 from chatterm.core import paths
 from chatterm.core.errors import ChattermError
-from chatterm.core.export import FORMATS, collect, render, write_atomic
+from chatterm.core.export import FORMATS, REPORT_FORMATS, collect, render, write_atomic
+from chatterm.core.models import load_catalog
 from chatterm.core.store import SessionStore
 
-_SUFFIX_FORMATS = {".jsonl": "jsonl", ".json": "jsonl", ".csv": "csv", ".md": "md"}
+_SUFFIX_FORMATS = {
+    ".jsonl": "jsonl", ".json": "jsonl", ".csv": "csv", ".md": "md", ".html": "html", ".htm": "html",
+}
 
 
 def register(sub, common) -> None:
     p = sub.add_parser(
         "export",
         parents=[common],
-        help="export session latency logs (jsonl, csv, md)",
-        description="Export turns and their metrics, one row per turn. Without ID or --all the "
-        "latest session is exported. JSONL includes the conversation texts; CSV has metrics "
-        "only (plus text lengths); md is a readable report. Field names and units: "
-        "docs/export-format.md.",
+        help="export session latency logs (jsonl, csv) or reports with charts (md, html)",
+        description="Export turns and their metrics. Without ID or --all the latest session is "
+        "exported. JSONL includes the conversation texts; CSV has metrics only (plus text "
+        "lengths); md and html are reports with charts, per-turn timelines, per-token costs and "
+        "the cost under every price profile; several IDs share the same charts. Field names "
+        "and units: docs/export-format.md.",
     )
     which = p.add_mutually_exclusive_group()
     which.add_argument(
-        "session_id", nargs="?", type=int, metavar="ID", help="session to export (default: the latest)"
+        "session_ids", nargs="*", type=int, default=[], metavar="ID",
+        help="sessions to export, in this order (default: the latest)",
     )
     which.add_argument("--all", action="store_true", help="export every session, oldest first")
     p.add_argument(
         "-f",
         "--format",
         choices=FORMATS,
-        help="output format (default: from the -o suffix .jsonl/.csv/.md, else jsonl)",
+        help="output format (default: from the -o suffix .jsonl/.csv/.md/.html, else jsonl)",
     )
     p.add_argument(
         "-o", "--output", metavar="FILE", help="write to FILE (replaced atomically) instead of stdout"
@@ -50,21 +59,24 @@ def run(args: argparse.Namespace) -> int:
     db = args.db or paths.default_db_path()
     output = Path(args.output) if args.output else None
     fmt = args.format or (_SUFFIX_FORMATS.get(output.suffix.lower(), "jsonl") if output else "jsonl")
+    # The catalog first: a broken models.toml fails before anything is read.
+    prices = load_catalog(args.models).prices if fmt in REPORT_FORMATS else None
     with SessionStore(db, readonly=True) as store:
         if args.all:
             ids = sorted(info.id for info in store.sessions())
-        elif args.session_id is not None:
-            ids = [args.session_id]
+        elif args.session_ids:
+            ids = list(dict.fromkeys(args.session_ids))
         else:
             latest = store.latest_session_id()
             if latest is None:
                 raise ChattermError(f"no sessions to export in {db}")
             ids = [latest]
-        text = render(collect(store, ids), fmt)
+        exported = collect(store, ids, skip_empty=args.all)
+        text = render(exported, fmt, prices)
     if output is None:
         sys.stdout.write(text)
         sys.stdout.flush()
     else:
         write_atomic(output, text)
-        print(f"wrote {len(ids)} session(s) to {output}", file=sys.stderr)
+        print(f"wrote {len(exported)} session(s) to {output}", file=sys.stderr)
     return 0

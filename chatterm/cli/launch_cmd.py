@@ -77,7 +77,7 @@ def _logging_to_file() -> Iterator[None]:
 
 def run(args: argparse.Namespace) -> int:
     from chatterm.core.store import SessionStore
-    from chatterm.ui.app import make_app, require_theme
+    from chatterm.ui.launch import make_app, require_theme
 
     ws = workspace(args)
     # Bad input must not leave an empty database behind: check what can be

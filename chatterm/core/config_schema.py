@@ -17,6 +17,7 @@ Contract:
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import MISSING, Field, dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, TypeVar
@@ -67,6 +68,8 @@ def defaults(cls: type[T]) -> dict[str, Any]:
 
 def bad(path: Path, where: str, message: str) -> ChattermError:
     """The one-line error; `where` is the table ("" for the top level)."""
+    if not where.isprintable():  # a quoted TOML key may hold a newline: the error stays one line
+        where = ascii(where)[1:-1]
     return ChattermError(f"{path}: [{where}] {message}" if where else f"{path}: {message}")
 
 
@@ -123,22 +126,33 @@ def non_empty_text(value: Any) -> str:
     return value
 
 
+INT_MAX = 2**31 - 1
+"""Integers go to llama.cpp's C ints: larger ones would overflow there."""
+
+
 def integer(minimum: int) -> Check:
     def check(value: Any) -> int:
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise ValueError(f"must be an integer >= {minimum}")
+        if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= INT_MAX:
+            raise ValueError(f"must be an integer from {minimum} to {INT_MAX}")
         return value
 
     return check
 
 
 def number(minimum: float, *, above: bool = False, unit: str = "a number") -> Check:
+    """A finite number at least (or, with `above`, more than) `minimum`."""
+
     def check(value: Any) -> float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
-            raise ValueError(f"must be {unit} {'>' if above else '>='} {minimum:g}")
-        if value < minimum or (above and value == minimum):
-            raise ValueError(f"must be {unit} {'>' if above else '>='} {minimum:g}")
-        return float(value)
+        wrong = ValueError(f"must be {unit} {'>' if above else '>='} {minimum:g}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise wrong
+        try:
+            number = float(value)
+        except OverflowError:  # an integer beyond float range
+            raise wrong from None
+        if not math.isfinite(number) or number < minimum or (above and number == minimum):
+            raise wrong
+        return number
 
     return check
 

@@ -31,7 +31,9 @@ class TurnStore(Protocol):
 
     def record_turn(
         self, session_id: int, user_text: str, reply: str, metrics: TurnMetrics
-    ) -> int: ...
+    ) -> int | None: ...
+
+    def take_write_notice(self) -> str | None: ...
 
 
 class EnergyMeter(Protocol):
@@ -92,6 +94,7 @@ class Conversation:
         self.turns.append(m)
         if self.store is None:
             return
+        stored = False
         try:
             if self.session_id is None:
                 self.session_id = self.store.create_session(
@@ -101,10 +104,14 @@ class Conversation:
                     device=self.engine.device().name,
                     persona_id=self.persona.id,
                 )
-            self.store.record_turn(self.session_id, text, turn.reply, m)
+            if self.session_id is not None:  # None: the database refused the write
+                self.store.record_turn(self.session_id, text, turn.reply, m)
+                stored = True
         except Exception as exc:  # noqa: BLE001 - chat goes on; the UI shows store_error
             log.debug("could not store turn", exc_info=True)
             self.store_error = f"session not saved: {exc}"
-            return
-        # The history is in SQLite: now the engine may keep the KV state it matches.
-        self.engine.keep_conversation(self.session_id)
+        # The store tells once that turns are no longer stored (read-only, disk full).
+        self.store_error = self.store.take_write_notice() or self.store_error
+        if stored:
+            # The history is in SQLite: now the engine may keep the KV state it matches.
+            self.engine.keep_conversation(self.session_id)

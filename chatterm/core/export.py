@@ -1,4 +1,4 @@
-"""Export of session latency logs: JSONL, CSV and a Markdown report.
+"""Export of session latency logs: JSONL, CSV, a Markdown report and an HTML report.
 
 Contract (the field list with units is docs/export-format.md):
 - One row per turn. `ROW_FIELDS` is the stable column order shared by JSONL and
@@ -6,14 +6,16 @@ Contract (the field list with units is docs/export-format.md):
   `user_chars` / `reply_chars`. `engine`, `model_id` and `persona_id` are the
   turn's own values (chatterm keeps them equal to the session's).
 - JSONL also carries the texts (`user_text`, `reply`) and is exact: JSON escapes
-  control characters, so it is safe to print on a terminal. CSV carries no
-  conversation text: it is made for spreadsheets, where untrusted model text
-  could run as a formula; a string cell that starts like a formula gets a
-  leading `'` for the same reason.
-- Markdown is a report per session: session facts, a summary table
-  (`SessionSummary.of`) and a per-turn table with short previews of the texts.
-  Every string is escaped so that it renders literally and cannot break a table
-  (pipes, newlines, markup, HTML, control characters).
+  control characters, so it is safe to print on a terminal; timestamps (`_at`)
+  are Unix seconds. CSV carries no conversation text: it is made for
+  spreadsheets, so timestamps are ISO 8601 UTC and text cells that start like a
+  formula are neutralized (`chatterm.core.inert.csv_cell`).
+- `md` and `html` are reports over one or several sessions (`chatterm.core.report`
+  computes, `md_report` / `html_report` format): charts, per-turn timelines and
+  per-token costs, the cost split and a what-if under every price profile given
+  in `prices` (the catalog's). Every string is escaped for its format.
+- `collect` refuses a session without turns (nothing to report: ChattermError)
+  unless asked to skip such sessions (`--all`).
 - Rendering only reads the store. Writing a file is atomic (a temp file in the
   same folder, then a rename): a failure leaves the old file or nothing.
 """
@@ -24,17 +26,25 @@ import csv
 import io
 import json
 import math
+import re
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping
 
 from chatterm.core import paths
 from chatterm.core.atomic import atomic_write_bytes
 from chatterm.core.errors import ChattermError
-from chatterm.core.metrics import TURN_FIELDS, SessionSummary
+from chatterm.core.html_report import render_html
+from chatterm.core.inert import BIDI_CONTROLS, csv_cell
+from chatterm.core.md_report import render_markdown
+from chatterm.core.metrics import TURN_FIELDS
+from chatterm.core.models import PriceProfile
+from chatterm.core.report import Exported, build
 from chatterm.core.store import SessionInfo, SessionStore, TurnRecord
 
-FORMATS = ("jsonl", "csv", "md")
+FORMATS = ("jsonl", "csv", "md", "html")
+REPORT_FORMATS = ("md", "html")
+"""Formats that chart and compare sessions (and use price profiles)."""
 
 SESSION_FIELDS = ("session_id", "session_started_at", "model_identity", "device")
 ROW_FIELDS: tuple[str, ...] = (
@@ -44,10 +54,13 @@ ROW_FIELDS: tuple[str, ...] = (
 TEXT_FIELDS = ("user_text", "reply")
 """JSONL only."""
 
-PREVIEW_CHARS = 48
-"""How much of each text the Markdown per-turn table shows."""
+# What JSON leaves raw but must not reach a terminal or a line reader as is: DEL
+# and C1 controls (0x9b is an 8-bit CSI some terminals obey), line separators
+# many readers split on, and bidi controls that reorder the text around them.
+_JSON_RAW = re.compile("[\x7f-\x9f\u2028\u2029" + "".join(chr(c) for c in sorted(BIDI_CONTROLS)) + "]")
 
-Exported = Sequence[tuple[SessionInfo, Sequence[TurnRecord]]]
+TIMESTAMP_FIELDS = ("session_started_at", "submitted_at")
+"""Unix seconds in JSONL, ISO 8601 UTC in CSV."""
 
 
 # -- rows ----------------------------------------------------------------------
@@ -70,9 +83,20 @@ def turn_row(info: SessionInfo, record: TurnRecord, *, texts: bool) -> dict:
     return row
 
 
-def collect(store: SessionStore, session_ids: Iterable[int]) -> list[tuple[SessionInfo, list[TurnRecord]]]:
-    """Sessions and their turns, read from the store (unknown id: ChattermError)."""
-    return [(store.session(sid), store.turns(sid)) for sid in session_ids]
+def collect(
+    store: SessionStore, session_ids: Iterable[int], *, skip_empty: bool = False
+) -> list[tuple[SessionInfo, list[TurnRecord]]]:
+    """Sessions and their turns, read from the store. An unknown id, or a session
+    without turns (unless `skip_empty`: then it is left out), is a ChattermError."""
+    exported = []
+    for sid in session_ids:
+        info, records = store.session(sid), store.turns(sid)
+        if not records:
+            if skip_empty:
+                continue
+            raise ChattermError(f"session {sid} has no turns to export")
+        exported.append((info, records))
+    return exported
 
 
 # -- formats -------------------------------------------------------------------
@@ -82,40 +106,34 @@ def render_jsonl(exported: Exported) -> str:
         for record in records:
             row = {k: _finite(v) for k, v in turn_row(info, record, texts=True).items()}
             line = json.dumps(row, ensure_ascii=False, allow_nan=False)
-            # Line separators that JSON leaves raw but many line readers split on.
-            for ch in ("\u2028", "\u2029", "\x85"):
-                line = line.replace(ch, f"\\u{ord(ch):04x}")
-            lines.append(line + "\n")
+            lines.append(_JSON_RAW.sub(lambda m: f"\\u{ord(m.group()):04x}", line) + "\n")
     return "".join(lines)
 
 
 def render_csv(exported: Exported) -> str:
     out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
+    # RFC 4180 line ends: the csv module then quotes a cell holding a lone "\r" too.
+    writer = csv.writer(out, lineterminator="\r\n")
     writer.writerow(ROW_FIELDS)
     for info, records in exported:
         for record in records:
             row = turn_row(info, record, texts=False)
-            writer.writerow([_csv_cell(row[name]) for name in ROW_FIELDS])
+            for name in TIMESTAMP_FIELDS:
+                row[name] = iso_utc(row[name])
+            writer.writerow([csv_cell(row[name]) for name in ROW_FIELDS])
     return out.getvalue()
 
 
-def render_markdown(exported: Exported) -> str:
-    parts = ["# chatterm latency report\n"]
-    if not exported:
-        parts.append("\nNo sessions.\n")
-    for info, records in exported:
-        parts.append(_markdown_session(info, records))
-    return "".join(parts)
-
-
-def render(exported: Exported, fmt: str) -> str:
+def render(exported: Exported, fmt: str, prices: Mapping[str, PriceProfile] | None = None) -> str:
+    """`exported` in format `fmt`; `prices` feed the reports' what-if tables."""
     if fmt == "jsonl":
         return render_jsonl(exported)
     if fmt == "csv":
         return render_csv(exported)
     if fmt == "md":
-        return render_markdown(exported)
+        return render_markdown(build(exported, prices))
+    if fmt == "html":
+        return render_html(build(exported, prices))
     raise ChattermError(f"unknown export format {fmt!r}; use one of: {', '.join(FORMATS)}")
 
 
@@ -125,9 +143,15 @@ def default_export_path(session_id: int, fmt: str) -> Path:
     return paths.exports_dir() / f"session-{session_id}.{fmt}"
 
 
-def export_session(store: SessionStore, session_id: int, fmt: str, path: Path | None = None) -> Path:
+def export_session(
+    store: SessionStore,
+    session_id: int,
+    fmt: str,
+    path: Path | None = None,
+    prices: Mapping[str, PriceProfile] | None = None,
+) -> Path:
     """Write one session to `path` (default: `default_export_path`) and return the path."""
-    text = render(collect(store, [session_id]), fmt)
+    text = render(collect(store, [session_id]), fmt, prices)
     if path is None:
         path = default_export_path(session_id, fmt)
         try:
@@ -156,142 +180,9 @@ def _finite(value):
     return value
 
 
-def _csv_cell(value) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, float):
-        return repr(value) if math.isfinite(value) else ""
-    if isinstance(value, str) and value[:1] in ("=", "+", "-", "@", "\t", "\r"):
-        return "'" + value  # keep spreadsheets from evaluating it
-    return str(value)
-
-
-_MD_ESCAPED = set("\\`*_[]<>|&~$#!")
-_SPOOFING = {0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A)}
-
-
-def md_escape(text: str, limit: int | None = None) -> str:
-    """`text` as Markdown that renders literally on one line of a table cell.
-
-    Newlines become "↵", control characters their visible Unicode pictures
-    (ESC -> "␛"), bidirectional overrides U+FFFD; markup characters are
-    backslash-escaped. `limit` shortens the text first (with "…").
-    """
-    if limit is not None and len(text) > limit:
-        text = text[: limit - 1] + "…"
-    text = text.replace("\r\n", "\n")
-    out = []
-    for ch in text:
-        code = ord(ch)
-        if ch in "\n\r":
-            out.append("↵")
-        elif ch == "\t":
-            out.append(" ")
-        elif code < 0x20:
-            out.append(chr(0x2400 + code))
-        elif code == 0x7F:
-            out.append("␡")
-        elif 0x80 <= code < 0xA0 or code in _SPOOFING:
-            out.append("\ufffd")
-        elif ch in _MD_ESCAPED:
-            out.append("\\" + ch)
-        else:
-            out.append(ch)
-    return "".join(out)
-
-
-def _utc(ts: float) -> str:
-    return datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
-
-
-def _num(value: float | int | None, digits: int = 1) -> str:
-    if value is None:
-        return "–"
-    if isinstance(value, int):
-        return str(value)
-    return f"{value:.{digits}f}"
-
-
-def _table(header: Sequence[str], rows: Iterable[Sequence[str]], align: str) -> str:
-    """A Markdown table; `align` has one of "l"/"r" per column."""
-    lines = ["| " + " | ".join(header) + " |"]
-    lines.append("|" + "|".join(":---" if a == "l" else "---:" for a in align) + "|")
-    lines.extend("| " + " | ".join(row) + " |" for row in rows)
-    return "\n".join(lines) + "\n"
-
-
-def _markdown_session(info: SessionInfo, records: Sequence[TurnRecord]) -> str:
-    summary = SessionSummary.of(r.metrics for r in records)
-    facts = [
-        ("Started", _utc(info.started_at)),
-        ("Model", md_escape(info.model_id)),
-        ("Model identity", md_escape(info.model_identity)),
-        ("Engine", md_escape(info.engine)),
-        ("Device", md_escape(info.device)),
-        ("Persona", md_escape(info.persona_id)),
-    ]
-    totals = [
-        ("Turns", str(summary.turns)),
-        ("TTFT p50 / p95 / max (ms)", " / ".join(
-            _num(v) for v in (summary.ttft_p50_ms, summary.ttft_p95_ms, summary.ttft_max_ms)
-        )),
-        ("Mean decode rate (tok/s)", _num(summary.mean_decode_tok_s)),
-        ("Prompt tokens (cached / prefilled)",
-         f"{summary.prompt_tokens} ({summary.cached_tokens} / {summary.prefilled_tokens})"),
-        ("Generated tokens", str(summary.generated_tokens)),
-        ("Cost (USD, API-equivalent)", f"{summary.cost_usd:.6f}"),
-        ("Cache savings: prefill time (s)", f"{summary.saved_prefill_s:.3f}"),
-        ("Cache savings: cost (USD)", f"{summary.saved_usd:.6f}"),
-    ]
-    if summary.energy_wh is not None:
-        totals.append(("GPU energy (Wh)", f"{summary.energy_wh:.4f}"))
-    turn_rows = []
-    notes = []
-    for r in records:
-        m = r.metrics
-        turn_rows.append([
-            str(r.index),
-            _num(m.ttft_ms),
-            _num(m.restore_ms),
-            _num(m.prefill_ms),
-            _num(m.decode_tok_s),
-            str(m.prompt_tokens),
-            str(m.cached_tokens),
-            str(m.prefilled_tokens),
-            str(m.generated_tokens),
-            md_escape(m.cache_outcome or ""),
-            md_escape(m.stop_reason or ""),
-            f"{m.cost_usd:.6f}",
-            md_escape(r.user_text, PREVIEW_CHARS),
-            md_escape(r.reply, PREVIEW_CHARS),
-        ])
-        if m.error:
-            notes.append(f"- Turn {r.index}: error: {md_escape(m.error)}")
-        if m.cache_detail:
-            notes.append(f"- Turn {r.index}: cache: {md_escape(m.cache_detail)}")
-        if m.dropped_turns:
-            plural = "s" if m.dropped_turns != 1 else ""
-            notes.append(
-                f"- Turn {r.index}: {m.dropped_turns} oldest turn{plural} dropped to fit the context"
-            )
-    parts = [
-        f"\n## Session {info.id}\n\n",
-        _table(["Session", ""], facts, "ll"),
-        "\n### Summary\n\n",
-        _table(["Metric", "Value"], totals, "lr"),
-        "\n### Turns\n\n",
-    ]
-    if turn_rows:
-        parts.append(_table(
-            ["#", "TTFT ms", "restore ms", "prefill ms", "decode tok/s", "prompt", "cached",
-             "prefilled", "generated", "cache", "stop", "cost USD", "user", "reply"],
-            turn_rows,
-            "rrrrrrrrrllrll",
-        ))
-    else:
-        parts.append("No turns.\n")
-    if notes:
-        parts.append("\n" + "\n".join(notes) + "\n")
-    return "".join(parts)
+def iso_utc(ts):
+    """Unix seconds as ISO 8601 UTC with milliseconds, e.g. 2023-11-14T22:13:21.500Z
+    (anything that is not a finite number is returned as it is)."""
+    if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not math.isfinite(ts):
+        return ts
+    return datetime.fromtimestamp(ts, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")

@@ -71,7 +71,7 @@ def read_header(fh) -> dict[str, Any]:
         raise ValueError("header truncated")
     try:
         header = json.loads(blob.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
+    except (UnicodeDecodeError, ValueError, RecursionError):  # RecursionError: "[[[[..."
         raise ValueError("corrupt header (not JSON)") from None
     if not isinstance(header, dict) or not isinstance(header.get("compat"), dict):
         raise ValueError("corrupt header (no compat section)")

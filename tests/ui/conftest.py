@@ -9,7 +9,8 @@ import pytest
 from fake_engine import FakeEngine
 
 from chatterm.core.workspace import Workspace
-from chatterm.ui.app import make_app
+from chatterm.ui.launch import make_app
+from chatterm.ui.chat_view import TurnPhase
 
 
 @pytest.fixture
@@ -60,7 +61,7 @@ async def send(pilot, text: str) -> None:
     app.query_one("#prompt").focus()
     app.query_one("#prompt").insert(text)
     await pilot.press("enter")
-    await wait_for(pilot, lambda: len(app.conversation.turns) > before and not app._turn_active,
+    await wait_for(pilot, lambda: len(app.conversation.turns) > before and app.chat.phase is TurnPhase.IDLE,
                    what="the reply to finish")
 
 

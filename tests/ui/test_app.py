@@ -18,6 +18,7 @@ from chatterm.core.errors import ChattermError
 from chatterm.core.metrics import TurnMetrics
 from chatterm.core.store import SessionStore
 from chatterm.ui.app import ChatApp
+from chatterm.ui.chat_view import TurnPhase
 from chatterm.ui.conversation import AssistantReply, Notice, UserMessage
 from chatterm.ui.dashboard import Dashboard
 from chatterm.ui.screens import HELP_KEYS, HelpScreen, PersonaPicker, SessionsScreen
@@ -36,6 +37,11 @@ def strips(widget):
     return widget.render_lines(Region(0, 0, width, height))
 
 
+def reply_text(reply) -> str:
+    """What a reply shows of its text: finished blocks and the block still streaming."""
+    return reply.body_text
+
+
 def all_text(app) -> str:
     return "\n".join(rendered(w) for w in app.screen.query(Static) if w.size.area)
 
@@ -48,11 +54,11 @@ async def test_reply_streams_and_dashboard_fills(build):
         engine = engines[0]
         assert engine.received[0][2] == "Hi"
         reply = app.query_one(AssistantReply)
-        body = rendered(reply.query_one(".body"))
+        body = reply.body_text
         assert "Hello there, general Kenobi." in body and "• one" in body
         # Collapsed: no Markdown widget tree stays behind once the reply ended.
         assert not reply.query(Markdown)
-        footer = rendered(reply.query_one(".meta"))
+        footer = reply.footer_text
         assert "TTFT" in footer and "tok/s" in footer and "(30 cached)" in footer
         assert "restored 12 ms" in footer
         m = app.conversation.turns[0]
@@ -100,15 +106,15 @@ async def test_escape_stops_a_reply_and_keeps_the_partial_text(build):
         await wait_for(pilot, engines[0].held.is_set, what="the stream to be held")
         await pilot.press("escape")
         engines[0].gate.set()
-        await wait_for(pilot, lambda: app.conversation.turns and not app._turn_active,
+        await wait_for(pilot, lambda: app.conversation.turns and app.chat.phase is TurnPhase.IDLE,
                        what="the stopped turn")
         m = app.conversation.turns[0]
         assert m.stop_reason == "cancelled" and m.generated_tokens == 3
         reply = app.query_one(AssistantReply)
         assert reply.has_class("-stopped")
-        assert "one two three" in rendered(reply.query_one(".body"))
-        assert "four" not in rendered(reply.query_one(".body"))
-        assert "stopped" in rendered(reply.query_one(".meta"))
+        assert "one two three" in reply.body_text
+        assert "four" not in reply.body_text
+        assert "stopped" in reply.footer_text
         # The partial reply is part of the history the next turn sees.
         assert app.conversation.history[-1].content == "one two three"
 
@@ -199,17 +205,17 @@ async def test_markup_and_escapes_in_model_output_are_literal(build):
     app, engines = build([MARKUP, MARKUP])
     async with app.run_test(size=SIZE) as pilot:
         await loaded(pilot)
-        # Held mid-stream: the live Markdown widget shows it literally too.
+        # Held mid-stream: the live reply shows it literally too.
         engines[0].hold_after = 6
         app.query_one("#prompt").insert("[bold]user[/] [/]")
         await pilot.press("enter")
         await wait_for(pilot, engines[0].held.is_set, what="the stream to be held")
-        await wait_for(pilot, lambda: "[/] and" in rendered(app.query_one(AssistantReply).query_one(Markdown).query_one("MarkdownParagraph")),
+        await wait_for(pilot, lambda: "[/] and" in reply_text(app.query_one(AssistantReply)),
                        what="streamed text")
         engines[0].gate.set()
-        await wait_for(pilot, lambda: app.conversation.turns and not app._turn_active, what="the turn")
+        await wait_for(pilot, lambda: app.conversation.turns and app.chat.phase is TurnPhase.IDLE, what="the turn")
         assert app.is_running
-        body = app.query_one(AssistantReply).query_one(".body")
+        body = app.query_one(AssistantReply)  # drawn as the user sees it: name, text, footer
         text = " ".join(rendered(body).split())  # undo the wrapping
         assert "[bold]not bold[/] and [/]" in text
         assert "[link=https://example.com]not a link[/link]" in text
@@ -289,7 +295,7 @@ async def test_newline_key_inserts_a_line_and_enter_sends(build):
         await pilot.press("a", "ctrl+j", "b")
         assert app.query_one("#prompt").text == "a\nb"
         await pilot.press("enter")
-        await wait_for(pilot, lambda: app.conversation.turns and not app._turn_active, what="the turn")
+        await wait_for(pilot, lambda: app.conversation.turns and app.chat.phase is TurnPhase.IDLE, what="the turn")
         assert engines[0].received[0][2] == "a\nb"
         assert app.query_one("#prompt").text == ""
 
@@ -385,7 +391,7 @@ async def test_resume_latest_at_launch_and_bad_ids(build, workspace):
         assert len(app.query(UserMessage)) == 2
         assert app.conversation.session_id == sid and len(app.conversation.history) == 4
         assert any("Resumed session" in rendered(n) for n in app.query(Notice))
-        footers = [rendered(r.query_one(".meta")) for r in app.query(AssistantReply)]
+        footers = [r.footer_text for r in app.query(AssistantReply)]
         assert footers[0].strip().startswith("TTFT 100 ms · 50.0 tok/s")
     with pytest.raises(ChattermError, match="unknown session 999"):
         build(resume=999, store=store)
@@ -437,7 +443,7 @@ async def wait_for_thread(predicate, timeout: float = 10.0) -> None:
 
 def test_importing_the_app_loads_no_model():
     code = (
-        "import sys, chatterm.ui.app, chatterm.cli.launch_cmd; "
+        "import sys, chatterm.ui.app, chatterm.ui.launch, chatterm.cli.launch_cmd; "
         "print('llama_cpp' in sys.modules, 'torch' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -490,7 +496,7 @@ async def test_gpu_fields_and_energy_come_from_telemetry(build):
         await send(pilot, "hi")
         m = app.conversation.turns[0]
         assert m.energy_wh == 0.5 and m.energy_cost_usd == pytest.approx(0.0001)
-        assert "0.500 Wh" in rendered(app.query_one(AssistantReply).query_one(".meta"))
+        assert "0.500 Wh" in app.query_one(AssistantReply).footer_text
         assert "energy      0.500 Wh" in rendered(app.query_one("#dash-session"))
 
 
@@ -498,7 +504,7 @@ async def test_persona_names_with_markup_are_literal_everywhere(isolated_dirs, t
     from fake_engine import FakeEngine
 
     from chatterm.core.workspace import Workspace
-    from chatterm.ui.app import make_app
+    from chatterm.ui.launch import make_app
 
     folder = isolated_dirs["CHATTERM_CONFIG_DIR"] / "personas"
     folder.mkdir(parents=True)
@@ -524,5 +530,5 @@ async def test_persona_names_with_markup_are_literal_everywhere(isolated_dirs, t
         assert any(name in str(options.get_option_at_index(i).prompt) for i in range(options.option_count))
         await pilot.press("escape")
         await send(pilot, "hi")
-        assert name in rendered(app.query_one(AssistantReply).query_one(".who"))
+        assert name in app.query_one(AssistantReply).title_text
     assert app.return_code in (None, 0)

@@ -1,0 +1,172 @@
+"""Store load benchmark: `chatterm sessions` and `chatterm export --all` on a big database.
+
+Builds a session database through the real store API (`SessionStore.batch()`:
+one transaction) — by default 1,000 sessions and 100,000 turns, each turn a
+short question and a reply of `--reply-words` words of Markdown — then times,
+as the median of `--runs`:
+- each command in this process (`chatterm.cli.main`, output discarded), and
+- each command as a subprocess (`python -m chatterm ...`: what a user waits
+  for, interpreter start-up and imports included).
+It prints the query plans of the listing's queries (they must read the
+covering index `turns_summary`, not the turn rows) and a CPU calibration
+(`sum(range(10**6))` with timeit), and checks that the export holds every turn.
+
+Run: .venv/bin/python benchmarks/store_load.py [--sessions N] [--turns N] [--reply-words N] [--runs N] [--json FILE]
+Exit status 1 when a subprocess median is over TARGET_S, a plan reads the turn
+rows, or the export misses turns.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import platform
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import timeit
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from chatterm.cli import main as chatterm_main  # noqa: E402
+from chatterm.core.metrics import TurnMetrics  # noqa: E402
+from chatterm.core.store import SessionStore  # noqa: E402
+
+TARGET_S = 2.0
+WORDS = ("the model **streams** tokens while the `cache` keeps a persona prefix; latency is measured "
+         "per turn and _exported_ with its units").split()
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def calibration_ms() -> float:
+    """Best of 5 of `sum(range(10**6))`, the README's calibration."""
+    return min(timeit.repeat("sum(range(10**6))", number=1, repeat=5)) * 1000.0
+
+
+def build(db: Path, sessions: int, turns: int, reply_words: int) -> float:
+    reply = " ".join(WORDS[i % len(WORDS)] for i in range(reply_words))
+    per_session, extra = divmod(turns, sessions)
+    t0 = time.perf_counter()
+    with SessionStore(db) as store, store.batch():
+        for s in range(sessions):
+            sid = store.create_session(model_id="smollm2-135m", model_identity="sha256:bench", engine="local",
+                                       device="CPU", persona_id="assistant", started_at=1.7e9 + s * 60.0)
+            for t in range(per_session + (1 if s < extra else 0)):
+                m = TurnMetrics(engine="local", model_id="smollm2-135m", persona_id="assistant",
+                                submitted_at=1.7e9 + s * 60.0 + t, price_profile="gpt-4.1", cache_outcome="memory",
+                                prompt_tokens=400 + t, cached_tokens=380, prefilled_tokens=20 + t,
+                                generated_tokens=reply_words, ttft_ms=100.0 + (t % 50), decode_ms=2000.0,
+                                total_ms=2100.0, stop_reason="eos", cost_input_usd=0.0001, cost_output_usd=0.0004)
+                store.record_turn(sid, f"Question {t} of session {s}: what does the cache save here?", reply, m)
+    return time.perf_counter() - t0
+
+
+def plans(db: Path) -> list[str]:
+    """EXPLAIN QUERY PLAN of the listing's two queries (the SQL the store runs)."""
+    conn = sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True)
+    queries = [
+        "SELECT s.id, COUNT(t.id), COALESCE(SUM(t.cost_usd), 0.0) FROM sessions s "
+        "LEFT JOIN turns t ON t.session_id = s.id GROUP BY s.id ORDER BY s.started_at DESC, s.id DESC",
+        "SELECT s.id, t.ttft_ms FROM sessions s JOIN turns t ON t.session_id = s.id WHERE t.ttft_ms IS NOT NULL",
+    ]
+    found = [" | ".join(row[3] for row in conn.execute("EXPLAIN QUERY PLAN " + q)) for q in queries]
+    conn.close()
+    return found
+
+
+def in_process(argv: list[str]) -> float:
+    sink = io.StringIO()
+    t0 = time.perf_counter()
+    with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
+        status = chatterm_main(argv)
+    elapsed = time.perf_counter() - t0
+    if status != 0:
+        raise SystemExit(f"chatterm {' '.join(argv)} exited {status}: {sink.getvalue()[-500:]}")
+    return elapsed
+
+
+def as_subprocess(argv: list[str], env: dict[str, str]) -> float:
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "chatterm", *argv], check=True, env=env,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return time.perf_counter() - t0
+
+
+def main(args: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sessions", type=int, default=1000)
+    parser.add_argument("--turns", type=int, default=100_000)
+    parser.add_argument("--reply-words", type=int, default=60)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--json", type=Path, help="also write the figures to this file")
+    opts = parser.parse_args(args)
+
+    with tempfile.TemporaryDirectory(prefix="chatterm-store-load-") as tmp:
+        tmp_path = Path(tmp)
+        db, out = tmp_path / "chatterm.db", tmp_path / "all.jsonl"
+        env = {**os.environ, "PYTHONPATH": str(REPO), "CHATTERM_CONFIG_DIR": str(tmp_path / "config"),
+               "CHATTERM_DATA_DIR": str(tmp_path / "data"), "CHATTERM_CACHE_DIR": str(tmp_path / "cache")}
+        os.environ.update({k: env[k] for k in ("CHATTERM_CONFIG_DIR", "CHATTERM_DATA_DIR", "CHATTERM_CACHE_DIR")})
+        build_s = build(db, opts.sessions, opts.turns, opts.reply_words)
+        db_mb = db.stat().st_size / 1e6
+        commands = {
+            "sessions": ["--db", str(db), "sessions"],
+            "export --all": ["--db", str(db), "export", "--all", "-o", str(out)],
+        }
+        results: dict[str, dict[str, float]] = {}
+        for name, argv in commands.items():
+            inproc = [in_process(argv) for _ in range(opts.runs)]
+            sub = [as_subprocess(argv, env) for _ in range(opts.runs)]
+            results[name] = {"in_process_s": statistics.median(inproc), "subprocess_s": statistics.median(sub)}
+        exported = sum(1 for _ in out.open("rb"))
+        out_mb = out.stat().st_size / 1e6
+        query_plans = plans(db)
+
+    calib = calibration_ms()
+    print(f"CPU: {cpu_model()} ({os.cpu_count()} cores); calibration sum(range(10**6)) = {calib:.1f} ms")
+    print(f"built {opts.sessions:,} sessions / {opts.turns:,} turns ({opts.reply_words}-word replies) in "
+          f"{build_s:.1f} s; database {db_mb:.0f} MB; JSONL export {out_mb:.0f} MB, {exported:,} rows")
+    failures = []
+    for name, figures in results.items():
+        ok = figures["subprocess_s"] <= TARGET_S
+        print(f"chatterm {name:<13} in process {figures['in_process_s']:.2f} s · as a command "
+              f"{figures['subprocess_s']:.2f} s (target <= {TARGET_S:.1f} s) {'ok' if ok else 'MISS'}")
+        if not ok:
+            failures.append(f"{name} took {figures['subprocess_s']:.2f} s")
+    for plan in query_plans:
+        print(f"plan: {plan}")
+        if "COVERING INDEX turns_summary" not in plan:
+            failures.append(f"a listing query reads the turn rows: {plan}")
+    if exported != opts.turns:
+        failures.append(f"the export holds {exported} of {opts.turns} turns")
+    if opts.json:
+        opts.json.write_text(json.dumps({
+            "cpu": cpu_model(), "cores": os.cpu_count(), "calibration_ms": calib, "sessions": opts.sessions,
+            "turns": opts.turns, "reply_words": opts.reply_words, "build_s": build_s, "db_mb": db_mb,
+            "export_mb": out_mb, "runs": opts.runs, "results": results, "plans": query_plans,
+            "target_s": TARGET_S, "failures": failures,
+        }, indent=2) + "\n")
+    for failure in failures:
+        print(f"MISS: {failure}", file=sys.stderr)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,86 @@
+"""Untrusted text made inert for each export format.
+
+Contract (every string that reaches an export goes through one of these):
+- `one_line(text, limit)`: newlines become "↵", tab a space, C0/C1 control
+  characters their visible Unicode pictures (ESC -> "␛") or U+FFFD, and
+  bidirectional controls (overrides, embeddings, isolates, marks) U+FFFD, so text
+  can neither restyle a terminal, split a line, nor reorder what surrounds it.
+  `limit` shortens first (with "…").
+- `md_escape`: `one_line`, then Markdown markup characters backslash-escaped
+  (pipes included), so a table cell renders literally and stays one cell.
+- `html_text`: `one_line`, then `html.escape` (quotes too): safe in element text
+  and in attribute values.
+- `csv_cell`: a value as a CSV cell. Numbers stay numbers (a negative number is a
+  number, never prefixed); a text cell that starts like a spreadsheet formula
+  (`=`, `+`, `-`, `@`, tab, carriage return) gets a leading `'`, the
+  neutralization spreadsheets expect, unless the whole text is a plain number.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+
+_MD_ESCAPED = set("\\`*_[]<>|&~$#!")
+BIDI_CONTROLS = frozenset(
+    {0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A)}
+)
+"""Characters that change the display order of the text around them."""
+_LINE_BREAKS = {"\n", "\r", "\v", "\f", "\x85", "\u2028", "\u2029"}
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def one_line(text: str, limit: int | None = None) -> str:
+    if limit is not None and len(text) > limit:
+        text = text[: limit - 1] + "…"
+    text = text.replace("\r\n", "\n")
+    out = []
+    for ch in text:
+        code = ord(ch)
+        if ch in _LINE_BREAKS:
+            out.append("↵")
+        elif ch == "\t":
+            out.append(" ")
+        elif code < 0x20:
+            out.append(chr(0x2400 + code))
+        elif code == 0x7F:
+            out.append("␡")
+        elif 0x80 <= code < 0xA0 or code in BIDI_CONTROLS:
+            out.append("\ufffd")
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def md_escape(text: str, limit: int | None = None) -> str:
+    """`text` as Markdown that renders literally on one line of a table cell."""
+    return "".join("\\" + ch if ch in _MD_ESCAPED else ch for ch in one_line(text, limit))
+
+
+def html_text(text: str, limit: int | None = None) -> str:
+    """`text` as inert HTML text (also safe inside a quoted attribute)."""
+    return html.escape(one_line(text, limit), quote=True)
+
+
+def _is_number(text: str) -> bool:
+    if text != text.strip():
+        return False  # float() would accept "\t5"; a spreadsheet might not read it as a number
+    try:
+        return math.isfinite(float(text))
+    except ValueError:
+        return False
+
+
+def csv_cell(value) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return repr(value) if math.isfinite(value) else ""
+    if isinstance(value, int):
+        return str(value)
+    text = str(value)
+    if text.startswith(FORMULA_STARTS) and not _is_number(text):
+        return "'" + text  # keep spreadsheets from evaluating it
+    return text

@@ -1,0 +1,188 @@
+"""Words, numbers and colours shared by the Markdown and HTML reports (plain `str`, unescaped).
+
+Contract: pure formatting of `chatterm.core.report` figures; callers escape the
+result for their format (ids from files and the database are inside some rows).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Sequence
+
+from chatterm.core.breakdown import MIN_DECODE_TOKENS, MIN_PREFILL_TOKENS, TokenCosts
+from chatterm.core.report import SessionReport
+from chatterm.core.whatif import CostSplit, WhatIf
+
+DASH = "–"
+
+SESSION_COLOURS = ("#4e79a7", "#f28e2b", "#59a14f", "#b07aa1", "#e15759", "#76b7b2", "#9c755f", "#edc948")
+"""One colour per session on the comparison charts (colour-blind-safe Tableau 10)."""
+PART_COLOURS = {"restore": "#9c755f", "prefill": "#4e79a7", "first_token": "#f28e2b", "decode": "#59a14f"}
+"""A timeline's parts: brown, blue, orange, green."""
+
+
+def session_colour(n: int) -> str:
+    return SESSION_COLOURS[n % len(SESSION_COLOURS)]
+
+
+def utc(ts: float) -> str:
+    return datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def num(value: float | int | None, digits: int = 1) -> str:
+    if value is None:
+        return DASH
+    if isinstance(value, int):
+        return str(value)
+    return f"{value:.{digits}f}"
+
+
+def usd(value: float) -> str:
+    return f"{value:.6f}"
+
+
+def pct(share: float | None) -> str:
+    return DASH if share is None else f"{share * 100:.1f} %"
+
+
+def per_token(value: float | None, note: str) -> str:
+    """A per-token figure, or why there is none, in a few words."""
+    if value is not None:
+        return f"{value:.2f}"
+    if note.startswith("too few"):
+        return "too few tokens"
+    return "not recorded"
+
+
+def ratio(costs: TokenCosts) -> str:
+    return DASH if costs.ratio is None else f"{costs.ratio:.1f}x"
+
+
+def session_facts(r: SessionReport) -> list[tuple[str, str]]:
+    info = r.info
+    return [
+        ("Started", utc(info.started_at)),
+        ("Model", info.model_id),
+        ("Model identity", info.model_identity),
+        ("Engine", info.engine),
+        ("Device", info.device),
+        ("Persona", info.persona_id),
+    ]
+
+
+def summary_rows(r: SessionReport) -> list[tuple[str, str]]:
+    s = r.summary
+    rows = [
+        ("Turns", str(s.turns)),
+        ("TTFT p50 / p95 / max (ms)", " / ".join(num(v) for v in (s.ttft_p50_ms, s.ttft_p95_ms, s.ttft_max_ms))),
+        ("Mean decode rate (tok/s)", num(s.mean_decode_tok_s)),
+        ("Prompt tokens (cached / prefilled)", f"{s.prompt_tokens} ({s.cached_tokens} / {s.prefilled_tokens})"),
+        ("Generated tokens", str(s.generated_tokens)),
+        ("Cost (USD, API-equivalent)", f"{s.cost_usd:.6f}"),
+        ("Cache savings: prefill time (s)", f"{s.saved_prefill_s:.3f}"),
+        ("Cache savings: cost (USD)", f"{s.saved_usd:.6f}"),
+    ]
+    if s.energy_wh is not None:
+        rows.append(("GPU energy (Wh)", f"{s.energy_wh:.4f}"))
+    return rows
+
+
+def token_cost_sentences(costs: TokenCosts) -> list[str]:
+    """The session's measured per-token costs, said plainly."""
+    lines = []
+    if costs.prefill_ms_per_token is not None:
+        lines.append(
+            f"Prefill: {costs.prefill_ms_per_token:.2f} ms per input token "
+            f"(over {costs.prefill_tokens} prefilled tokens)."
+        )
+    else:
+        lines.append(f"Prefill: not measured — {costs.prefill_note} (a turn needs {MIN_PREFILL_TOKENS}).")
+    if costs.decode_ms_per_token is not None:
+        lines.append(
+            f"Decode: {costs.decode_ms_per_token:.2f} ms per output token "
+            f"(over {costs.decode_tokens} decoded tokens)."
+        )
+    else:
+        lines.append(f"Decode: not measured — {costs.decode_note} (a turn needs {MIN_DECODE_TOKENS}).")
+    if costs.ratio is not None:
+        lines.append(f"An output token took {costs.ratio:.1f}x as long as an input token on this machine.")
+    return lines
+
+
+def split_rows(split: CostSplit) -> list[tuple[str, str, str, str]]:
+    """(part, tokens, USD, share of USD) for input uncached / cached, output, total."""
+    total = split.total_usd
+
+    def share(value: float) -> str:
+        return pct(value / total) if total > 0 else DASH
+
+    return [
+        ("Input, uncached", str(split.uncached_tokens), usd(split.uncached_usd), share(split.uncached_usd)),
+        ("Input, cached", str(split.cached_tokens), usd(split.cached_usd), share(split.cached_usd)),
+        ("Output", str(split.output_tokens), usd(split.output_usd), share(split.output_usd)),
+        ("Total", str(split.input_tokens + split.output_tokens), usd(total), share(total)),
+    ]
+
+
+def split_sentence(split: CostSplit) -> str:
+    return (
+        f"Input is {pct(split.input_token_share)} of the tokens and "
+        f"{pct(split.input_cost_share)} of the cost."
+    )
+
+
+WHAT_IF_ROWS = (
+    "Input, uncached (USD)",
+    "Input, cached (USD)",
+    "Output (USD)",
+    "Total (USD)",
+    "Without the cache (USD)",
+    "Cache saved (USD)",
+    "Input share of cost",
+)
+
+
+def what_if_header(rows: Sequence[WhatIf], priced_with: Sequence[str]) -> list[str]:
+    """Column titles: profile label, its date, and * for the profile the session used."""
+    return [
+        f"{w.profile.label} ({w.profile.as_of}){' *' if w.profile.id in priced_with else ''}" for w in rows
+    ]
+
+
+def priced_with_note(r: SessionReport) -> str:
+    """Which column the stored costs match (`*`), or that their profile is gone."""
+    shown = {w.profile.id for w in r.what_if}
+    if not r.priced_with:
+        return ""
+    ids = ", ".join(r.priced_with)
+    if shown & set(r.priced_with):
+        return f"* the profile this session's stored costs use ({ids})."
+    return f"The stored costs use {ids}, which is not in the current price profiles."
+
+
+def what_if_columns(rows: Sequence[WhatIf]) -> list[list[str]]:
+    """One column of `WHAT_IF_ROWS` values per profile."""
+    columns = []
+    for w in rows:
+        s = w.split
+        saved = usd(w.saved_usd) if w.has_cache_discount else f"{usd(w.saved_usd)} (no cached-input discount)"
+        columns.append([
+            usd(s.uncached_usd), usd(s.cached_usd), usd(s.output_usd), usd(w.total_usd),
+            usd(w.without_cache_usd), saved, pct(s.input_cost_share),
+        ])
+    return columns
+
+
+def comparison_header() -> list[str]:
+    return ["Session", "Model", "Engine", "Device", "Turns", "TTFT p50 ms", "Mean tok/s",
+            "Prefill ms/token", "Decode ms/token", "Decode/prefill", "Cost USD"]
+
+
+def comparison_row(r: SessionReport) -> list[str]:
+    c = r.token_costs
+    return [
+        f"{r.key} (session {r.info.id})", r.info.model_id, r.info.engine, r.info.device,
+        str(r.summary.turns), num(r.summary.ttft_p50_ms), num(r.summary.mean_decode_tok_s),
+        per_token(c.prefill_ms_per_token, c.prefill_note), per_token(c.decode_ms_per_token, c.decode_note),
+        ratio(c), usd(r.summary.cost_usd),
+    ]

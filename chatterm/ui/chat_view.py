@@ -1,0 +1,409 @@
+"""The chat: conversation pane, status line and prompt, and the turn loop that joins them.
+
+Contract:
+- `ChatView` owns the `Conversation` it shows, the turn worker, and the one
+  `TurnPhase` that says what the chat is doing. The app hands it a
+  conversation once the model is loaded (`attach`, `start_over`) and tells it
+  when the model failed (`no_model`); everything else happens here.
+- What happens when the user presses Enter, in order:
+  1. `_submitted` (PromptArea.Submitted): refused with a notification unless the
+     phase is IDLE; otherwise the user message and an empty streaming reply are
+     mounted, the phase becomes STREAMING, the collector's full passes stop
+     (`gc_policy`), the timers start, `_run_turn` starts.
+  2. `_run_turn` (thread worker): `Conversation.send` starts the engine's turn,
+     and each delta goes onto `_unshown`, a deque (nothing runs on the UI thread
+     per token: `call_from_thread` per token capped a producer at 365 tok/s).
+  3. `_flush_tick` (timer): everything on `_unshown` goes to the reply in ONE
+     write. The timer's period adapts to what a frame costs (`FrameBudget`):
+     when the stream outruns the screen, writes get fewer and larger instead of
+     queueing. `_dashboard_tick` shows the live `TurnMetrics` at 5 Hz.
+  4. `TurnEnded` (posted by the worker): the phase becomes ENDING, the rest of
+     `_unshown` is written, the reply is finished with its footer, notices and
+     errors are added, the dashboard gets the turn, the phase becomes IDLE.
+     Two seconds later, if still IDLE, garbage is collected and full passes
+     are allowed again.
+  Esc (`stop`) moves STREAMING to STOPPING and cancels the turn; the engine
+  stops at its next token and step 4 follows.
+- Errors in drawing never kill the app (logged); engine errors become notices.
+- The dashboard is given, not looked up; the app learns about status changes
+  and finished turns through `StatusChanged` and `TurnFinished`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass
+from enum import Enum
+from typing import TYPE_CHECKING, Sequence
+
+from textual import on, work
+from textual.containers import Horizontal, Vertical
+from textual.content import Content
+from textual.message import Message
+from textual.widgets import ProgressBar, Static
+
+from chatterm.core.conversation import Conversation
+from chatterm.core.format import SEP, fmt_ms, fmt_tok_s, printable
+from chatterm.core.metrics import SessionSummary, TurnMetrics
+from chatterm.ui import gc_policy
+from chatterm.ui.conversation import AssistantReply, ConversationView, OlderTurns
+from chatterm.ui.engine_lease import EngineClosing, EngineLease
+from chatterm.ui.prompt import PromptArea
+
+if TYPE_CHECKING:
+    from textual.timer import Timer
+
+    from chatterm.core.engine import Turn
+    from chatterm.core.store import TurnRecord
+    from chatterm.ui.dashboard import Dashboard
+
+log = logging.getLogger(__name__)
+
+
+class TurnPhase(Enum):
+    """What the chat is doing; the only state the turn loop keeps."""
+
+    NO_MODEL = "no model"
+    """No conversation yet: the model loads (or failed to). Enter keeps the text."""
+    IDLE = "idle"
+    """Enter sends."""
+    STREAMING = "streaming"
+    """A turn's worker runs; its deltas flow to the screen."""
+    STOPPING = "stopping"
+    """A cancel was asked; the worker ends at the engine's next token."""
+    ENDING = "ending"
+    """The worker ended; the final reply is being drawn (no new turn until it is)."""
+
+
+class FrameBudget:
+    """How often to write the stream to the screen: as often as `max_hz`, but
+    never spending more than `share` of the loop on those writes.
+
+    Each flush measures what it cost (the write plus the frame it caused);
+    the next flush waits long enough that flushes take at most `share` of the
+    time. A stream that outruns the screen gets fewer, larger writes, so the
+    backlog at the end stays one write's worth whatever the token rate.
+    """
+
+    def __init__(self, max_hz: float = 30.0, min_hz: float = 4.0, share: float = 0.35):
+        self.min_interval = 1.0 / max_hz
+        self.max_interval = 1.0 / min_hz
+        self.share = share
+        self.interval = self.min_interval
+
+    def spent(self, seconds: float) -> None:
+        wanted = seconds / self.share
+        # Smooth upwards quickly, downwards slowly: one cheap frame after a
+        # costly one says little.
+        if wanted > self.interval:
+            self.interval = wanted
+        else:
+            self.interval = 0.7 * self.interval + 0.3 * wanted
+        self.interval = min(max(self.interval, self.min_interval), self.max_interval)
+
+
+class ChatView(Vertical):
+    DASHBOARD_HZ = 5
+
+    @dataclass
+    class StatusChanged(Message):
+        text: str
+
+    @dataclass
+    class TurnFinished(Message):
+        metrics: TurnMetrics
+
+    @dataclass
+    class TurnEnded(Message):
+        """Posted by the turn worker (from its thread) when the turn is over."""
+
+        reply: AssistantReply
+        turn: "Turn | None"
+        conversation: Conversation
+        error: str | None = None
+
+    def __init__(self, persona_name: str, dashboard: "Dashboard", lease: EngineLease, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.persona_name = persona_name
+        """Title of the replies shown from now on."""
+        self.prefix_pending = False
+        """The persona's prefix is being prepared (only changes the wording of the status)."""
+        self._dashboard = dashboard
+        self._lease = lease
+        self._conversation: Conversation | None = None
+        self._phase = TurnPhase.NO_MODEL
+        self._no_model_reason: str | None = None
+        self._unshown: deque[str] = deque()
+        """Deltas the worker produced that are not on screen yet."""
+        self._reply: AssistantReply | None = None
+        self._turn: "Turn | None" = None
+        self._budget = FrameBudget()
+        self._flush_timer: "Timer | None" = None
+        self._store_error_shown: str | None = None
+
+    # -- layout and public state ------------------------------------------------
+    def compose(self):
+        yield ConversationView(id="conversation")
+        with Horizontal(id="status-line"):
+            yield ProgressBar(total=1.0, show_eta=False, id="load-progress")
+            yield Static(Content("starting…"), id="status")
+        yield PromptArea(id="prompt", placeholder="Message — Enter sends, Ctrl+J new line, F1 help")
+
+    def on_mount(self) -> None:
+        self._dash_timer = self.set_interval(1 / self.DASHBOARD_HZ, self._dashboard_tick, pause=True)
+
+    @property
+    def phase(self) -> TurnPhase:
+        return self._phase
+
+    @property
+    def conversation(self) -> Conversation | None:
+        return self._conversation
+
+    @property
+    def messages(self) -> ConversationView:
+        return self.query_one(ConversationView)
+
+    def set_status(self, text: str) -> None:
+        self.query_one("#status", Static).update(Content(printable(text)), layout=False)
+        self.post_message(self.StatusChanged(text))
+
+    def show_load_progress(self, fraction: float | None) -> None:
+        """Progress of the model load (0..1); None hides the bar."""
+        bar = self.query_one("#load-progress", ProgressBar)
+        if fraction is None:
+            bar.display = False
+        else:
+            bar.update(progress=max(0.0, min(fraction, 1.0)))
+
+    # -- the conversation shown ---------------------------------------------------
+    def attach(self, conversation: Conversation) -> None:
+        """The model is loaded: `conversation` continues what is on screen."""
+        self._conversation = conversation
+        if self._phase is TurnPhase.NO_MODEL:
+            self._phase = TurnPhase.IDLE
+
+    def no_model(self, reason: str) -> None:
+        """The model failed to load: Enter says why instead of sending."""
+        self._no_model_reason = reason
+
+    async def start_over(
+        self,
+        conversation: Conversation | None,
+        notice: str,
+        tail: Sequence["TurnRecord"] = (),
+        older: OlderTurns | None = None,
+    ) -> None:
+        """Replace what is shown: cancel the running turn, show `tail` (a resumed
+        session's last turns; `older` pages in the rest) and `notice`."""
+        self.cancel()
+        view = self.messages
+        await view.clear()
+        self._reply = None
+        await view.show_records(self.persona_name, tail, older)
+        self._conversation = None
+        if self._phase is TurnPhase.IDLE:
+            self._phase = TurnPhase.NO_MODEL
+        if conversation is not None:
+            self.attach(conversation)
+        await view.add_notice(notice)
+        self._dashboard.show_turn(None)
+        self.show_session()
+        self.set_status("ready" if self._conversation is not None else "loading…")
+        self.call_after_refresh(self.collect_garbage, True)
+
+    def show_session(self, turns: list[TurnMetrics] | None = None) -> None:
+        """The session figures on the dashboard (from the conversation, or `turns`
+        before it exists)."""
+        if turns is None:
+            if self._conversation is None:
+                return
+            turns = self._conversation.turns
+        self._dashboard.show_session(SessionSummary.of(turns), turns)
+
+    def collect_garbage(self, everything: bool = False) -> None:
+        """Collect garbage now unless a turn is on its way (see `gc_policy`)."""
+        if self._phase in (TurnPhase.IDLE, TurnPhase.NO_MODEL):
+            gc_policy.collect_all() if everything else gc_policy.collect_recent()
+            # Only now: re-enabled at the end of the reply, the collector
+            # would start its own full pass at once (the gen-1 passes of a
+            # long reply are counted towards one).
+            gc_policy.allow_full_passes(True)
+
+    # -- Enter: sending and streaming -----------------------------------------------
+    @on(PromptArea.Submitted)
+    async def _submitted(self, event: PromptArea.Submitted) -> None:
+        event.stop()
+        if self._phase is TurnPhase.NO_MODEL or self._conversation is None:
+            if self._no_model_reason:
+                self.notify(f"No model: {self._no_model_reason}", severity="error", markup=False)
+            else:
+                self.notify("The model is still loading; your message is kept.", markup=False)
+            return
+        if self._phase is not TurnPhase.IDLE:
+            self.notify("A reply is streaming: Esc stops it.", markup=False)
+            return
+        text = event.text
+        event.prompt.clear()
+        view = self.messages
+        await view.add_user(text)
+        self._reply = await view.add_reply(self.persona_name, streaming=True)
+        self._turn = None
+        self._phase = TurnPhase.STREAMING
+        self.set_status(
+            "waiting for the persona prefix, then the first token…"
+            if self.prefix_pending
+            else "waiting for the first token…"
+        )
+        self._budget = FrameBudget()
+        gc_policy.allow_full_passes(False)
+        self._schedule_flush()
+        self._dash_timer.resume()
+        self._run_turn(self._conversation, text, self._reply)
+
+    @work(thread=True, group="turn", exit_on_error=False)
+    def _run_turn(self, conversation: Conversation, text: str, reply: AssistantReply) -> None:
+        unshown = self._unshown
+        turn: "Turn | None" = None
+        try:
+            with self._lease.use():
+                # send() may tokenize a long prompt: off the UI thread too.
+                turn = conversation.send(text)
+                self._turn = turn
+                if self._phase is TurnPhase.STOPPING:
+                    turn.cancel()
+                for delta in turn.stream():
+                    unshown.append(delta)
+        except EngineClosing:
+            return
+        except Exception as exc:  # noqa: BLE001 - stream() never raises; send() might
+            log.exception("turn failed to start")
+            self.post_message(self.TurnEnded(reply, turn, conversation, f"{type(exc).__name__}: {exc}"))
+            return
+        self.post_message(self.TurnEnded(reply, turn, conversation))
+
+    async def _flush_tick(self) -> None:
+        started = time.perf_counter()
+        try:
+            wrote = await self._show_unshown()
+        except Exception:  # noqa: BLE001 - a display glitch must not kill the app
+            log.exception("flush failed")
+            wrote = False
+        if self._phase not in (TurnPhase.STREAMING, TurnPhase.STOPPING):
+            return
+        if wrote:
+            # The frame this write causes is painted after this callback:
+            # measure it there, then schedule the next flush.
+            self.call_after_refresh(self._frame_painted, started)
+        else:
+            self._schedule_flush()
+
+    def _frame_painted(self, started: float) -> None:
+        self._budget.spent(time.perf_counter() - started)
+        self._schedule_flush()
+
+    def _schedule_flush(self) -> None:
+        if self._phase in (TurnPhase.STREAMING, TurnPhase.STOPPING):
+            self._flush_timer = self.set_timer(self._budget.interval, self._flush_tick)
+
+    async def _show_unshown(self) -> bool:
+        """Move every delta that arrived into the streaming reply in one write."""
+        unshown = self._unshown
+        if not unshown:
+            return False
+        chunks = []
+        while unshown:
+            chunks.append(unshown.popleft())
+        if self._reply is None:
+            return False
+        await self._reply.write("".join(chunks))
+        return True
+
+    def _dashboard_tick(self) -> None:
+        try:
+            turn = self._turn
+            if turn is None:
+                return
+            m = turn.metrics
+            self._dashboard.show_turn(m, running=not turn.done)
+            if m.ttft_ms is not None and self._phase is TurnPhase.STREAMING:
+                self.set_status(f"streaming{SEP}TTFT {fmt_ms(m.ttft_ms)}{SEP}{fmt_tok_s(m.decode_tok_s)}")
+        except Exception:  # noqa: BLE001
+            log.exception("dashboard update failed")
+
+    @on(TurnEnded)
+    async def _turn_ended(self, event: TurnEnded) -> None:
+        event.stop()
+        self._phase = TurnPhase.ENDING
+        if self._flush_timer is not None:
+            self._flush_timer.stop()
+        self._dash_timer.pause()
+        self._turn = None
+        try:
+            await self._show_unshown()
+            await self._show_turn_end(event)
+        except Exception:  # noqa: BLE001 - a display glitch must not kill the app
+            log.exception("showing the end of a turn failed")
+        finally:
+            # Only now: a new turn must not start while this one is being drawn.
+            self._phase = TurnPhase.IDLE if self._conversation is not None else TurnPhase.NO_MODEL
+        self.collect_garbage_later()
+
+    @on(ConversationView.OlderShown)
+    def _older_shown(self) -> None:
+        self.collect_garbage_later()
+
+    IDLE_COLLECT_S = 2.0
+    """A collection waits this long after a reply: a pause of 20-30 ms then is
+    one the user reading the reply does not notice, and one right at the end
+    of a reply would delay its last frame or the next keystroke."""
+
+    def collect_garbage_later(self) -> None:
+        """Collect once the finished reply is on screen and the user reads it."""
+        self.set_timer(self.IDLE_COLLECT_S, self.collect_garbage)
+
+    async def _show_turn_end(self, event: TurnEnded) -> None:
+        reply, turn = event.reply, event.turn
+        if not (event.conversation is self._conversation and reply.is_attached):
+            # The conversation was replaced (persona switch, resume) mid-turn.
+            if turn is not None and reply.is_attached:
+                await reply.finish(turn.reply, turn.metrics)
+            return
+        view = self.messages
+        if turn is None:
+            await reply.remove()
+            await view.add_notice(f"Could not start the reply: {event.error}", "error")
+            self.set_status("ready")
+            return
+        m = turn.metrics
+        await reply.finish(turn.reply, m)
+        for notice in turn.notices:
+            await view.add_notice(notice, "warning")
+        if m.stop_reason == "error":
+            await view.add_notice(f"Generation failed: {m.error}", "error")
+        store_error = event.conversation.store_error
+        if store_error and store_error != self._store_error_shown:
+            self._store_error_shown = store_error
+            self.notify(store_error, title="Session store", severity="warning", markup=False)
+        self._dashboard.show_turn(m)
+        self.show_session()
+        self.post_message(self.TurnFinished(m))
+        self.set_status({"cancelled": "stopped", "error": "error"}.get(m.stop_reason, "ready"))
+
+    # -- stopping ----------------------------------------------------------------------
+    def cancel(self) -> None:
+        """Cancel the running turn, if any (its end is still drawn when it comes)."""
+        if self._phase is TurnPhase.STREAMING:
+            self._phase = TurnPhase.STOPPING
+        if self._phase is TurnPhase.STOPPING:
+            turn = self._turn
+            if turn is not None:
+                turn.cancel()
+
+    def stop(self) -> None:
+        """Esc: stop the reply that is streaming."""
+        if self._phase in (TurnPhase.STREAMING, TurnPhase.STOPPING):
+            self.cancel()
+            self.set_status("stopping…")

@@ -1,0 +1,274 @@
+"""The latency screen (F5) and a turn's detail (F8, or Enter on a turn).
+
+Contract:
+- `LatencyScreen(turns, prices)` charts a conversation's turns with real axes
+  and labels (textual-plotext): time to first token per turn stacked by restore /
+  prefill / first token, decode tokens/s per turn, cumulative cost; a turns table
+  (Enter opens `TurnDetailScreen`); and the session's cost split and what-if
+  under every price profile. One tab per view, so each chart gets the whole
+  screen at 80x24. A snapshot: it shows the turns it was given.
+- A turn with no first token gets no bar: its x label is marked `✕`, a stopped
+  turn's `■`, so failures never read as zeros. Chart labels are turn numbers and
+  fixed words only (plotext output is parsed as ANSI); chart colours come from the
+  app's theme and follow a theme change.
+- `TurnDetailScreen(index, metrics)` (F8 for the last turn: F6 and F7 select
+  text in the prompt) shows one turn's timeline to scale with the ms and share
+  of each part, the measured per-token costs (or why not), tokens, cache and
+  cost split. Stored text (errors, cache details) is shown literally.
+- Every figure comes from `chatterm.core.breakdown` / `whatif`; nothing is
+  computed here.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+from rich import box
+from rich.table import Table
+from rich.text import Text
+from textual import on
+from textual.binding import Binding
+from textual.color import Color
+from textual.containers import Vertical, VerticalScroll
+from textual.content import Content
+from textual.screen import ModalScreen, Screen
+from textual.widget import Widget
+from textual.widgets import DataTable, Footer, Static, TabbedContent, TabPane
+from textual_plotext import PlotextPlot
+
+from chatterm.core.breakdown import PART_LABELS, TTFT_PARTS, Timeline, session_token_costs, timeline, token_costs
+from chatterm.core.format import SEP, cache_label, fmt_int, fmt_ms, fmt_tok_s, fmt_usd, printable
+from chatterm.core.metrics import TurnMetrics
+from chatterm.core.models import PriceProfile
+from chatterm.core.whatif import cost_split, priced_with, what_if
+from chatterm.ui.timeline import fmt_share, per_token, timeline_bar, timeline_legend, token_cost_line
+
+MARKS = {"error": "✕", "stopped": "■"}
+PART_THEME_COLOURS = {"restore": "warning", "prefill": "primary", "first_token": "accent", "decode": "success"}
+
+
+def turn_label(index: int, m: TurnMetrics) -> str:
+    """The x label: the turn number, marked when the turn failed or was stopped."""
+    return f"{index}{MARKS.get(timeline(m).status, '')}"
+
+
+class LatencyScreen(Screen[None]):
+    BINDINGS = [Binding("escape,q,f5", "app.pop_screen", "Close")]
+    DEFAULT_CSS = """
+    LatencyScreen {
+        background: $background;
+        #latency-title { height: 1; padding: 0 1; background: $panel; text-style: bold; }
+        #latency-summary { height: auto; padding: 0 1; color: $text-muted; }
+        TabbedContent { height: 1fr; }
+        TabPane { padding: 0; }
+        PlotextPlot { height: 1fr; }
+        .chart-note { height: auto; padding: 0 1; color: $text-muted; }
+        #latency-turns { height: 1fr; }
+        #latency-costs { padding: 0 1; }
+    }
+    """
+
+    def __init__(self, turns: Sequence[TurnMetrics], prices: Mapping[str, PriceProfile]):
+        super().__init__()
+        self._turns = list(turns)
+        self._prices = dict(prices)
+
+    def compose(self):
+        yield Static(Content(f"Latency · {len(self._turns)} turn{'' if len(self._turns) == 1 else 's'}"),
+                     id="latency-title")
+        costs = session_token_costs(self._turns)
+        yield Static(Content(f"per token on this machine: {token_cost_line(costs)}"), id="latency-summary")
+        notes = f"{MARKS['error']} no first token (failed){SEP}{MARKS['stopped']} stopped"
+        with TabbedContent(id="latency-tabs"):
+            with TabPane("TTFT", id="tab-ttft"):
+                yield PlotextPlot(id="plot-ttft")
+                yield Static(Content(f"stacked: restore, prefill, first token{SEP}{notes}"), classes="chart-note")
+            with TabPane("Decode", id="tab-decode"):
+                yield PlotextPlot(id="plot-decode")
+                yield Static(Content(f"no bar: fewer than 2 tokens{SEP}{notes}"), classes="chart-note")
+            with TabPane("Cost", id="tab-cost"):
+                yield PlotextPlot(id="plot-cost")
+            with TabPane("Turns", id="tab-turns"):
+                yield DataTable(id="latency-turns", cursor_type="row", zebra_stripes=True)
+            with TabPane("What if", id="tab-costs"):
+                with VerticalScroll():
+                    yield Static(self._costs(), id="latency-costs")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self._fill_table()
+        self._draw()
+        self.app.theme_changed_signal.subscribe(self, lambda _theme: self._draw())
+
+    # -- charts ---------------------------------------------------------------
+    def _rgb(self, part: str) -> tuple[int, int, int]:
+        value = self.app.theme_variables.get(PART_THEME_COLOURS[part], "#4e79a7")
+        return Color.parse(value).rgb
+
+    def _draw(self) -> None:
+        labels = [turn_label(i, m) for i, m in enumerate(self._turns, start=1)]
+        xs = list(range(1, len(self._turns) + 1))
+        timelines = [timeline(m) for m in self._turns]
+
+        plt = self.query_one("#plot-ttft", PlotextPlot).plt
+        plt.clear_figure()
+        if xs:
+            plt.stacked_bar(
+                labels,
+                [[tl.ms(part) for tl in timelines] for part in TTFT_PARTS],
+                labels=[PART_LABELS[p] for p in TTFT_PARTS],
+                color=[self._rgb(p) for p in TTFT_PARTS],
+                width=0.6,
+            )
+        plt.title("Time to first token per turn")
+        plt.xlabel("turn")
+        plt.ylabel("ms")
+
+        plt = self.query_one("#plot-decode", PlotextPlot).plt
+        plt.clear_figure()
+        if xs:
+            plt.bar(labels, [m.decode_tok_s or 0.0 for m in self._turns], color=self._rgb("decode"), width=0.6)
+        plt.title("Decode rate per turn")
+        plt.xlabel("turn")
+        plt.ylabel("tokens/s")
+
+        plt = self.query_one("#plot-cost", PlotextPlot).plt
+        plt.clear_figure()
+        running, cumulative = 0.0, []
+        for m in self._turns:
+            running += m.cost_usd
+            cumulative.append(running)
+        if xs:
+            plt.plot(xs, cumulative, marker="hd", color=self._rgb("prefill"))
+            plt.xticks(xs, labels)
+        plt.title("Cumulative cost (API-equivalent)")
+        plt.xlabel("turn")
+        plt.ylabel("USD")
+        for plot in self.query(PlotextPlot):
+            plot.refresh()
+
+    # -- tables ---------------------------------------------------------------
+    def _fill_table(self) -> None:
+        table = self.query_one("#latency-turns", DataTable)
+        table.add_columns("#", "state", "TTFT", "restore", "prefill", "1st tok", "decode", "tok/s",
+                          "ms/tok in", "ms/tok out", "ratio", "cost")
+        for index, m in enumerate(self._turns, start=1):
+            tl, c = timeline(m), token_costs(m)
+            ratio = f"{c.ratio:,.1f}x" if c.ratio is not None else "–"
+            cells = [
+                turn_label(index, m), tl.status, fmt_ms(m.ttft_ms), fmt_ms(tl.restore_ms),
+                fmt_ms(tl.prefill_ms), fmt_ms(tl.first_token_ms) if tl.reached_first_token else "–",
+                fmt_ms(tl.decode_ms), fmt_tok_s(m.decode_tok_s).removesuffix(" tok/s"),
+                per_token(c.prefill_ms_per_token, c.prefill_note, ""), per_token(c.decode_ms_per_token, c.decode_note, ""),
+                ratio, fmt_usd(m.cost_usd),
+            ]
+            table.add_row(*(Text(cell, justify="left" if i == 1 else "right") for i, cell in enumerate(cells)),
+                          key=str(index))
+
+    def _costs(self) -> Table | Content:
+        if not self._turns:
+            return Content("No turns yet.")
+        split = cost_split(self._turns)
+        grid = Table(title="Where the money went", title_justify="left", box=box.SIMPLE_HEAD)
+        for name in ("", "tokens", "USD"):
+            grid.add_column(name, justify="right" if name else "left")
+        grid.add_row("input, uncached", fmt_int(split.uncached_tokens), fmt_usd(split.uncached_usd))
+        grid.add_row("input, cached", fmt_int(split.cached_tokens), fmt_usd(split.cached_usd))
+        grid.add_row("output", fmt_int(split.output_tokens), fmt_usd(split.output_usd))
+        share = split.input_token_share, split.input_cost_share
+        grid.caption = (
+            f"input share: {fmt_share(share[0])} of tokens, {fmt_share(share[1])} of cost"
+        )
+        grid.caption_justify = "left"
+        rows = what_if(self._turns, self._prices)
+        own = priced_with(self._turns)
+        # Totals only, so the table fits 80 columns; the reports split each profile's cost.
+        table = Table(title="What if: this session under every price profile", title_justify="left",
+                      box=box.SIMPLE_HEAD)
+        table.add_column("profile")
+        for name in ("total", "without cache", "cache saved", "input share"):
+            table.add_column(name, justify="right")
+        for w in rows:
+            label = Text(printable(f"{w.profile.label}{' *' if w.profile.id in own else ''}"))
+            table.add_row(label, fmt_usd(w.total_usd), fmt_usd(w.without_cache_usd),
+                          fmt_usd(w.saved_usd) if w.has_cache_discount else "no discount",
+                          fmt_share(w.split.input_cost_share))
+        table.caption = "* the profile this session is priced at · USD, API-equivalent · export md/html for the split"
+        table.caption_justify = "left"
+        outer = Table.grid(padding=(1, 0))
+        outer.add_row(grid)
+        outer.add_row(table)
+        return outer
+
+    @on(DataTable.RowSelected, "#latency-turns")
+    def _open_turn(self, event: DataTable.RowSelected) -> None:
+        index = int(event.row_key.value)
+        self.app.push_screen(TurnDetailScreen(index, self._turns[index - 1]))
+
+
+class TurnDetailScreen(ModalScreen[None]):
+    """One turn: where its time went, what a token cost, where its money went."""
+
+    BINDINGS = [Binding("escape,q,f8", "dismiss", "Close")]
+    AUTO_FOCUS = None
+    DEFAULT_CSS = """
+    TurnDetailScreen {
+        align: center middle;
+        #turn-box { width: 90%; max-width: 100; height: auto; max-height: 90%;
+                    border: round $primary; background: $surface; padding: 0 1; }
+        #turn-title { text-style: bold; color: $primary; }
+        #turn-bar { height: 1; margin: 1 0 0 0; }
+        .turn-hint { color: $text-muted; }
+    }
+    """
+
+    def __init__(self, index: int, metrics: TurnMetrics):
+        super().__init__()
+        self._index = index
+        self._m = metrics
+
+    def compose(self):
+        m = self._m
+        tl, costs = timeline(m), token_costs(m)
+        state = tl.status if tl.reached_first_token else f"{tl.status}: no first token"
+        with Vertical(id="turn-box"):
+            yield Static(Content(f"Turn {self._index}{SEP}{state}{SEP}TTFT {fmt_ms(m.ttft_ms)}"), id="turn-title")
+            yield TimelineBar(tl, id="turn-bar")
+            yield Static(timeline_legend(tl), id="turn-legend")
+            yield Static(Content(self._details(costs)), id="turn-details")
+            yield Static(Content("Esc closes"), classes="turn-hint")
+
+    def _details(self, costs) -> str:
+        m = self._m
+        lines = [f"per token: {token_cost_line(costs)}"]
+        for note in (costs.prefill_note, costs.decode_note):
+            if note:
+                lines.append(f"  {note}")
+        approx = "~" if m.tokens_estimated else ""
+        lines.append(
+            f"tokens: {approx}{fmt_int(m.prompt_tokens)} prompt ({fmt_int(m.cached_tokens)} cached, "
+            f"{fmt_int(m.prefilled_tokens)} prefilled){SEP}{approx}{fmt_int(m.generated_tokens)} generated"
+        )
+        lines.append(f"decode: {fmt_tok_s(m.decode_tok_s)}{SEP}total {fmt_ms(m.total_ms)}")
+        lines.append(f"cache: {cache_label(m)}" + (f"{SEP}{m.cache_detail}" if m.cache_detail else ""))
+        lines.append(
+            f"cost: {fmt_usd(m.cost_usd)} = input {fmt_usd(m.cost_input_usd)} + cached "
+            f"{fmt_usd(m.cost_cached_input_usd)} + output {fmt_usd(m.cost_output_usd)}"
+            + (f" ({printable(m.price_profile)})" if m.price_profile else "")
+        )
+        if m.error:
+            lines.append(f"error: {m.error}")
+        return printable("\n".join(lines))
+
+
+class TimelineBar(Widget):
+    """The turn's timeline, as wide as the widget, to the turn's own scale."""
+
+    DEFAULT_CSS = "TimelineBar { height: 1; }"
+
+    def __init__(self, tl: Timeline, **kwargs):
+        super().__init__(**kwargs)
+        self._tl = tl
+
+    def render(self) -> Content:
+        return timeline_bar(self._tl, max(self.content_size.width, 1))

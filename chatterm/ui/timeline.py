@@ -1,0 +1,65 @@
+"""A turn's timeline (restore | prefill | first token | decode) as text, to scale.
+
+Contract:
+- `timeline_bar(tl, width, scale_ms)` is a `Content` bar `width` cells wide
+  where each part takes its share of `scale_ms` (default: the turn's own total).
+  Parts differ by glyph and by theme colour, so the bar reads in any theme and
+  without colour.
+- `timeline_legend(tl)` names each part with its milliseconds and share, one per line.
+- `token_cost_line(costs)` is the measured ms per input and per output token and
+  their ratio, or `too few` (tokens) / `n/a` (no time recorded) where one is missing.
+Only numbers and fixed words: nothing here comes from the model or a file.
+"""
+
+from __future__ import annotations
+
+from textual.content import Content
+
+from chatterm.core.breakdown import PART_LABELS, PARTS, Timeline, TokenCosts, bar_cells
+from chatterm.core.format import SEP, fmt_ms
+
+GLYPHS = {"restore": "▒", "prefill": "█", "first_token": "▓", "decode": "░"}
+STYLES = {"restore": "$warning", "prefill": "$primary", "first_token": "$accent", "decode": "$success"}
+
+
+def timeline_bar(tl: Timeline, width: int, scale_ms: float | None = None) -> Content:
+    scale = scale_ms if scale_ms is not None else tl.total_ms
+    cells = bar_cells(tl, scale, width)
+    if not cells:
+        return Content("no first token" if not tl.reached_first_token else "–")
+    return Content.assemble(*((GLYPHS[part] * n, STYLES[part]) for part, n in cells))
+
+
+def timeline_legend(tl: Timeline) -> Content:
+    """One line per part: glyph, name, ms and share of the turn."""
+    lines = []
+    total = tl.total_ms
+    for part in PARTS:
+        if part == "first_token" and not tl.reached_first_token:
+            continue
+        share = f"{tl.ms(part) / total * 100:5.1f} %" if total > 0 else ""
+        lines.append(Content.assemble(
+            (GLYPHS[part] * 2, STYLES[part]), f" {PART_LABELS[part]:<12}{fmt_ms(tl.ms(part)):>10}  {share}"
+        ))
+    return Content("\n").join(lines)
+
+
+def per_token(value: float | None, note: str, unit: str = " ms") -> str:
+    """ms per token, or `too few` (tokens to measure) / `n/a` (no time recorded)."""
+    if value is not None:
+        return f"{value:,.2f}{unit}" if value < 10 else f"{value:,.1f}{unit}"
+    return "too few" if note.startswith("too few") else "n/a"
+
+
+def fmt_share(share: float | None) -> str:
+    return "–" if share is None else f"{share * 100:.0f} %"
+
+
+def token_cost_line(costs: TokenCosts) -> str:
+    """`in 8.50 ms · out 53.0 ms · 6.2x` per token; `too few` where one is missing."""
+    ratio = f"{costs.ratio:,.1f}x" if costs.ratio is not None else "–"
+    return SEP.join((
+        f"in {per_token(costs.prefill_ms_per_token, costs.prefill_note)}",
+        f"out {per_token(costs.decode_ms_per_token, costs.decode_note)}",
+        ratio,
+    ))

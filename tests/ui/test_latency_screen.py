@@ -1,0 +1,147 @@
+"""Pilot tests of the latency screen (F5), the turn detail (F8 / Enter) and the
+dashboard's timeline, at 80x24 and 120x40, on the scripted engine (layout only:
+the figures themselves are tested on the real model in tests/test_report.py)."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import loaded, send, wait_for
+from textual.color import Color
+from textual.widgets import DataTable, Static, TabbedContent
+from textual_plotext import PlotextPlot
+
+from chatterm.core.store import SessionStore
+from chatterm.ui.latency_screen import LatencyScreen, TimelineBar, TurnDetailScreen
+
+
+def _inside(widget, size) -> bool:
+    region = widget.region
+    return region.width > 0 and region.x >= 0 and region.y >= 0 and \
+        region.right <= size[0] and region.bottom <= size[1]
+
+
+async def _three_turns(pilot, engine):
+    await loaded(pilot)
+    await send(pilot, "first question")
+    await send(pilot, "second question")
+    engine.fail_turn = "decode failed | [bold]x\x1b[31m"
+    await send(pilot, "third question")
+    engine.fail_turn = None
+
+
+@pytest.mark.parametrize("size", [(80, 24), (120, 40)])
+async def test_latency_screen_charts_turns_and_what_if(build, workspace, size):
+    app, engines = build(replies=["One two three four five six seven", "Eight nine ten"])
+    async with app.run_test(size=size) as pilot:
+        await _three_turns(pilot, engines[0])
+        await pilot.press("f5")
+        await wait_for(pilot, lambda: isinstance(app.screen, LatencyScreen), what="the latency screen")
+        await pilot.pause()
+        screen = app.screen
+        tabs = screen.query_one(TabbedContent)
+
+        ttft = screen.query_one("#plot-ttft", PlotextPlot)
+        assert _inside(ttft, size)
+        assert ttft.region.width >= size[0] - 2 and ttft.region.height >= 12
+        text = ttft.render().plain
+        assert "Time to first token per turn" in text and "turn" in text and "ms" in text
+        assert "3✕" in text  # the failed turn is marked, not drawn as a zero
+        assert "restore" in text and "prefill" in text and "first token" in text
+
+        for tab, plot_id, words in (
+            ("tab-decode", "#plot-decode", ("Decode rate per turn", "tokens/s")),
+            ("tab-cost", "#plot-cost", ("Cumulative cost", "USD")),
+        ):
+            tabs.active = tab
+            await pilot.pause()
+            plot = screen.query_one(plot_id, PlotextPlot)
+            assert _inside(plot, size) and plot.region.height >= 12
+            rendered = plot.render().plain
+            assert all(w in rendered for w in words), rendered
+
+        tabs.active = "tab-costs"
+        await pilot.pause()
+        costs = screen.query_one("#latency-costs", Static)
+        assert _inside(costs.parent, size) and costs.region.right <= size[0]  # scrolls down, never sideways
+        rendered = "\n".join(line.text for line in costs.render_lines(costs.region.reset_offset))
+        for profile in workspace.catalog.prices.values():
+            assert profile.label in rendered
+
+        tabs.active = "tab-turns"
+        await pilot.pause()
+        table = screen.query_one(DataTable)
+        assert table.row_count == 3
+        assert str(table.get_row_at(2)[1]) == "error"
+        table.focus()
+        await pilot.press("down", "enter")
+        await wait_for(pilot, lambda: isinstance(app.screen, TurnDetailScreen), what="the turn detail")
+        await pilot.pause()
+        detail = app.screen
+        box = detail.query_one("#turn-box")
+        assert _inside(box, size)
+        assert "Turn 2" in str(detail.query_one("#turn-title", Static).render())
+        bar = detail.query_one(TimelineBar)
+        assert bar.region.right <= box.region.right
+        await pilot.press("escape")
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: not isinstance(app.screen, LatencyScreen), what="closing")
+
+
+async def test_last_turn_detail_shows_a_failure_literally(build):
+    app, engines = build(replies=["One two three four"])
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("f8")  # nothing yet: a notice, no screen
+        await _three_turns(pilot, engines[0])
+        await pilot.press("f8")
+        await wait_for(pilot, lambda: isinstance(app.screen, TurnDetailScreen), what="the turn detail")
+        await pilot.pause()
+        title = str(app.screen.query_one("#turn-title", Static).render())
+        details = str(app.screen.query_one("#turn-details", Static).render())
+        assert "Turn 3" in title and "no first token" in title
+        assert "[bold]x␛[31m" in details  # stored text shown literally
+        assert "too few generated tokens" in details
+
+
+async def test_latency_charts_follow_the_theme(build):
+    app, engines = build(replies=["One two three"])
+    async with app.run_test(size=(120, 40)) as pilot:
+        await loaded(pilot)
+        await send(pilot, "a question")
+        await pilot.press("f5")
+        await wait_for(pilot, lambda: isinstance(app.screen, LatencyScreen), what="the latency screen")
+        screen = app.screen
+        for theme in ("chatterm-light", "chatterm-high-contrast"):
+            app.theme = theme
+            await pilot.pause()
+            primary = Color.parse(app.theme_variables["primary"]).rgb
+            rendered = screen.query_one("#plot-ttft", PlotextPlot).render()
+            colours = {span.style.color.triplet for span in rendered.spans
+                       if not isinstance(span.style, str) and span.style.color and span.style.color.triplet}
+            assert tuple(primary) in {tuple(c) for c in colours}, theme
+
+
+async def test_dashboard_shows_the_turn_timeline_and_per_token_costs(build):
+    app, engines = build(replies=["One two three four five six seven eight"])
+    async with app.run_test(size=(120, 40)) as pilot:
+        await loaded(pilot)
+        await send(pilot, "a question that is long enough to prefill some tokens")
+        turn = str(app.query_one("#dash-turn", Static).render())
+        session = str(app.query_one("#dash-session", Static).render())
+        assert "timeline" in turn and "per token" in turn and "▒" in turn
+        assert "per token" in session and "input share" in session
+
+
+async def test_html_export_from_the_app_has_the_charts_and_every_profile(build, workspace, isolated_dirs):
+    store = SessionStore(workspace.db_path)
+    app, engines = build(replies=["One two three four five"], store=store)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await loaded(pilot)
+        await send(pilot, "a question")
+        app.action_export("html")
+        target = isolated_dirs["CHATTERM_DATA_DIR"] / "exports" / f"session-{app.conversation.session_id}.html"
+        await wait_for(pilot, target.exists, what="the HTML export")
+    store.close()
+    text = target.read_text(encoding="utf-8")
+    assert 'id="chart-ttft"' in text and "<script" not in text
+    for profile in workspace.catalog.prices.values():
+        assert profile.label in text
