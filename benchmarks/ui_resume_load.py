@@ -74,6 +74,7 @@ def launch_figures(tmp: Path, sid: int, turns: int) -> tuple[float, float, float
 def scroll_figures(workspace, store, sid: int, pages: int) -> tuple[list[float], float, int]:
     """(ms per page of older turns, worst loop stall ms, turns mounted at the end)."""
     from chatterm.core.engine import DeviceInfo, Engine, PrefixReport
+    from chatterm.core.metrics import CacheOutcome
     from chatterm.ui.launch import make_app
     from chatterm.ui.conversation import ConversationView, UserMessage
 
@@ -87,7 +88,7 @@ def scroll_figures(workspace, store, sid: int, pages: int) -> tuple[list[float],
             return DeviceInfo("CPU", "synthetic", n_ctx=8192)
 
         def prepare_persona(self, persona):
-            return PrefixReport("memory", 0.0, 0)
+            return PrefixReport(CacheOutcome.MEMORY, 0.0, 0)
 
         def start_turn(self, persona, history, user_text):
             raise NotImplementedError("this benchmark sends nothing")

@@ -117,43 +117,36 @@ def run(args: argparse.Namespace) -> int:
     os.environ.pop("CHATTERM_DB", None)
 
     from chatterm.core.engine import DeviceInfo, Engine, PrefixReport, Turn
-    from chatterm.core.metrics import TurnMetrics
+    from chatterm.core.metrics import CacheOutcome, StopReason, TurnMetrics
     from chatterm.core.store import SessionStore
     from chatterm.core.workspace import Workspace
     from chatterm.ui.launch import make_app
     from chatterm.ui.chat_view import TurnPhase
     from textual import events
 
-    class PacedTurn(Turn):
+    def paced(turn: Turn, tokens: list[str], rate: float, last: list[float]) -> Iterator[str]:
         """Yields `tokens` at `rate` per second on a fixed schedule (catching up if late)."""
-
-        def __init__(self, metrics, price, tokens, rate):
-            super().__init__(metrics, price)
-            self.tokens = tokens
-            self.rate = rate
-            self.t_last_token: float | None = None
-
-        def _produce(self) -> Iterator[str]:
-            start = time.perf_counter()
-            for i, token in enumerate(self.tokens):
-                due = start + i / self.rate
-                delay = due - time.perf_counter()
-                if delay > 0:
-                    time.sleep(delay)
-                if self.cancelled:
-                    self.metrics.stop_reason = "cancelled"
-                    return
-                self._token_arrived()
-                self.t_last_token = time.perf_counter()
-                yield token
-            self.metrics.stop_reason = "length"
+        start = time.perf_counter()
+        for i, token in enumerate(tokens):
+            due = start + i / rate
+            delay = due - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+            if turn.cancelled:
+                turn.metrics.stop_reason = StopReason.CANCELLED
+                return
+            turn.token_arrived()
+            last[:] = [time.perf_counter()]
+            yield token
+        turn.metrics.stop_reason = StopReason.LENGTH
 
     class PacedEngine(Engine):
         kind = "synthetic"
 
         def __init__(self, spec, price):
             super().__init__(spec, price)
-            self.turns: list[PacedTurn] = []
+            self.turns: list[tuple[Turn, list[str], list[float]]] = []
+            """(turn, its tokens, [time of its last token])"""
 
         def load(self, progress=None):
             pass
@@ -162,13 +155,14 @@ def run(args: argparse.Namespace) -> int:
             return DeviceInfo("CPU", "synthetic producer", n_ctx=8192)
 
         def prepare_persona(self, persona):
-            return PrefixReport("memory", 0.0, 0)
+            return PrefixReport(CacheOutcome.MEMORY, 0.0, 0)
 
         def start_turn(self, persona, history, user_text):
             m = TurnMetrics(engine=self.kind, model_id=self.spec.id, persona_id=persona.id,
                             submitted_at=time.time(), prompt_tokens=10)
-            turn = PacedTurn(m, self.price, reply_tokens(args.tokens), args.rate)
-            self.turns.append(turn)
+            tokens, last = reply_tokens(args.tokens), []
+            turn = Turn(m, self.price, lambda t: paced(t, tokens, args.rate, last))
+            self.turns.append((turn, tokens, last))
             return turn
 
     workspace = Workspace.load(db_path=tmp / "bench.db")
@@ -252,16 +246,16 @@ def run(args: argparse.Namespace) -> int:
             monitoring = False
             await monitor
             gc.callbacks.remove(gc_callback)
-            turn = engines[0].turns[0]
+            turn, tokens, last = engines[0].turns[0]
             m = turn.metrics
             # Sanity: the whole reply reached the screen (its last section heading).
             text = app.query("AssistantReply").last().body_text
-            last_heading = [t for t in turn.tokens if t.startswith("Section ")][-1]
+            last_heading = [t for t in tokens if t.startswith("Section ")][-1]
             assert last_heading in text, "the reply on screen is incomplete"
             mounted = len(app.query("UserMessage"))
             assert mounted >= args.history_turns + 1, f"only {mounted} user messages mounted"
         return {
-            "end_lag_ms": (t_painted - turn.t_last_token) * 1000.0,
+            "end_lag_ms": (t_painted - last[0]) * 1000.0,
             "max_stall_ms": max(stalls),
             "key_p95_ms": percentile(keys, 95) if keys else float("nan"),
             "keys": len(keys),

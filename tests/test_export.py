@@ -325,3 +325,14 @@ def test_export_command_refuses_bad_databases(env, capsys):
     assert main(["export", "--all"]) == 2
     line = one_line_error(capsys)
     assert str(env) in line and "--db" in line
+
+
+def test_a_non_finite_number_is_null_in_jsonl():
+    from chatterm.core.store import SessionInfo, TurnRecord
+
+    info = SessionInfo(id=1, started_at=1_700_000_000.0, model_id="m", model_identity="x", engine="local",
+                       device="CPU", persona_id="assistant", turns=1, ttft_p50_ms=None, cost_usd=0.0)
+    metrics = TurnMetrics(engine="local", model_id="m", persona_id="assistant", submitted_at=1_700_000_001.0,
+                          ttft_ms=float("nan"), prefill_ms=float("inf"), stop_reason="eos")
+    row = json.loads(render([(info, [TurnRecord(1, "q", "a", metrics)])], "jsonl"))
+    assert row["ttft_ms"] is None and row["prefill_ms"] is None and row["reply"] == "a"

@@ -47,6 +47,12 @@ def register(sub, common) -> None:
         metavar="ID",
         help="continue a stored session (the latest when no ID is given; `chatterm sessions` lists them)",
     )
+    p.add_argument(
+        "--no-type-ahead",
+        dest="type_ahead",
+        action="store_false",
+        help="do not prefill a message while it is typed (settings.toml: [tui] type_ahead = false)",
+    )
     p.set_defaults(func=run)
 
 
@@ -96,6 +102,7 @@ def run(args: argparse.Namespace) -> int:
             theme=args.theme,
             resume=args.resume,
             store=store,
+            type_ahead=args.type_ahead,
         )
         with _logging_to_file():
             app.run()

@@ -100,13 +100,22 @@ def collect(
 
 
 # -- formats -------------------------------------------------------------------
+_JSON = json.JSONEncoder(ensure_ascii=False, allow_nan=False)
+"""One encoder for every row: json.dumps with options builds a new one per call."""
+
+
 def render_jsonl(exported: Exported) -> str:
     lines = []
     for info, records in exported:
         for record in records:
-            row = {k: _finite(v) for k, v in turn_row(info, record, texts=True).items()}
-            line = json.dumps(row, ensure_ascii=False, allow_nan=False)
-            lines.append(_JSON_RAW.sub(lambda m: f"\\u{ord(m.group()):04x}", line) + "\n")
+            row = turn_row(info, record, texts=True)
+            try:
+                line = _JSON.encode(row)
+            except ValueError:  # a NaN or infinity (JSON has none): null, as the docs say
+                line = _JSON.encode({k: _finite(v) for k, v in row.items()})
+            if _JSON_RAW.search(line):
+                line = _JSON_RAW.sub(lambda m: f"\\u{ord(m.group()):04x}", line)
+            lines.append(line + "\n")
     return "".join(lines)
 
 

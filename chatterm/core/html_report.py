@@ -119,19 +119,7 @@ def _session(r: SessionReport) -> str:
 
 def _time_table(r: SessionReport) -> str:
     scale = max((v.timeline.total_ms for v in r.turns), default=0.0)
-    rows = []
-    for v in r.turns:
-        tl, c = v.timeline, v.costs
-        state = tl.status if tl.reached_first_token else f"{tl.status}, no first token"
-        rows.append([
-            str(v.index), html_text(state), timeline_bar(tl, scale),
-            words.num(tl.restore_ms), words.num(tl.prefill_ms),
-            words.num(tl.first_token_ms) if tl.reached_first_token else words.DASH,
-            words.num(tl.decode_ms),
-            html_text(words.per_token(c.prefill_ms_per_token, c.prefill_note)),
-            html_text(words.per_token(c.decode_ms_per_token, c.decode_note)),
-            html_text(words.ratio(c)),
-        ])
+    rows = [words.time_row(v, html_text, timeline_bar(v.timeline, scale)) for v in r.turns]
     legend = "".join(
         f'<span class="key"><span class="swatch" style="background:{PART_COLOURS[p]}"></span>'
         f"{html_text(PART_LABELS[p])}</span>"

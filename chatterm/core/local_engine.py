@@ -631,14 +631,17 @@ class LocalEngine(Engine):
         llm.n_tokens = common  # the next eval drops every cell after it
         self._ahead_from = common if self._ahead_from is None else min(self._ahead_from, common)
         t0 = time.perf_counter()
-        for start in range(common, len(target), AHEAD_BATCH):
-            if self._turn_waiting.is_set() or epoch != self._ahead_epoch:
-                break
-            llm.eval(target[start : start + AHEAD_BATCH])
-            if progress is not None:
-                progress(llm.n_tokens, total)
-        ms = (time.perf_counter() - t0) * 1000.0
-        self._ahead_ms += ms
+        try:
+            for start in range(common, len(target), AHEAD_BATCH):
+                if self._turn_waiting.is_set() or epoch != self._ahead_epoch:
+                    break
+                llm.eval(target[start : start + AHEAD_BATCH])
+                if progress is not None:
+                    progress(llm.n_tokens, total)
+        finally:
+            # Interrupted or not, the batches done are ready and their time was spent.
+            ms = (time.perf_counter() - t0) * 1000.0
+            self._ahead_ms += ms
         return AheadReport(llm.n_tokens, total, ms)
 
     def _ahead_tokens(

@@ -136,25 +136,9 @@ def _text_bar(r: SessionReport, v) -> str:
 
 
 def _time_table(r: SessionReport) -> str:
-    rows = []
-    for v in r.turns:
-        tl, c = v.timeline, v.costs
-        state = tl.status if tl.reached_first_token else f"{tl.status}, no first token"
-        rows.append([
-            str(v.index), md_escape(state), _text_bar(r, v),
-            words.num(tl.restore_ms), words.num(tl.prefill_ms),
-            words.num(tl.first_token_ms) if tl.reached_first_token else words.DASH,
-            words.num(tl.decode_ms),
-            words.per_token(c.prefill_ms_per_token, c.prefill_note),
-            words.per_token(c.decode_ms_per_token, c.decode_note),
-            words.ratio(c),
-        ])
+    rows = [words.time_row(v, md_escape, _text_bar(r, v)) for v in r.turns]
     legend = " · ".join(f"{BAR_GLYPHS[p]} {PART_LABELS[p]}" for p in PARTS)
-    return table(
-        ["#", "state", "timeline", "restore ms", "prefill ms", "first token ms", "decode ms",
-         "prefill ms/token", "decode ms/token", "decode/prefill"],
-        rows, "rllrrrrrrr",
-    ) + f"\nTimeline, to scale across this session: {legend}.\n"
+    return table(words.TIME_HEADER, rows, "rllrrrrrrr") + f"\nTimeline, to scale across this session: {legend}.\n"
 
 
 def _what_if(r: SessionReport) -> str:

@@ -7,10 +7,10 @@ result for their format (ids from files and the database are inside some rows).
 from __future__ import annotations
 
 from datetime import datetime, timezone
-from typing import Sequence
+from typing import Callable, Sequence
 
 from chatterm.core.breakdown import MIN_DECODE_TOKENS, MIN_PREFILL_TOKENS, TokenCosts
-from chatterm.core.report import SessionReport
+from chatterm.core.report import SessionReport, TurnView
 from chatterm.core.whatif import CostSplit, WhatIf
 
 DASH = "–"
@@ -56,6 +56,26 @@ def per_token(value: float | None, note: str) -> str:
 
 def ratio(costs: TokenCosts) -> str:
     return DASH if costs.ratio is None else f"{costs.ratio:.1f}x"
+
+
+TIME_HEADER = ["#", "state", "timeline", "restore ms", "prefill ms", "first token ms", "decode ms",
+               "prefill ms/token", "decode ms/token", "decode/prefill"]
+
+
+def time_row(v: TurnView, escape: Callable[[str], str], bar: str) -> list[str]:
+    """One turn of the time table: `escape` makes text inert for the format,
+    `bar` is the turn's timeline already drawn in it."""
+    tl, c = v.timeline, v.costs
+    state = tl.status if tl.reached_first_token else f"{tl.status}, no first token"
+    return [
+        str(v.index), escape(state), bar,
+        num(tl.restore_ms), num(tl.prefill_ms),
+        num(tl.first_token_ms) if tl.reached_first_token else DASH,
+        num(tl.decode_ms),
+        escape(per_token(c.prefill_ms_per_token, c.prefill_note)),
+        escape(per_token(c.decode_ms_per_token, c.decode_note)),
+        escape(ratio(c)),
+    ]
 
 
 def session_facts(r: SessionReport) -> list[tuple[str, str]]:

@@ -122,6 +122,7 @@ class ChatApp(App[None]):
         themes: ThemeSet | None = None,
         theme: str = DEFAULT_THEME,
         settings_path: Path | None = None,
+        type_ahead: bool = True,
         resume: Resume | None = None,
         gpu_status: GpuProbe = default_gpu_status,
         energy_meter: MeterFactory | None = None,
@@ -146,6 +147,7 @@ class ChatApp(App[None]):
         self._resume = resume
         """A session to continue once the model is loaded."""
         self._startup_notices = list(startup_notices)
+        self._type_ahead = type_ahead
         self._dashboard_mode = "auto"
         self._persona_state = "waiting for the model"
         self._chat: ChatView | None = None
@@ -157,7 +159,7 @@ class ChatApp(App[None]):
     # -- layout ---------------------------------------------------------------
     def compose(self):
         dashboard = Dashboard(id="dashboard")
-        self._chat = ChatView(self.persona.name, dashboard, self.lease, id="chat")
+        self._chat = ChatView(self.persona.name, dashboard, self.lease, type_ahead=self._type_ahead, id="chat")
         yield Static(self._title_content(), id="title-bar")
         with Horizontal(id="body"):
             yield self._chat

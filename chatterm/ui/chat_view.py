@@ -24,6 +24,14 @@ Contract:
      are allowed again.
   Esc (`stop`) moves STREAMING to STOPPING and cancels the turn; the engine
   stops at its next token and step 4 follows.
+- Type-ahead: while the prompt is edited (and the chat is IDLE), the draft is
+  prefilled in a thread worker (`Engine.prefill_ahead`) shortly after each
+  change (`AHEAD_DELAY_S`, one prefill at a time), at once after a paste; the
+  dashboard shows how much of the draft's prompt is ready. Enter needs
+  nothing from it: the engine's turn
+  preempts a prefill in progress and reuses whatever matches. Esc in an empty
+  prompt, a persona switch or a new conversation drop it (`drop_ahead`). Off
+  when `type_ahead` is False or the engine cannot (served models).
 - Errors in drawing never kill the app (logged); engine errors become notices.
 - The dashboard is given, not looked up; the app learns about status changes
   and finished turns through `StatusChanged` and `TurnFinished`.
@@ -106,6 +114,29 @@ class FrameBudget:
 
 class ChatView(Vertical):
     DASHBOARD_HZ = 5
+    AHEAD_DELAY_S = 0.15
+    """A change to the draft is prefilled this long after it (one prefill at a
+    time; a burst of keys is taken up together), so the prefill keeps pace
+    with typing and Enter finds all but the last keystrokes ready."""
+    PASTE_CHARS = 16
+    """A change that adds at least this many characters at once is a paste:
+    prefilled at once, not after the pause."""
+
+    @dataclass
+    class AheadProgressed(Message):
+        """Posted by the type-ahead worker after each batch."""
+
+        ready: int
+        total: int
+
+        def can_replace(self, message: Message) -> bool:
+            return isinstance(message, ChatView.AheadProgressed)
+
+    @dataclass
+    class AheadDone(Message):
+        """Posted by the type-ahead worker when it stops, with the draft it did."""
+
+        draft: str
 
     @dataclass
     class StatusChanged(Message):
@@ -124,8 +155,16 @@ class ChatView(Vertical):
         conversation: Conversation
         error: str | None = None
 
-    def __init__(self, persona_name: str, dashboard: "Dashboard", lease: EngineLease, **kwargs) -> None:
+    def __init__(
+        self, persona_name: str, dashboard: "Dashboard", lease: EngineLease, *, type_ahead: bool = True, **kwargs
+    ) -> None:
         super().__init__(**kwargs)
+        self.type_ahead = type_ahead
+        """Prefill the draft while it is typed (settings `[tui] type_ahead`, `--no-type-ahead`)."""
+        self._ahead_timer: "Timer | None" = None
+        self._ahead_running = False
+        self._ahead_last = ""
+        """The draft the last type-ahead prefill was given."""
         self.persona_name = persona_name
         """Title of the replies shown from now on."""
         self.prefix_pending = False
@@ -199,6 +238,7 @@ class ChatView(Vertical):
         """Replace what is shown: cancel the running turn, show `tail` (a resumed
         session's last turns; `older` pages in the rest) and `notice`."""
         self.cancel()
+        self.drop_ahead()
         view = self.messages
         await view.clear()
         self._reply = None
@@ -246,6 +286,7 @@ class ChatView(Vertical):
             self.notify("A reply is streaming: Esc stops it.", markup=False)
             return
         text = event.text
+        self._stop_ahead_timer()
         event.prompt.clear()
         view = self.messages
         await view.add_user(text)
@@ -388,9 +429,92 @@ class ChatView(Vertical):
             self._store_error_shown = store_error
             self.notify(store_error, title="Session store", severity="warning", markup=False)
         self._dashboard.show_turn(m)
+        self._dashboard.show_type_ahead(None, None)
+        self._ahead_last = ""
         self.show_session()
         self.post_message(self.TurnFinished(m))
         self.set_status({"cancelled": "stopped", "error": "error"}.get(m.stop_reason, "ready"))
+
+    # -- type-ahead ----------------------------------------------------------------------
+    @on(PromptArea.Changed)
+    def _draft_changed(self, event: PromptArea.Changed) -> None:
+        draft = event.text_area.text
+        grew = len(draft) - len(self._ahead_last)
+        if not self._can_prefill_ahead() or not draft.strip() or draft == self._ahead_last:
+            return
+        if grew >= self.PASTE_CHARS:
+            self._stop_ahead_timer()
+            self._start_ahead()
+        elif self._ahead_timer is None:
+            # Not restarted by every key: a steady typist still gets prefilled.
+            self._ahead_timer = self.set_timer(self.AHEAD_DELAY_S, self._start_ahead)
+
+    def _can_prefill_ahead(self) -> bool:
+        engine = self._lease.engine
+        return (
+            self.type_ahead
+            and self._phase is TurnPhase.IDLE
+            and self._conversation is not None
+            and engine is not None
+            and engine.capabilities.prefill_ahead
+        )
+
+    def _start_ahead(self) -> None:
+        self._ahead_timer = None
+        if self._ahead_running or not self._can_prefill_ahead():
+            return  # a running prefill looks at the draft again when it is done
+        draft = self.query_one(PromptArea).text
+        if not draft.strip():
+            return
+        self._ahead_running = True
+        self._ahead_last = draft
+        conversation = self._conversation
+        assert conversation is not None
+        self._prefill_ahead(conversation, draft)
+
+    @work(thread=True, group="type-ahead", exit_on_error=False)
+    def _prefill_ahead(self, conversation: Conversation, draft: str) -> None:
+        try:
+            with self._lease.use() as engine:
+                engine.prefill_ahead(
+                    conversation.persona,
+                    conversation.history,
+                    draft,
+                    lambda ready, total: self.post_message(self.AheadProgressed(ready, total)),
+                )
+        except EngineClosing:
+            pass
+        except Exception:  # noqa: BLE001 - type-ahead is an optimisation: never an error for the user
+            log.exception("type-ahead prefill failed")
+        finally:
+            self.post_message(self.AheadDone(draft))
+
+    @on(AheadProgressed)
+    def _ahead_progressed(self, event: AheadProgressed) -> None:
+        event.stop()
+        if self._phase is TurnPhase.IDLE:
+            self._dashboard.show_type_ahead(event.ready, event.total)
+
+    @on(AheadDone)
+    def _ahead_done(self, event: AheadDone) -> None:
+        event.stop()
+        self._ahead_running = False
+        if self.query_one(PromptArea).text != event.draft and self._ahead_timer is None:
+            self._ahead_timer = self.set_timer(self.AHEAD_DELAY_S, self._start_ahead)
+
+    def drop_ahead(self) -> None:
+        """Forget the type-ahead prefill (persona switch, new conversation, Esc)."""
+        self._stop_ahead_timer()
+        self._ahead_last = ""
+        engine = self._lease.engine
+        if engine is not None:
+            engine.drop_ahead()
+        self._dashboard.show_type_ahead(None, None)
+
+    def _stop_ahead_timer(self) -> None:
+        if self._ahead_timer is not None:
+            self._ahead_timer.stop()
+            self._ahead_timer = None
 
     # -- stopping ----------------------------------------------------------------------
     def cancel(self) -> None:
@@ -403,7 +527,9 @@ class ChatView(Vertical):
                 turn.cancel()
 
     def stop(self) -> None:
-        """Esc: stop the reply that is streaming."""
+        """Esc: stop the reply that is streaming; in an empty prompt, drop the type-ahead."""
         if self._phase in (TurnPhase.STREAMING, TurnPhase.STOPPING):
             self.cancel()
             self.set_status("stopping…")
+        elif not self.query_one(PromptArea).text.strip():
+            self.drop_ahead()

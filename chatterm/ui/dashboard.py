@@ -3,7 +3,7 @@
 Contract:
 - The app calls the `show_*` methods from timers and message handlers (4-10 Hz
   while a reply streams, never per token). Each section is one `Static`
-  updated without layout when its size is unchanged (about 1-2 ms, DESIGN.md); sparklines
+  updated without layout when its size is unchanged (about 1-2 ms measured); sparklines
   get new data only when a turn ends.
 - It formats, it does not compute: every figure comes from `TurnMetrics`,
   `SessionSummary`, `DeviceInfo`, `PrefixReport`, `GpuStatus` or the core's
@@ -78,6 +78,9 @@ class Dashboard(VerticalScroll):
     def compose(self):
         yield Static(Content("Turn"), classes="title")
         yield Static(rows([("state", "no turn yet")]), id="dash-turn")
+        ahead = Static(Content(""), id="dash-ahead")
+        ahead.display = False
+        yield ahead
         yield Static(Content("Session"), classes="title")
         yield Static(rows([("turns", "0")]), id="dash-session")
         yield Static(Content("History (one bar per turn)"), classes="title")
@@ -147,6 +150,15 @@ class Dashboard(VerticalScroll):
         self.query_one("#spark-rate", Sparkline).data = [
             rate for t in turns if (rate := t.decode_tok_s) is not None
         ]
+
+    def show_type_ahead(self, ready: int | None, total: int | None) -> None:
+        """How much of the draft's prompt is prefilled ahead (None: nothing)."""
+        widget = self.query_one("#dash-ahead", Static)
+        if ready is None or total is None:
+            widget.display = False
+            return
+        widget.display = True
+        widget.update(rows([("type-ahead", f"{fmt_int(ready)} of {fmt_int(total)} tokens ready")]))
 
     def show_persona(self, name: str, state: str) -> None:
         self._set("dash-persona", rows([("persona", name), ("prefix", state)]))

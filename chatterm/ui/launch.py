@@ -47,6 +47,7 @@ def make_app(
     engine_factory: EngineFactory | None = None,
     theme_folders: list[Path] | None = None,
     settings_path: Path | None = None,
+    type_ahead: bool = True,
     gpu_status: GpuProbe = default_gpu_status,
     energy_meter: MeterFactory | None = None,
 ) -> ChatApp:
@@ -83,6 +84,7 @@ def make_app(
         themes=themes,
         theme=chosen,
         settings_path=settings_path,
+        type_ahead=type_ahead and settings.type_ahead,
         resume=resume_data,
         gpu_status=gpu_status,
         energy_meter=energy_meter,

@@ -19,7 +19,7 @@ import tomlkit
 from tomlkit.exceptions import TOMLKitError
 
 from chatterm.core.atomic import atomic_write_bytes
-from chatterm.core.config_schema import from_table, key, non_empty_text
+from chatterm.core.config_schema import boolean, from_table, key, non_empty_text
 from chatterm.core.errors import ChattermError
 from chatterm.core.tomlfile import read_toml
 
@@ -32,6 +32,9 @@ class UiSettings:
 
     theme: str | None = key(None, check=non_empty_text)
     """The theme last chosen in the app (None: the default theme)."""
+    type_ahead: bool = key(True, check=boolean)
+    """Prefill a message while it is typed, so Enter leaves about one token to
+    compute (`chatterm launch --no-type-ahead` turns it off for one run)."""
     error: str | None = field(default=None, compare=False)
     """Why the file could not be read, if it could not."""
 
