@@ -91,7 +91,7 @@ def test_cache_ls_and_clear(tmp_path):
     assert bad.returncode == 2 and "nobody" in bad.stderr
     cleared = chatterm(tmp_path, "cache", "clear", "quick")
     assert cleared.returncode == 0 and "removed 1" in cleared.stdout
-    assert "No persona state files" in chatterm(tmp_path, "cache", "ls").stdout
+    assert "No cached states" in chatterm(tmp_path, "cache", "ls").stdout
 
 
 @pytest.mark.parametrize(

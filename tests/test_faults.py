@@ -31,7 +31,8 @@ from pathlib import Path
 import pytest
 from fuzzing import LONG_FACTOR, PROFILE
 
-from chatterm.core.kv_cache import KVStateCache, LoadedState, Miss
+from chatterm.core.kv_cache import sweep_temp_files
+from chatterm.core.prompt_cache import Miss, OpenedState, PromptCache, Slot
 from chatterm.core.metrics import TurnMetrics
 from chatterm.core.store import SessionStore
 
@@ -40,7 +41,17 @@ if not hasattr(signal, "SIGXFSZ"):
     pytest.skip("needs SIGXFSZ", allow_module_level=True)
 
 REPO = Path(__file__).resolve().parent.parent
-COMPAT = {"model_sha256": "cd" * 32, "prefix_tokens": [5, 6, 7]}
+COMPAT = {"model_sha256": "cd" * 32}
+TOKENS = [5, 6, 7]
+SLOT = Slot.persona("p")
+
+
+def load(cache: PromptCache) -> OpenedState | Miss:
+    """The slot's state as a turn would get it: the best candidate opened, or a miss."""
+    found = cache.lookup("m", COMPAT, TOKENS + [0], expect=[SLOT])
+    if found.best is None:
+        return Miss(found.misses[0] if found.misses else "no candidate")
+    return cache.open(found.best, COMPAT)
 
 
 def metrics(i: int = 0) -> TurnMetrics:
@@ -68,18 +79,19 @@ def run_child(code: str, *args: str, limit: int | None = None, timeout: float = 
 STATE_WRITER = """
     import json, sys
     from pathlib import Path
-    from chatterm.core.kv_cache import KVStateCache
-    cache = KVStateCache(Path(sys.argv[1]))
+    from chatterm.core.prompt_cache import PromptCache, Slot
+    cache = PromptCache(Path(sys.argv[1]))
     compat = json.loads(sys.argv[2])
-    results = [str(cache.save("m", "p", compat, {"n_prefix_tokens": 3}, bytes([9]) * (4 << 20))) for _ in range(2)]
+    results = [str(cache.save("m", Slot.persona("p"), [5, 6, 7], bytes([9]) * (4 << 20), compat))
+               for _ in range(2)]
     print(json.dumps({"results": results, "write_error": cache.write_error}))
 """
 
 
 def test_disk_full_while_writing_a_state_file(tmp_path):
     folder = tmp_path / "kv"
-    cache = KVStateCache(folder)
-    old = cache.save("m", "p", COMPAT, {"n_prefix_tokens": 3}, bytes([1]) * (256 << 10))
+    cache = PromptCache(folder)
+    old = cache.save("m", SLOT, TOKENS, bytes([1]) * (256 << 10), COMPAT)
     before = old.read_bytes()
     child = run_child(STATE_WRITER, str(folder), json.dumps(COMPAT), limit=1 << 20)
     assert child.returncode == 0, child.stderr
@@ -87,9 +99,9 @@ def test_disk_full_while_writing_a_state_file(tmp_path):
     assert out["results"] == ["None", "None"]  # the second save is not even tried
     assert "File too large" in out["write_error"] and str(old) in out["write_error"]
     assert old.read_bytes() == before  # the previous state is intact
-    assert sorted(p.name for p in old.parent.iterdir()) == ["p.kvstate"]  # no temp file left
-    loaded = cache.load("m", "p", COMPAT)
-    assert isinstance(loaded, LoadedState) and loaded.verify()
+    assert sorted(p.name for p in old.parent.iterdir()) == ["persona-p.kvstate"]  # no temp file left
+    loaded = load(cache)
+    assert isinstance(loaded, OpenedState) and loaded.verify()
     loaded.close()
 
 
@@ -247,15 +259,15 @@ async def test_app_keeps_chatting_and_says_once_that_turns_are_not_stored(tmp_pa
 KILLED_WRITER = """
     import json, sys
     from pathlib import Path
-    from chatterm.core.kv_cache import KVStateCache
-    cache = KVStateCache(Path(sys.argv[1]))
+    from chatterm.core.prompt_cache import PromptCache, Slot
+    cache = PromptCache(Path(sys.argv[1]))
     compat = json.loads(sys.argv[2])
     print("ready", flush=True)
     i = int(sys.argv[3])
     while True:
         i += 1
         size = (1 + i % 7) * (512 << 10) + i  # every save has its own size and byte
-        cache.save("m", "p", compat, {"n_prefix_tokens": 3, "save": i}, bytes([i % 251]) * size)
+        cache.save("m", Slot.persona("p"), [5, 6, 7], bytes([i % 251]) * size, compat, {"save": i})
 """
 
 
@@ -263,7 +275,7 @@ def test_state_file_writer_killed_at_random_points_never_leaves_a_torn_file(tmp_
     rounds = 25 * (LONG_FACTOR if PROFILE == "long" else 1)
     rng = random.Random(20261202)
     folder = tmp_path / "kv"
-    cache = KVStateCache(folder)
+    cache = PromptCache(folder)
     env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONDONTWRITEBYTECODE": "1"}
     seen = {"valid": 0, "absent": 0}
     for n in range(rounds):
@@ -274,9 +286,9 @@ def test_state_file_writer_killed_at_random_points_never_leaves_a_torn_file(tmp_
         child.send_signal(signal.SIGKILL)
         child.wait()
         child.stdout.close()
-        result = cache.load("m", "p", COMPAT)
+        result = load(PromptCache(folder))  # a fresh reader, as a new process
         if isinstance(result, Miss):
-            assert result.reason == "no state file yet", result.reason  # never a torn file
+            assert result.reason == "persona p: missing (no saved state)", result.reason  # never torn
             seen["absent"] += 1
             continue
         try:
@@ -289,5 +301,5 @@ def test_state_file_writer_killed_at_random_points_never_leaves_a_torn_file(tmp_
     assert seen["valid"] > 0, seen
     # Temp files of killed writers are swept, and never listed as state files.
     assert all(e.path.suffix == ".kvstate" for e in cache.entries())
-    assert cache.sweep_temp_files(older_than_s=0) >= 0
+    assert sweep_temp_files(folder, older_than_s=0) >= 0
     assert not list(folder.glob("*/.*.tmp"))

@@ -1,4 +1,4 @@
-"""Fuzzing the persona KV state file reader: outside bytes never reach llama.cpp unchecked.
+"""Fuzzing the KV state file reader: outside bytes never reach llama.cpp unchecked.
 
 A state file on disk is untrusted: a crash, a half-written copy, another
 program or another chatterm version may have put anything there. For every
@@ -9,7 +9,7 @@ never raises and never hangs (each case has a deadline).
 
 The reader is reached through the two adapter functions at the top
 (`write_valid_file`, `load_state`), so the tests follow the state-file API
-when it moves.
+when it moves: today the prompt cache (`PromptCache.lookup` + `open`).
 """
 
 from __future__ import annotations
@@ -25,29 +25,41 @@ from fuzzing import fuzz
 from hypothesis import given
 from hypothesis import strategies as st
 
-from chatterm.core.kv_cache import MAGIC, KVStateCache, LoadedState, Miss
+from chatterm.core.kv_cache import MAGIC
+from chatterm.core.prompt_cache import Miss, OpenedState, PromptCache, Slot
 
 # -- adapter: the state-file API under test -----------------------------------
-MODEL, PERSONA = "m", "p"
-COMPAT = {"model_sha256": "ab" * 32, "n_ctx": 8192, "type_k": "f16", "prefix_tokens": [1, 2, 3, 4]}
+MODEL, SLOT = "m", Slot.persona("p")
+TOKENS = [1, 2, 3, 4]
+COMPAT = {"model_sha256": "ab" * 32, "n_ctx": 8192, "type_k": "f16"}
 PAYLOAD = bytes(range(256)) * 3 + b"tail"
+LoadedState = OpenedState
 
 
 def write_valid_file(folder: Path, payload: bytes = PAYLOAD) -> bytes:
     """Save a good state file through the real writer; return its bytes."""
-    cache = KVStateCache(folder)
-    path = cache.save(MODEL, PERSONA, COMPAT, {"n_prefix_tokens": 4, "state_size": len(payload)}, payload)
+    cache = PromptCache(folder)
+    path = cache.save(MODEL, SLOT, TOKENS, payload, COMPAT, {"state_size": len(payload)})
     assert path is not None, cache.write_error
     return path.read_bytes()
 
 
-def load_state(folder: Path, data: bytes) -> LoadedState | Miss:
-    """Put `data` where the persona's state file lives and load it."""
-    cache = KVStateCache(folder)
-    path = cache.path_for(MODEL, PERSONA)
+def load_existing(folder: Path) -> OpenedState | Miss:
+    """What a turn would get from the file in the slot's place: the best
+    candidate opened, or a miss with the first reason."""
+    cache = PromptCache(folder)
+    found = cache.lookup(MODEL, COMPAT, TOKENS + [0], expect=[SLOT])
+    if found.best is None:
+        return Miss(found.misses[0] if found.misses else "no candidate")
+    return cache.open(found.best, COMPAT)
+
+
+def load_state(folder: Path, data: bytes) -> OpenedState | Miss:
+    """Put `data` where the slot's state file lives and load it."""
+    path = PromptCache(folder).path_for(MODEL, SLOT)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(data)
-    return cache.load(MODEL, PERSONA, COMPAT)
+    return load_existing(folder)
 
 
 # -- the property --------------------------------------------------------------
@@ -120,7 +132,7 @@ def test_mutated_preamble(folder, valid, version, header_len):
 @fuzz(200)
 @given(
     path=st.lists(st.sampled_from(["compat", "payload_len", "chunk_crc32", "model_sha256", "n_ctx",
-                                   "prefix_tokens", "type_k", "created_at", "chunk_bytes"]),
+                                   "tokens", "kind", "key", "type_k", "created_at", "chunk_bytes"]),
                   min_size=1, max_size=2),
     value=json_values,
     delete=st.booleans(),
@@ -191,7 +203,7 @@ def test_truncation_at_every_offset_is_a_miss(folder, valid):
         result = load_state(folder, valid[:cut])
         assert isinstance(result, Miss), cut
         assert_safe(result)
-        reasons.add(result.reason.split(" (")[0].split(":")[1].strip())
+        reasons.add(result.reason.split(": ", 1)[1].split(" (")[0].strip())
     # The reasons tell the regions apart.
     assert reasons == {"file too short for a header", "header truncated", "payload truncated"}, reasons
 
@@ -223,16 +235,17 @@ def test_boolean_payload_length_is_a_miss(folder, valid):
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
 def test_a_fifo_in_place_of_the_file_does_not_block(folder):
-    cache = KVStateCache(folder)
-    path = cache.path_for(MODEL, PERSONA)
+    path = PromptCache(folder).path_for(MODEL, SLOT)
     path.parent.mkdir(parents=True)
     os.mkfifo(path)
     results: list = []
-    worker = threading.Thread(target=lambda: results.append(cache.load(MODEL, PERSONA, COMPAT)), daemon=True)
+    worker = threading.Thread(target=lambda: results.append(load_existing(folder)), daemon=True)
     worker.start()
     worker.join(5)
     if worker.is_alive():  # unblock the reader so the test run can end
         os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
         pytest.fail("loading a FIFO blocked")
     assert isinstance(results[0], Miss) and "not a regular file" in results[0].reason
-    assert [e.valid for e in cache.entries()] == [False]  # `chatterm cache ls` does not block either
+    # `chatterm cache ls` and `cache verify` do not block either
+    assert [bool(e.problem) for e in PromptCache(folder).entries()] == [True]
+    assert [c.ok for c in PromptCache(folder).verify_files()] == [False]

@@ -15,7 +15,8 @@ import pytest
 from chatterm.core.conversation import Conversation
 from chatterm.core.engine import ChatMessage
 from chatterm.core.errors import ChattermError
-from chatterm.core.kv_cache import MAGIC, KVStateCache
+from chatterm.core.kv_cache import MAGIC
+from chatterm.core.prompt_cache import PromptCache, Slot
 from chatterm.core.local_engine import LocalEngine
 from chatterm.core.workspace import Workspace
 from tests.conftest import greedy
@@ -31,7 +32,7 @@ def ws(tmp_path):
 def make_engine(ws, model_id=None, kv_dir=None) -> LocalEngine:
     spec = ws.catalog.get(model_id)
     price = ws.catalog.price(spec.price_profile)
-    cache = KVStateCache(kv_dir or ws.kv_dir)
+    cache = PromptCache(kv_dir or ws.kv_dir)
     engine = LocalEngine(spec, price, kv_cache=cache)
     engine.load()
     return engine
@@ -146,15 +147,17 @@ def test_bad_state_files_are_rejected_and_rebuilt(ws, persona, damage, reason):
     try:
         _, reference = run_turn(engine, persona)
         engine.wait_for_saves()
-        path = engine.kv_cache.path_for(engine.spec.id, persona.id)
+        path = engine.kv_cache.path_for(engine.spec.id, Slot.persona(persona.id))
         damage(path)
-        engine.reset_context()  # as a fresh process would start
+        engine.reset_context()  # as a fresh process would start: empty context,
+        engine.kv_cache.clear_ram()  # nothing in RAM
         turn, reply = run_turn(engine, persona)
         assert turn.metrics.cache_outcome == "cold"
         assert reason in turn.metrics.cache_detail
         assert reply == reference  # the damaged file was never loaded
         engine.wait_for_saves()
         engine.reset_context()
+        engine.kv_cache.clear_ram()
         again, again_reply = run_turn(engine, persona)
         assert again.metrics.cache_outcome == "restored"  # rewritten, valid again
         assert again_reply == reference
@@ -207,19 +210,21 @@ def test_state_file_layout_permissions_and_size(ws, persona):
     try:
         run_turn(engine, persona)
         engine.wait_for_saves()
-        path = engine.kv_cache.path_for(engine.spec.id, persona.id)
+        path = engine.kv_cache.path_for(engine.spec.id, Slot.persona(persona.id))
         data = path.read_bytes()
         header_len = struct.unpack("<I", data[16:20])[0]
         header = json.loads(data[20 : 20 + header_len])
+        prefix = engine.prefix_tokens(persona)
     finally:
         engine.close()
     assert data[:12] == MAGIC
     assert header["payload_len"] == len(data) - 20 - header_len
     assert len(data) <= 1.01 * header["state_size"]
     for key in ("model_sha256", "llama_cpp_python", "llama_cpp_build", "architecture", "n_layer",
-                "type_k", "type_v", "flash_attn", "rope", "template_sha256", "persona_sha256",
-                "prefix_tokens"):
+                "n_swa", "type_k", "type_v", "flash_attn", "rope"):
         assert key in header["compat"], key
+    assert (header["kind"], header["key"]) == ("persona", persona.id)
+    assert header["tokens"] == prefix  # an entry is identified by its exact tokens
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
     assert stat.S_IMODE(os.stat(path.parent.parent).st_mode) == 0o700
     assert not [p for p in path.parent.iterdir() if p.name.endswith(".tmp")]
@@ -336,8 +341,10 @@ def test_unwritable_cache_folder_chat_goes_on_and_says_so_once(ws, persona, tmp_
         engine.close()
     assert reply.strip()
     notices = first.notices + second.notices + third.notices
-    assert sum("Persona cache off" in n for n in notices) == 1
-    assert third.metrics.cache_outcome == "cold"
+    assert sum("Prompt cache on disk off" in n for n in notices) == 1
+    # No disk, but the RAM tier still serves the persona prefix within this process.
+    assert third.metrics.cache_outcome == "restored"
+    assert "restored from ram" in third.metrics.cache_detail
 
 
 def test_prepare_persona_restores_at_switch_time(ws, persona):

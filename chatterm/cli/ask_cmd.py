@@ -12,11 +12,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import threading
+from typing import Callable
 
 from chatterm.cli.common import add_model_persona_options, workspace
 from chatterm.core.conversation import Conversation
 from chatterm.core.errors import ChattermError
 from chatterm.core.format import footer_line, printable
+from chatterm.core.kv_state import progress_line
 from chatterm.core.metrics import StopReason
 from chatterm.core.sessions import plan_resume, resume_conversation
 from chatterm.core.store import SessionStore
@@ -50,6 +53,35 @@ def _message(args: argparse.Namespace) -> str:
     return text
 
 
+def _show_progress(turn) -> Callable[[], None]:
+    """Show a long prefill's progress on stderr (a terminal) until the returned
+    function is called: from one second in, rewritten in place twice a second."""
+    stop = threading.Event()
+
+    def show() -> None:
+        shown = False
+        if not stop.wait(1.0):
+            while not stop.is_set():
+                progress = turn.prefill_progress
+                if progress is not None and progress.done < progress.total:
+                    sys.stderr.write("\r\x1b[K" + progress_line(progress))
+                    sys.stderr.flush()
+                    shown = True
+                stop.wait(0.5)
+        if shown:
+            sys.stderr.write("\r\x1b[K")
+            sys.stderr.flush()
+
+    thread = threading.Thread(target=show, name="prefill-progress", daemon=True)
+    thread.start()
+
+    def done() -> None:
+        stop.set()
+        thread.join()
+
+    return done
+
+
 def run(args: argparse.Namespace) -> int:
     ws = workspace(args)
     text = _message(args)
@@ -71,13 +103,20 @@ def run(args: argparse.Namespace) -> int:
             else:
                 conversation = Conversation(engine, persona, store=store)
             turn = conversation.send(text)
+            stop_progress = _show_progress(turn) if sys.stderr.isatty() else None
             try:
                 for delta in turn.stream():
+                    if stop_progress is not None:
+                        stop_progress()
+                        stop_progress = None
                     if not args.json:
                         sys.stdout.write(printable(delta))
                         sys.stdout.flush()
             except KeyboardInterrupt:
                 turn.cancel()
+            finally:
+                if stop_progress is not None:
+                    stop_progress()
             m = turn.metrics
         finally:
             engine.close()  # waits for a background state-file write

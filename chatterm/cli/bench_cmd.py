@@ -28,6 +28,8 @@ def register(sub, common) -> None:
     p.add_argument("--runs", type=int, default=5, metavar="N", help="measured runs per series (default: 5)")
     p.add_argument("--max-tokens", type=int, default=32, metavar="N", help="reply length per run (default: 32)")
     p.add_argument("--json", type=Path, metavar="FILE", help="also write the results as JSON")
+    p.add_argument("--resume", action="store_true",
+                   help="add the resume series: next turn of a 3,000-token conversation, four ways")
     p.set_defaults(func=run)
 
 
@@ -53,6 +55,7 @@ def run(args: argparse.Namespace) -> int:
             result = run_bench(
                 engine, persona, runs=args.runs, max_tokens=args.max_tokens,
                 report=lambda msg: status.update(f"bench {persona.id}: {msg}"),
+                resume=args.resume,
             )
         finally:
             engine.close()
@@ -82,6 +85,21 @@ def run(args: argparse.Namespace) -> int:
             ("baseline create_chat_completion cold", fmt_ms(result["baseline_ttft_cold_ms"])),
             ("baseline create_chat_completion warm", fmt_ms(result["baseline_ttft_warm_ms"])),
         ]
+        if "resume" in result:
+            resume = result["resume"]
+            rr = resume["ratios"]
+            rows += [
+                ("resume: conversation", f"{resume['conversation_tokens']:,} tokens"),
+                ("resume TTFT in memory", fmt_ms(resume["ttft_memory_ms"])),
+                ("resume TTFT restored from RAM", fmt_ms(resume["ttft_ram_ms"])),
+                ("resume TTFT restored from disk", fmt_ms(resume["ttft_disk_ms"])),
+                ("resume TTFT persona only + history prefill", fmt_ms(resume["ttft_persona_only_ms"])),
+                ("resume restore from RAM / disk", f"{fmt_ms(resume['restore_ram_ms'])} / "
+                                                   f"{fmt_ms(resume['restore_disk_ms'])}"),
+                ("disk / persona only (<= 0.1x)", _fmt_ratio(rr["disk_over_persona_only"])),
+                ("disk / in memory (<= 1.3x)", _fmt_ratio(rr["disk_over_memory"], 2)),
+                ("RAM / in memory (<= 1.1x)", _fmt_ratio(rr["ram_over_memory"], 2)),
+            ]
     else:
         rows = [("TTFT", fmt_ms(result["ttft_ms"])), ("decode", fmt_tok_s(result["decode_tok_s"]))]
     for name, value in rows:

@@ -1,4 +1,12 @@
-"""`chatterm cache ls | clear [PERSONA]`: the persona KV state files on disk."""
+"""`chatterm cache ls | clear | verify`: the prompt cache's state files on disk.
+
+- `ls` lists every entry: kind (persona ID / session N), model, tokens, bytes,
+  tier and last use, with the reason when a file cannot be used.
+- `clear` removes all entries, one persona's (`clear PERSONA`), one kind
+  (`--kind persona|session`) or one conversation's (`--session N`).
+- `verify` checks every file's header, size, payload sha256 and chunk CRC-32s
+  and exits 1 when one fails (nothing is deleted: `clear` does that).
+"""
 
 from __future__ import annotations
 
@@ -10,51 +18,91 @@ from rich.table import Table
 
 from chatterm.cli.common import workspace
 from chatterm.core.errors import ChattermError
+from chatterm.core.prompt_cache import KINDS, PromptCache
 
 
 def register(sub, common) -> None:
-    p = sub.add_parser("cache", parents=[common], help="list or clear persona KV state files")
+    p = sub.add_parser("cache", parents=[common], help="list, clear or verify cached KV states")
     actions = p.add_subparsers(dest="cache_action", metavar="ACTION", required=True)
-    ls = actions.add_parser("ls", parents=[common], help="list state files (persona, model, tokens, bytes, last used)")
+    ls = actions.add_parser("ls", parents=[common], help="list cached states (kind, model, tokens, bytes, tier)")
     ls.set_defaults(func=run_ls)
-    clear = actions.add_parser("clear", parents=[common], help="delete state files (all, or one persona's)")
-    clear.add_argument("persona", nargs="?", help="only this persona")
+    clear = actions.add_parser("clear", parents=[common], help="delete cached states (all, a kind, a persona's, a session's)")
+    clear.add_argument("persona", nargs="?", help="only this persona's prefix state")
+    clear.add_argument("--kind", choices=KINDS, help="only persona prefixes, or only conversations")
+    clear.add_argument("--session", metavar="ID", help="only this session's conversation state")
     clear.set_defaults(func=run_clear)
+    verify = actions.add_parser("verify", parents=[common], help="check every state file's digests")
+    verify.set_defaults(func=run_verify)
+
+
+def _cache(args: argparse.Namespace) -> PromptCache:
+    return workspace(args).kv_cache()
 
 
 def run_ls(args: argparse.Namespace) -> int:
-    ws = workspace(args)
-    cache = ws.kv_cache()
+    cache = _cache(args)
     entries = cache.entries()
     console = Console()
+    if not console.is_terminal:  # piped: no terminal width to fit, so never cut a name
+        console = Console(width=200)
     if not entries:
-        console.print(f"No persona state files in {cache.folder}", markup=False, highlight=False)
+        console.print(f"No cached states in {cache.folder}", markup=False, highlight=False)
         return 0
-    table = Table(title=f"Persona KV cache · {cache.folder}")
-    for column in ("persona", "model", "tokens", "bytes", "last used"):
-        table.add_column(column, justify="right" if column in ("tokens", "bytes") else "left")
-    for e in sorted(entries, key=lambda e: -e.last_used):
+    table = Table(title=f"Prompt cache · {cache.folder}")
+    for column in ("kind", "model", "tokens", "bytes", "tier", "last used", "status"):
+        table.add_column(column, justify="right" if column in ("tokens", "bytes") else "left",
+                         no_wrap=column in ("kind", "model", "tokens", "bytes"))
+    for e in entries:
         table.add_row(
-            e.persona_id if e.valid else f"{e.persona_id} (unreadable)",
+            e.slot.label,
             e.model_id,
-            f"{e.tokens:,}",
-            f"{e.bytes:,}",
+            f"{len(e.tokens):,}",
+            f"{e.nbytes:,}",
+            e.tier,
             dt.datetime.fromtimestamp(e.last_used).strftime("%Y-%m-%d %H:%M:%S"),
+            e.problem or "ok",
         )
-    total = sum(e.bytes for e in entries)
-    table.caption = f"{total / (1 << 20):,.1f} MiB of {cache.budget_bytes / (1 << 20):,.0f} MiB budget"
+    total = sum(e.nbytes for e in entries)
+    table.caption = (
+        f"{total / (1 << 20):,.1f} MiB on disk of a {cache.disk_budget_bytes / (1 << 20):,.0f} MiB budget "
+        "(the RAM tier lives inside each running chatterm)"
+    )
     console.print(table)
     return 0
 
 
 def run_clear(args: argparse.Namespace) -> int:
-    ws = workspace(args)
-    cache = ws.kv_cache()
+    cache = _cache(args)
+    kind, key = args.kind, None
+    if args.persona is not None and args.session is not None:
+        raise ChattermError("give a persona or --session, not both")
     if args.persona is not None:
-        known = {e.persona_id for e in cache.entries()}
-        if args.persona not in known:
-            valid = ", ".join(sorted(known)) or "none cached"
-            raise ChattermError(f"no state file for persona {args.persona!r} (cached: {valid})")
-    removed = cache.clear(args.persona)
+        if kind == "session":
+            raise ChattermError(f"--kind session does not go with persona {args.persona!r}")
+        kind, key = "persona", args.persona
+    elif args.session is not None:
+        if kind == "persona":
+            raise ChattermError(f"--kind persona does not go with --session {args.session}")
+        kind, key = "session", args.session
+    if key is not None:
+        known = sorted({e.slot.key for e in cache.entries() if e.slot.kind == kind})
+        if key not in known:
+            valid = ", ".join(known) or "none cached"
+            raise ChattermError(f"no cached state for {kind} {key!r} (cached: {valid})")
+    removed = cache.clear(kind, key)
     print(f"removed {removed} state file{'s' if removed != 1 else ''}")
     return 0
+
+
+def run_verify(args: argparse.Namespace) -> int:
+    cache = _cache(args)
+    checks = cache.verify_files()
+    if not checks:
+        print(f"No state files in {cache.folder}")
+        return 0
+    for check in checks:
+        status = "ok " if check.ok else "BAD"
+        print(f"{status} {check.label}: {check.detail} ({check.path})")
+    bad = sum(not c.ok for c in checks)
+    print(f"{len(checks) - bad} of {len(checks)} state files verified")
+    return 1 if bad else 0

@@ -9,7 +9,10 @@ median of N runs after a warm-up run:
 - restore ms, the time to read the same file, state bytes and file bytes;
 - decode tokens/s (chatterm's own loop and llama.cpp's perf counters);
 - the same cold and warm TTFT for plain llama-cpp-python
-  `create_chat_completion(stream=True)` on the same loaded model, as a baseline.
+  `create_chat_completion(stream=True)` on the same loaded model, as a baseline;
+- with `resume=True`, the resume series (`_bench_resume`): the next turn of a
+  six-turn conversation of 3,000+ tokens with the conversation in memory,
+  restored from RAM, restored from disk, and with only the persona restored.
 Figures are ratios within the run so they survive a noisy, shared machine.
 A remote (openai) model gets the turn-level figures only: no local state.
 """
@@ -28,8 +31,10 @@ from chatterm import __version__
 from chatterm.core.atomic import atomic_write_bytes
 from chatterm.core.engine import Engine
 from chatterm.core.errors import ChattermError
+from chatterm.core.kv_cache import read_header, read_ms_of
 from chatterm.core.metrics import CacheOutcome, StopReason
 from chatterm.core.personas import Persona
+from chatterm.core.prompt_cache import Slot
 
 QUESTIONS = [
     "Hello! What can you help me with today?",
@@ -64,8 +69,10 @@ def run_bench(
     runs: int = 5,
     max_tokens: int = 32,
     report: Report | None = None,
+    resume: bool = False,
 ) -> dict[str, Any]:
-    """Run the benchmark on a loaded engine; returns a JSON-ready dict."""
+    """Run the benchmark on a loaded engine; returns a JSON-ready dict
+    (`resume`: add the resume series, see `_bench_resume`)."""
     if runs < 1:
         raise ChattermError(f"--runs must be at least 1 (got {runs})")
     say = report or (lambda _msg: None)
@@ -85,6 +92,8 @@ def run_bench(
     }
     if engine.capabilities.kv_control:
         result.update(_bench_local(engine, persona, runs, say))
+        if resume:
+            result["resume"] = _bench_resume(engine, persona, runs, say)
     else:
         result.update(_bench_turns(engine, persona, runs, say))
     return result
@@ -124,6 +133,7 @@ def _bench_local(engine, persona: Persona, runs: int, say: Report) -> dict[str, 
 
     def restored():
         engine.reset_context()
+        cache.clear_ram()  # from disk, as after a relaunch
         return _turn(engine, persona, q)
 
     def memory():
@@ -159,11 +169,11 @@ def _bench_local(engine, persona: Persona, runs: int, say: Report) -> dict[str, 
             if turn.perf.get("n_eval") and turn.perf.get("t_eval_ms"):
                 perf_rates.append(turn.perf["n_eval"] / (turn.perf["t_eval_ms"] / 1000.0))
 
-    path = cache.path_for(engine.spec.id, persona.id)
+    path = cache.path_for(engine.spec.id, Slot.persona(persona.id))
     file_bytes = path.stat().st_size
-    read_ms = [cache.read_ms(engine.spec.id, persona.id) for _ in range(runs)]
+    read_ms = [read_ms_of(path) for _ in range(runs)]
     with open(path, "rb") as fh:
-        header = cache.read_header(fh)
+        header = read_header(fh)
     state_bytes = header["state_size"]
 
     baseline = _bench_baseline(engine, persona, runs, say)
@@ -202,6 +212,118 @@ def _bench_local(engine, persona: Persona, runs: int, say: Report) -> dict[str, 
             label: [m.ttft_ms for m in series[label]] for label in series
         },
     }
+
+
+RESUME_SESSION = -1
+"""The session slot the resume series uses (no stored session has a negative id)."""
+
+
+def _long_history(engine, persona: Persona, min_tokens: int = 3000) -> list:
+    """Six turns whose prompt holds at least `min_tokens` tokens beyond the persona."""
+    from chatterm.core.engine import ChatMessage
+
+    prefix = len(engine.prefix_tokens(persona))
+    history: list = []
+    words = "Please note these order details for later reference: " + "item, size, colour, qty; " * 10
+    repeat = 1
+    while True:
+        history = []
+        for i in range(6):
+            history += [ChatMessage("user", f"Order {i + 1}. " + words * repeat),
+                        ChatMessage("assistant", f"Noted order {i + 1}.")]
+        if len(engine.fit_prompt(persona, history, "ok", 32)[0]) - prefix >= min_tokens:
+            return history
+        repeat += 1
+
+
+def _bench_resume(engine, persona: Persona, runs: int, say: Report) -> dict[str, Any]:
+    """TTFT of the next turn of a six-turn, 3,000+ token conversation, four ways:
+    conversation in memory (live context), restored from the RAM tier, restored
+    from disk (as after a relaunch), and the old path: persona prefix restored
+    from disk and the whole history prefilled."""
+    cache = engine.kv_cache
+    history = _long_history(engine, persona)
+    say("resume: building the conversation")
+    engine.reset_context()
+    first = engine.start_turn(persona, history, _question(0))
+    for _ in first.stream():
+        pass
+    engine.wait_for_saves()
+    if cache.write_error:
+        raise ChattermError(f"cannot benchmark resumes: {cache.write_error}")
+    conversation_tokens = first.metrics.prompt_tokens
+
+    def memory(q):
+        # Every way leaves the conversation (and its last question) in the context.
+        return _drain(engine.start_turn(persona, history, q))
+
+    def ram(q):
+        engine.reset_context()
+        return _drain(engine.start_turn(persona, history, q))
+
+    def disk(q):
+        engine.reset_context()
+        cache.clear_ram()
+        return _drain(engine.start_turn(persona, history, q))
+
+    def persona_only(q):
+        engine.reset_context()
+        cache.clear_ram()
+        saved = cache.path_for(engine.spec.id, Slot.session(RESUME_SESSION))
+        hidden = saved.with_name(saved.name + ".bench")
+        saved.rename(hidden)  # today's path: no conversation state
+        try:
+            return _drain(engine.start_turn(persona, history, q))
+        finally:
+            hidden.rename(saved)
+
+    ways = (("memory", memory, "live context"), ("ram", ram, "restored from ram"),
+            ("disk", disk, "restored from disk"), ("persona_only", persona_only, "persona prefix"))
+    series: dict[str, list] = {label: [] for label, _, _ in ways}
+    # Interleaved (each run measures every way in turn), so a machine that gets
+    # busier or quieter during the run shifts all four series alike.
+    for i in range(runs + 1):
+        for label, fn, expect in ways:
+            say(f"resume {label}: " + (f"run {i}/{runs}" if i else "warm-up"))
+            if label == "memory":
+                # The context holds the conversation again: keep it (the disk and
+                # persona-only ways emptied the RAM tier), outside the timing.
+                engine.keep_conversation(RESUME_SESSION)
+                engine.wait_for_saves()
+            m = fn(_question(i + 1))
+            if expect not in m.cache_detail:
+                raise ChattermError(f"resume benchmark expected {expect!r}, got {m.cache_detail!r}")
+            if i:
+                series[label].append(m)
+    cache.clear(kind="session", key=str(RESUME_SESSION))
+    ttft = {label: _median([m.ttft_ms for m in ms]) for label, ms in series.items()}
+    return {
+        "conversation_tokens": conversation_tokens,
+        "history_tokens_beyond_persona": conversation_tokens - len(engine.prefix_tokens(persona)),
+        "prefilled_tokens_disk": series["disk"][0].prefilled_tokens,
+        "prefilled_tokens_persona_only": series["persona_only"][0].prefilled_tokens,
+        "ttft_memory_ms": ttft["memory"],
+        "ttft_ram_ms": ttft["ram"],
+        "ttft_disk_ms": ttft["disk"],
+        "ttft_persona_only_ms": ttft["persona_only"],
+        "restore_ram_ms": _median([m.restore_ms for m in series["ram"]]),
+        "restore_disk_ms": _median([m.restore_ms for m in series["disk"]]),
+        "ratios": {
+            "disk_over_persona_only": _ratio(ttft["disk"], ttft["persona_only"]),
+            "disk_over_memory": _ratio(ttft["disk"], ttft["memory"]),
+            "ram_over_memory": _ratio(ttft["ram"], ttft["memory"]),
+        },
+        "targets": {"disk_over_persona_only": 0.1, "disk_over_memory": 1.3, "ram_over_memory": 1.1},
+        "runs_ms": {label: [m.ttft_ms for m in ms] for label, ms in series.items()},
+    }
+
+
+def _drain(turn):
+    for _ in turn.stream():
+        pass
+    if turn.metrics.stop_reason == StopReason.ERROR:
+        raise ChattermError(f"benchmark turn failed: {turn.metrics.error}")
+    return turn.metrics
 
 
 def _bench_baseline(engine, persona: Persona, runs: int, say: Report) -> dict[str, float | None]:

@@ -77,6 +77,7 @@ class Conversation:
         return SessionSummary.of(self.turns)
 
     def send(self, text: str) -> Turn:
+        self.engine.note_conversation(self.session_id)
         turn = self.engine.start_turn(self.persona, self.history, text)
         meter = self.energy.start() if self.energy is not None else None
         turn.on_finished(lambda t: self._finished(t, text, meter))
@@ -93,6 +94,7 @@ class Conversation:
         self.turns.append(m)
         if self.store is None:
             return
+        stored = False
         try:
             if self.session_id is None:
                 self.session_id = self.store.create_session(
@@ -104,8 +106,12 @@ class Conversation:
                 )
             if self.session_id is not None:  # None: the database refused the write
                 self.store.record_turn(self.session_id, text, turn.reply, m)
+                stored = True
         except Exception as exc:  # noqa: BLE001 - chat goes on; the UI shows store_error
             log.debug("could not store turn", exc_info=True)
             self.store_error = f"session not saved: {exc}"
         # The store tells once that turns are no longer stored (read-only, disk full).
         self.store_error = self.store.take_write_notice() or self.store_error
+        if stored:
+            # The history is in SQLite: now the engine may keep the KV state it matches.
+            self.engine.keep_conversation(self.session_id)

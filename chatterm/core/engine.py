@@ -160,6 +160,9 @@ class Turn:
         self.perf: dict[str, float] = {}
         """The engine's own counters for this turn, where it has them (llama.cpp's
         `llama_perf_context`: t_p_eval_ms, n_p_eval, t_eval_ms, n_eval)."""
+        self.prefill_progress: Any = None
+        """While a long prompt is prefilled: tokens done / total, rate and time
+        left (local engine: `kv_state.PrefillProgress`); None otherwise."""
         self.request: dict[str, Any] = {}
         """What a served engine sent (the request body after trimming); never a secret."""
         self._price = price
@@ -280,6 +283,14 @@ class Engine(ABC):
     def prepare_persona(self, persona: Persona) -> PrefixReport:
         """Make the persona's prefix ready now (e.g. on a persona switch)."""
         return PrefixReport(CacheOutcome.SERVER, 0.0, 0)
+
+    def note_conversation(self, session_id: int | None) -> None:
+        """The next turn continues stored session `session_id` (None: a new one),
+        so an engine with a conversation cache can name that session's misses."""
+
+    def keep_conversation(self, session_id: int) -> None:
+        """A turn of session `session_id` was recorded: an engine with a
+        conversation cache keeps the context's state for it (no-op here)."""
 
     @abstractmethod
     def start_turn(

@@ -1,18 +1,30 @@
-"""The local engine: llama.cpp in process, with persona KV state on disk.
+"""The local engine: llama.cpp in process, with a token-keyed prompt cache.
 
 Contract (beyond chatterm.core.engine):
 - `load()` loads the model once with llama.cpp's progress callback, routes
-  llama.cpp's log into Python logging, hashes the model file (cached) and
-  warms the context up so the first turn's TTFT carries no one-time cost.
-- A turn makes the persona's system prefix ready first: already in the context
-  ("memory"), restored from its state file ("restored"), or prefilled and then
-  saved in the background ("cold"). The full prompt is the model's own chat
-  template over [system, history..., user]; llama-cpp-python's prefix matching
-  then prefills only the tokens after the longest common prefix.
-- The prefix is the system message rendered with add_generation_prompt=False
-  and tokenized like the chat handler (add_bos=False, special=True). When a
-  template does not make it an exact token prefix of the full prompt, the turn
-  falls back to a plain prefill and says why in `cache_detail`.
+  llama.cpp's log into Python logging, hashes the model file (cached), resolves
+  the chat template (`chatterm.core.templates`: the models.toml `chat_template`
+  override, else the GGUF's) and warms the context up so the first turn's TTFT
+  carries no one-time cost.
+- Every turn renders the full prompt (the template over [system, history...,
+  user]) and starts from the state sharing the longest token prefix with it:
+  the live context, else the prompt cache's RAM tier, else its disk tier
+  (`chatterm.core.prompt_cache`); a cached state must beat the live context by
+  MIN_REUSE tokens to be worth a restore. The state is trimmed to the shared
+  prefix and only the rest is prefilled, in batches, with progress in
+  `Turn.prefill_progress` and a cancel honoured within one batch.
+- The persona's shareable prefix (`templates.persona_prefix`) is one entry of
+  that cache: prefilled once, captured, kept in RAM and written to disk in the
+  background. A template that puts the system prompt late gets no persona
+  entry, and the turn says why.
+- A conversation's state is kept (`keep_conversation`, called when a turn has
+  been recorded): captured in a few ms, kept in RAM, written to disk by the
+  cache's background writer. `note_conversation` says which session the next
+  turn continues, so a missing or stale state of that session is named.
+- Labels are honest: `cache_outcome` is RESTORED (from RAM or disk), MEMORY
+  (the live context) or COLD (fewer than MIN_REUSE tokens reused), and
+  `cache_detail` says what was reused (persona prefix / conversation of N
+  tokens / live context / nothing), how many tokens, and every miss's reason.
 - Metrics are exact: TTFT from submit to the first sampled token; decode
   tokens/s from first to last token; llama.cpp's own perf counters for the
   turn are kept in `Turn.perf` (tests compare the two).
@@ -26,19 +38,17 @@ from __future__ import annotations
 import codecs
 import contextlib
 import ctypes
-import hashlib
 import logging
 import platform
 import threading
 import time
-from importlib import metadata
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 import llama_cpp
-from llama_cpp import llama_chat_format
 
-from chatterm.core import llama_log, offload
+from chatterm.core import kv_state, llama_log, offload, templates
 from chatterm.core.engine import (
     AheadReport,
     ChatMessage,
@@ -54,10 +64,10 @@ from chatterm.core.engine import (
 )
 from chatterm.core.errors import ChattermError
 from chatterm.core.file_identity import sha256_of_file
-from chatterm.core.kv_cache import KVStateCache, LoadedState
 from chatterm.core.metrics import CacheOutcome, StopReason, TurnMetrics
 from chatterm.core.models import ModelSpec, PriceProfile
 from chatterm.core.personas import Persona
+from chatterm.core.prompt_cache import Miss, PromptCache, Slot, common_prefix_len
 
 log = logging.getLogger(__name__)
 
@@ -110,32 +120,72 @@ def _check_gguf(path: Path) -> None:
         raise ChattermError(f"{path}: not a GGUF model file (bad magic {magic!r})")
 
 
-def _llama_library_sha256() -> str:
-    """Identity of the llama.cpp build: restore silently accepts a different
-    llama.cpp version (docs/engine.md), so the library's own bytes are part of `compat`."""
-    lib_dir = Path(llama_cpp.__file__).parent / "lib"
-    for name in ("libllama.so", "libllama.dylib", "llama.dll"):
-        if (lib_dir / name).exists():
-            return sha256_of_file(lib_dir / name)
-    return "unknown"
+MIN_REUSE = 8
+"""Fewer reused tokens than this is not called a reuse (a template's own few
+opening tokens are "a handful"), and a cached state must share this many more
+tokens than the live context to be restored: a restore replaces the whole
+context and costs a few ms per 1k tokens, prefilling 8 tokens costs more."""
+
+
+class _StopFlag:
+    """`threading.Event`-like view of a turn's cancel, for kv_state.prefill."""
+
+    def __init__(self, turn: Turn):
+        self._turn = turn
+
+    def is_set(self) -> bool:
+        return self._turn.cancelled
+
+
+@dataclass
+class _Reuse:
+    """What a turn (or a persona switch) started from."""
+
+    source: str
+    """"live", "ram", "disk", or "" (nothing)."""
+    tokens: int
+    """Tokens of the target now in the context."""
+    slot: Slot | None = None
+    ms: float = 0.0
+    """Lookup + restore + trim time (0 for the live context)."""
+    misses: list[str] = field(default_factory=list)
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def restored(self) -> bool:
+        return self.source in ("ram", "disk")
+
+    def label(self) -> str:
+        n = f"{self.tokens:,}"
+        if self.restored and self.slot is not None and self.slot.kind == "session":
+            return f"reused conversation of {n} tokens (session {self.slot.key}, restored from {self.source})"
+        if self.restored:
+            return f"reused persona prefix: {n} tokens (restored from {self.source})"
+        if self.source == "live" and self.tokens >= MIN_REUSE:
+            return f"reused live context: {n} tokens"
+        return "nothing reused"
 
 
 class LocalEngine(Engine):
     kind = "local"
     capabilities = EngineCapabilities(persona_cache=True, kv_control=True, prefill_ahead=True)
 
-    def __init__(self, spec: ModelSpec, price: PriceProfile, kv_cache: KVStateCache | None = None):
+    def __init__(self, spec: ModelSpec, price: PriceProfile, kv_cache: PromptCache | None = None):
         super().__init__(spec, price)
         self.kv_cache = kv_cache
+        """The prompt cache (persona prefixes and conversations); None: no caching."""
         self.llm: llama_cpp.Llama | None = None
         self.plan: offload.OffloadPlan | None = None
         self.load_notes: list[str] = []
+        self.template: templates.ChatTemplate | None = None
         self._model_sha256 = ""
-        self._compat_base: dict[str, Any] = {}
-        self._prefix_cache: dict[str, list[int]] = {}
+        self._compat: dict[str, Any] = {}
+        self._prefixes: dict[str, templates.PersonaPrefix] = {}
         self._switch_report: tuple[str, PrefixReport] | None = None
         """(persona fingerprint, report) of a prefix made ready by prepare_persona
         and not yet used by a turn; cleared whenever the context is cleared."""
+        self._session: int | None = None
+        """The session the next turn continues (note_conversation)."""
         self._running: Turn | None = None
         self._turn_waiting = threading.Event()
         """Set while a turn waits for the lock: a type-ahead prefill yields to it."""
@@ -147,8 +197,8 @@ class LocalEngine(Engine):
         self._ahead_running = False
         self._abort_flag = ctypes.create_string_buffer(2)
         self._cache_warned = False
-        self._savers: list[threading.Thread] = []
-        self._prefill_ms_per_token: dict[str, float] = {}
+        self._prefill_ms_per_token: float | None = None
+        """The fastest prefill rate measured (ms per token), for "saved" estimates."""
 
     # -- loading ---------------------------------------------------------
     def load(self, progress: Progress | None = None) -> None:
@@ -182,66 +232,20 @@ class LocalEngine(Engine):
                 raise ChattermError(f"{path}: llama.cpp could not load the model: {reason}") from None
         self.load_notes = list(notes)
         self._model_sha256 = sha256_of_file(path)
-        self._compat_base = self._compat_fields(path)
-        self._formatters()
+        self._compat = kv_state.compat_fields(self.llm, path, self._model_sha256, self.plan.flash_attn)
+        base_dir = self.spec.defined_in.parent if self.spec.defined_in is not None else None
+        try:
+            self.template = templates.template_for(self.llm, self.spec.id, self.spec.chat_template, base_dir)
+        except ChattermError:
+            self.llm.close()
+            self.llm = None
+            raise
+        self._vocab = llama_cpp.llama_model_get_vocab(self.llm.model)
+        self._piece = ctypes.create_string_buffer(64)
         self._install_abort_flag()
         self._warm_up()
         if progress is not None:
             progress(1.0)
-
-    def _compat_fields(self, path: Path) -> dict[str, Any]:
-        llm = self.llm
-        assert llm is not None and self.plan is not None
-        meta = llm.metadata
-        arch = meta.get("general.architecture", "")
-        cp = llm.context_params
-        return {
-            "model_sha256": self._model_sha256,
-            "model_size": path.stat().st_size,
-            "llama_cpp_python": metadata.version("llama-cpp-python"),
-            "llama_cpp_build": _llama_library_sha256(),
-            "architecture": arch,
-            "n_layer": llama_cpp.llama_model_n_layer(llm.model),
-            "n_ctx": llm.n_ctx(),
-            "type_k": int(cp.type_k),
-            "type_v": int(cp.type_v),
-            "flash_attn": bool(self.plan.flash_attn),
-            "rope": {
-                "freq_base": meta.get(f"{arch}.rope.freq_base"),
-                "freq_scale_train": llama_cpp.llama_model_rope_freq_scale_train(llm.model),
-                "scaling_type": meta.get(f"{arch}.rope.scaling.type"),
-                "ctx_freq_base": cp.rope_freq_base,
-                "ctx_freq_scale": cp.rope_freq_scale,
-                "yarn": [cp.yarn_ext_factor, cp.yarn_attn_factor, cp.yarn_beta_fast,
-                         cp.yarn_beta_slow, cp.yarn_orig_ctx],
-            },
-            "template_sha256": _sha256_text(self._template()),
-            "lora": None,
-        }
-
-    def _template(self) -> str:
-        assert self.llm is not None
-        template = self.llm.metadata.get("tokenizer.chat_template")
-        if not template:
-            raise ChattermError(
-                f"{self.spec.model_path()}: the model has no chat template (tokenizer.chat_template)"
-            )
-        return template
-
-    def _formatters(self) -> None:
-        llm = self.llm
-        assert llm is not None
-        eos = llm._model.token_get_text(llm.token_eos()) if llm.token_eos() != -1 else ""
-        bos = llm._model.token_get_text(llm.token_bos()) if llm.token_bos() != -1 else ""
-        template = self._template()
-        self._prefix_format = llama_chat_format.Jinja2ChatFormatter(
-            template, eos_token=eos, bos_token=bos, add_generation_prompt=False
-        )
-        self._prompt_format = llama_chat_format.Jinja2ChatFormatter(
-            template, eos_token=eos, bos_token=bos, add_generation_prompt=True
-        )
-        self._vocab = llama_cpp.llama_model_get_vocab(llm.model)
-        self._piece = ctypes.create_string_buffer(64)
 
     def _install_abort_flag(self) -> None:
         """Let a cancel interrupt a long prefill (CPU backend only).
@@ -284,8 +288,7 @@ class LocalEngine(Engine):
         assert llm is not None
         self._switch_report = None
         self._forget_ahead()
-        llm.reset()
-        llm._ctx.kv_cache_seq_rm(-1, 0, -1)
+        kv_state.clear(llm)
 
     # -- information -----------------------------------------------------
     @property
@@ -313,13 +316,12 @@ class LocalEngine(Engine):
         return self.llm.n_tokens if self.llm is not None else 0
 
     def persona_cached(self, persona: Persona) -> bool:
-        return self.kv_cache is not None and self.kv_cache.exists(self.spec.id, persona.id)
+        if self.kv_cache is None:
+            return False
+        slot = Slot.persona(persona.id)
+        return any(e.slot == slot and not e.problem for e in self.kv_cache.entries(self.spec.id))
 
     # -- tokens ----------------------------------------------------------
-    def _tokenize_prompt(self, text: str) -> list[int]:
-        assert self.llm is not None
-        return self.llm.tokenize(text.encode("utf-8"), add_bos=False, special=True)
-
     def token_bytes(self, token: int) -> bytes:
         """The token's text bytes (control tokens give b"").
 
@@ -331,25 +333,23 @@ class LocalEngine(Engine):
             n = llama_cpp.llama_token_to_piece(self._vocab, token, self._piece, len(self._piece), 0, False)
         return self._piece.raw[:n]
 
-    def prefix_tokens(self, persona: Persona) -> list[int]:
+    def persona_prefix(self, persona: Persona) -> templates.PersonaPrefix:
+        """The persona's shareable token prefix under this model's template."""
         key = persona.fingerprint
-        if key not in self._prefix_cache:
-            rendered = self._prefix_format(messages=[{"role": "system", "content": persona.system_prompt}])
-            self._prefix_cache[key] = self._tokenize_prompt(rendered.prompt)
-        return self._prefix_cache[key]
+        if key not in self._prefixes:
+            assert self.llm is not None and self.template is not None
+            self._prefixes[key] = templates.persona_prefix(self.template, self.llm, persona.system_prompt)
+        return self._prefixes[key]
 
-    def _compat(self, persona: Persona, prefix: list[int]) -> dict[str, Any]:
-        return {
-            **self._compat_base,
-            "persona_sha256": persona.fingerprint,
-            "prefix_tokens": prefix,
-        }
+    def prefix_tokens(self, persona: Persona) -> list[int]:
+        return self.persona_prefix(persona).tokens
 
     def _prompt_tokens(self, persona: Persona, history: Sequence[ChatMessage], user_text: str) -> list[int]:
+        assert self.llm is not None and self.template is not None
         messages = [{"role": "system", "content": persona.system_prompt}]
         messages += [{"role": m.role, "content": m.content} for m in history]
         messages.append({"role": "user", "content": user_text})
-        return self._tokenize_prompt(self._prompt_format(messages=messages).prompt)
+        return self.template.tokens(self.llm, messages)
 
     def fit_prompt(
         self, persona: Persona, history: Sequence[ChatMessage], user_text: str, max_tokens: int
@@ -384,113 +384,130 @@ class LocalEngine(Engine):
             )
         return tokens, dropped, notices
 
-    # -- persona prefix ----------------------------------------------------
-    def _prefix_in_context(self, prefix: list[int]) -> bool:
+    # -- the prompt cache ------------------------------------------------
+    def _live_tokens(self) -> list[int]:
         llm = self.llm
         assert llm is not None
-        n = len(prefix)
-        return llm.n_tokens >= n and llm.input_ids[:n].tolist() == prefix
+        return llm.input_ids[: llm.n_tokens].tolist()
 
-    def _ensure_prefix(self, persona: Persona, prefix: list[int], use_cache: bool = True) -> PrefixReport:
-        """Make `prefix` the start of the context: memory, restore, or prefill+save
-        (`use_cache=False`: neither restore nor save)."""
-        if self._prefix_in_context(prefix):
-            return PrefixReport(CacheOutcome.MEMORY, 0.0, len(prefix))
-        detail = ""
+    def _reuse(self, target: list[int], use_cache: bool, expect: Sequence[Slot] = ()) -> _Reuse:
+        """Start the context from the state sharing the longest prefix with `target`
+        (live context, RAM, disk), trimmed to that prefix. At least one token of
+        `target` is always left to decode."""
+        llm = self.llm
+        assert llm is not None
+        limit = max(len(target) - 1, 0)
+        live = min(common_prefix_len(self._live_tokens(), target), limit)
+        misses: list[str] = []
         cache = self.kv_cache if use_cache else None
         if cache is not None:
             t0 = time.perf_counter()
-            loaded = cache.load(self.spec.id, persona.id, self._compat(persona, prefix))
-            if isinstance(loaded, LoadedState):
-                reason = self._restore(loaded, prefix)
-                if reason is None:
-                    self._note_prefill_rate(persona, float(loaded.header.get("prefill_ms", 0.0)), len(prefix))
-                    return PrefixReport(CacheOutcome.RESTORED, (time.perf_counter() - t0) * 1000.0, len(prefix))
-                detail = reason
-            else:
-                detail = loaded.reason
-        t0 = time.perf_counter()
-        self._clear_context()
-        self.llm.eval(prefix)
-        prefill_ms = (time.perf_counter() - t0) * 1000.0
-        self._note_prefill_rate(persona, prefill_ms, len(prefix))
-        if cache is not None and cache.write_error is None:
-            self._save_prefix(persona, prefix, prefill_ms)
-            detail = f"{detail}; state saved for next time" if detail else "state saved for next time"
-        return PrefixReport(CacheOutcome.COLD, prefill_ms, len(prefix), detail)
+            found = cache.lookup(self.spec.id, self._compat, target, min_shared=live + MIN_REUSE,
+                                 expect=expect)
+            misses += found.misses
+            for candidate in found.candidates:
+                entry = candidate.entry
+                opened = cache.open(candidate, self._compat)
+                if isinstance(opened, Miss):
+                    misses.append(opened.reason)
+                    continue
+                try:
+                    reason = kv_state.restore(llm, opened.payload, opened.tokens, opened.verify)
+                finally:
+                    opened.close()
+                self._switch_report = None
+                if reason is None and kv_state.trim(llm, candidate.shared):
+                    ms = (time.perf_counter() - t0) * 1000.0
+                    return _Reuse(entry.tier, llm.n_tokens, entry.slot, ms, misses, entry.info)
+                reason = reason or "the memory cannot drop a suffix"
+                misses.append(f"{entry.slot.label} ({entry.tier}): rejected: {reason}")
+                cache.discard(entry, reason)
+                live = 0  # a failed restore leaves an empty context
+        if not kv_state.trim(llm, live):
+            live = 0
+        return _Reuse("live" if live else "", llm.n_tokens, misses=misses)
 
-    def _note_prefill_rate(self, persona: Persona, prefill_ms: float, tokens: int) -> None:
-        """Keep the fastest cold prefill rate seen for the persona: a prefill that
-        ran on a busy machine must not inflate the "saved" estimates."""
-        if prefill_ms <= 0 or tokens <= 0:
-            return
-        rate = prefill_ms / tokens
-        known = self._prefill_ms_per_token.get(persona.fingerprint)
-        self._prefill_ms_per_token[persona.fingerprint] = rate if known is None else min(known, rate)
+    def _note_rate(self, ms: float, tokens: int) -> None:
+        """Keep the fastest prefill rate seen: one measured on a busy machine must
+        not inflate the "saved" estimates."""
+        if tokens >= 64 and ms > 0:
+            rate = ms / tokens
+            known = self._prefill_ms_per_token
+            self._prefill_ms_per_token = rate if known is None else min(known, rate)
 
-    def _restore(self, loaded: LoadedState, prefix: list[int]) -> str | None:
-        """Load a checked state into the context; None on success, else the reason."""
+    def _keep(self, slot: Slot, info: dict[str, Any]) -> None:
+        """Capture the live context as `slot`'s entry: RAM now, disk in the background."""
+        llm = self.llm
+        assert llm is not None and self.kv_cache is not None
+        state = kv_state.capture(llm)
+        info = {**info, "state_size": state.nbytes}
+        if self._prefill_ms_per_token is not None:
+            info.setdefault("prefill_ms_per_token", self._prefill_ms_per_token)
+        self.kv_cache.put(self.spec.id, slot, state.tokens, state.payload, self._compat, info)
+
+    def _prefill(self, tokens: list[int], turn: Turn | None = None, done_before: int = 0,
+                 total: int | None = None, t0: float | None = None) -> kv_state.PrefillResult:
+        """Evaluate `tokens` after the context, batch by batch; progress goes to
+        `turn.prefill_progress` (counting from `done_before` of `total`, since `t0`)."""
         llm = self.llm
         assert llm is not None
-        self._clear_context()
-        # Verify the payload's chunk digests on the other core(s) while llama.cpp
-        # copies it in (both release the GIL); a mismatch discards the state.
-        verdict: list[bool] = []
-        checker = threading.Thread(target=lambda: verdict.append(loaded.verify()), daemon=True)
-        checker.start()
-        size = loaded.payload.nbytes
-        buffer = (ctypes.c_uint8 * size).from_buffer(loaded.payload)
-        # The sequence API, not llama_state_set_data: the latter first clears the
-        # whole n_ctx-sized KV buffer (~190 MB memset for 8k context on SmolLM2).
-        used = llama_cpp.llama_state_seq_set_data(llm.ctx, buffer, size, 0)
-        checker.join()
-        del buffer
-        loaded.close()
-        if used == 0 or not verdict or not verdict[0]:
-            # llama.cpp may have loaded some cells; our bookkeeping must match an empty cache.
+        total = total if total is not None else len(tokens)
+        t0 = t0 if t0 is not None else time.perf_counter()
+
+        def on_progress(p: kv_state.PrefillProgress) -> None:
+            if turn is not None:
+                turn.prefill_progress = kv_state.PrefillProgress(
+                    done_before + p.done, total, time.perf_counter() - t0
+                )
+
+        result = kv_state.prefill(llm, tokens, on_progress, _StopFlag(turn) if turn is not None else None)
+        self._note_rate(result.ms, result.done)
+        return result
+
+    def _ensure_persona(self, persona: Persona, use_cache: bool = True, turn: Turn | None = None) -> PrefixReport:
+        """Make the persona's shareable prefix the start of the context."""
+        pp = self.persona_prefix(persona)
+        prefix = pp.tokens
+        if not pp.helps or len(prefix) < MIN_REUSE:
             self._clear_context()
-            return (
-                "state file rejected: payload checksum mismatch"
-                if verdict and not verdict[0]
-                else "state file rejected by llama.cpp"
-            )
-        n = len(prefix)
-        llm.input_ids[:n] = prefix
-        llm.n_tokens = n
-        llm._requires_eval = True  # the blob holds no logits
-        return None
-
-    def _save_prefix(self, persona: Persona, prefix: list[int], prefill_ms: float) -> None:
-        assert self.kv_cache is not None
-        llm = self.llm
-        assert llm is not None
-        size = llama_cpp.llama_state_seq_get_size(llm.ctx, 0)
-        buffer = (ctypes.c_uint8 * size)()
-        written = llama_cpp.llama_state_seq_get_data(llm.ctx, buffer, size, 0)
-        payload = memoryview(buffer)[:written]
-        info = {
-            "n_prefix_tokens": len(prefix),
-            "prefill_ms": prefill_ms,
-            "state_size": llama_cpp.llama_state_get_size(llm.ctx),
-            "seq_state_size": size,
-        }
-        compat = self._compat(persona, prefix)
-        # The copy above took a few ms; writing and fsync-ing tens of MB must not
-        # delay the first token, so it happens in the background.
-        thread = threading.Thread(
-            target=self.kv_cache.save,
-            args=(self.spec.id, persona.id, compat, info, payload),
-            name=f"kv-save-{persona.id}",
-            daemon=True,
-        )
-        thread.start()
-        self._savers = [t for t in self._savers if t.is_alive()] + [thread]
+            return PrefixReport(CacheOutcome.COLD, 0.0, 0, pp.reason or f"persona prefix too short to cache ({len(prefix)} tokens)")
+        reuse = self._reuse(prefix + [-1], use_cache)  # -1: no token, so all of `prefix` may be reused
+        detail = "; ".join(reuse.misses)
+        if reuse.tokens == len(prefix):
+            if reuse.restored:
+                return PrefixReport(CacheOutcome.RESTORED, reuse.ms, len(prefix), detail)
+            return PrefixReport(CacheOutcome.MEMORY, 0.0, len(prefix), detail)
+        t0 = time.perf_counter()
+        self._prefill(prefix[reuse.tokens :], turn)
+        ms = (time.perf_counter() - t0) * 1000.0
+        if use_cache and self.kv_cache is not None and self.kv_cache.write_error is None:
+            self._keep(Slot.persona(persona.id), {"prefill_ms": ms})
+            detail = f"{detail}; state saved for next time" if detail else "state saved for next time"
+        return PrefixReport(CacheOutcome.COLD, ms, len(prefix), detail)
 
     def wait_for_saves(self) -> None:
         """Block until background state-file writes are done (CLI exit, tests)."""
-        for thread in self._savers:
-            thread.join()
-        self._savers = []
+        if self.kv_cache is not None:
+            self.kv_cache.flush()
+
+    def note_conversation(self, session_id: int | None) -> None:
+        self._session = session_id
+
+    def keep_conversation(self, session_id: int) -> None:
+        """Keep the live context as session `session_id`'s conversation state."""
+        self._session = session_id
+        if self.kv_cache is None:
+            return
+        # Called from a turn's finish callbacks: a consumer that abandoned the
+        # stream may still hold the generation (and its lock) on this thread, and
+        # a busy engine has moved on anyway; either way there is nothing to keep.
+        if not self._lock.acquire(blocking=False):
+            return
+        try:
+            if self.llm is not None and self.llm.n_tokens >= MIN_REUSE:
+                self._keep(Slot.session(session_id), {})
+        finally:
+            self._lock.release()
 
     def interrupt(self) -> None:
         if self._running is not None:
@@ -501,10 +518,11 @@ class LocalEngine(Engine):
         with self._lock:
             self._set_abort(False)
             try:
-                report = self._ensure_prefix(persona, self.prefix_tokens(persona))
+                report = self._ensure_persona(persona)
             except RuntimeError:
                 if self._abort_flag[0] != b"\x01":
                     raise
+                self._clear_context()
                 raise ChattermError(f"preparing persona {persona.id!r} was interrupted") from None
             finally:
                 self._set_abort(False)
@@ -515,7 +533,8 @@ class LocalEngine(Engine):
         """One notice, once, when state files cannot be written."""
         if self.kv_cache is not None and self.kv_cache.write_error and not self._cache_warned:
             self._cache_warned = True
-            return f"Persona cache off: {self.kv_cache.write_error}. Chat continues without it."
+            return (f"Prompt cache on disk off: {self.kv_cache.write_error}. "
+                    "Chat continues; states are kept in memory only.")
         return None
 
     # -- turns -----------------------------------------------------------
@@ -546,10 +565,9 @@ class LocalEngine(Engine):
         there (a new conversation with the same persona). Waits for a running turn."""
         with self._lock:
             assert self.llm is not None
-            prefix = self.prefix_tokens(keep) if keep is not None else None
-            if prefix is not None and self._prefix_in_context(prefix):
+            prefix = self.prefix_tokens(keep) if keep is not None else []
+            if prefix and self._live_tokens()[: len(prefix)] == prefix and kv_state.trim(self.llm, len(prefix)):
                 self._switch_report = None
-                self.llm.n_tokens = len(prefix)
             else:
                 self._clear_context()
 
@@ -604,12 +622,12 @@ class LocalEngine(Engine):
         llm = self.llm
         assert llm is not None
         prefix = self.prefix_tokens(persona)
-        if not self._prefix_in_context(prefix):
+        if not prefix or self._live_tokens()[: len(prefix)] != prefix:
             return None  # the persona is being prepared (switch or first turn)
         target, total = self._ahead_tokens(persona, history, draft)
         if target[: len(prefix)] != prefix:
             return None  # the template does not start with the persona prefix
-        common = _common_prefix(llm.input_ids[: llm.n_tokens].tolist(), target)
+        common = common_prefix_len(self._live_tokens(), target)
         llm.n_tokens = common  # the next eval drops every cell after it
         self._ahead_from = common if self._ahead_from is None else min(self._ahead_from, common)
         t0 = time.perf_counter()
@@ -677,18 +695,6 @@ class LocalEngine(Engine):
             if turn.cancelled and not turn.metrics.stop_reason:
                 turn.metrics.stop_reason = StopReason.CANCELLED
 
-    def _prefix_for_turn(self, persona: Persona, prefix: list[int], use_cache: bool) -> PrefixReport:
-        """Make the persona prefix ready and say how, crediting a switch-time preparation."""
-        switch, self._switch_report = self._switch_report, None
-        report = self._ensure_prefix(persona, prefix, use_cache)
-        if switch is None or switch[0] != persona.fingerprint or report.outcome != CacheOutcome.MEMORY:
-            return report
-        # Made ready when the persona was switched to: report how, not "memory".
-        prepared = switch[1]
-        if prepared.outcome == CacheOutcome.COLD:
-            return PrefixReport(CacheOutcome.SWITCH, prepared.ms, prepared.tokens, prepared.detail)
-        return prepared
-
     def _run_turn(
         self, turn: Turn, persona: Persona, history: list[ChatMessage], user_text: str, use_cache: bool
     ) -> Iterator[str]:
@@ -698,49 +704,70 @@ class LocalEngine(Engine):
         s = persona.sampling
         llama_cpp.llama_synchronize(llm.ctx)
         llama_cpp.llama_perf_context_reset(llm.ctx)
-        prefix = self.prefix_tokens(persona)
-        report = self._prefix_for_turn(persona, prefix, use_cache)
-        m.cache_outcome = report.outcome
-        m.cache_detail = report.detail
-        if report.outcome == CacheOutcome.RESTORED:
-            m.restore_ms = report.ms
-        notice = self.cache_notice()
-        if notice:
-            turn.notices.append(notice)
-
         tokens, m.dropped_turns, notices = self.fit_prompt(persona, history, user_text, s.max_tokens)
         turn.notices.extend(notices)
-        if tokens[: len(prefix)] != prefix:
-            m.cache_detail = "chat template does not start with the persona prefix: full prefill"
-        max_tokens = min(s.max_tokens, llm.n_ctx() - len(tokens))
-        common = _common_prefix(llm.input_ids[: llm.n_tokens].tolist(), tokens)
+        pp = self.persona_prefix(persona)
+        switch, self._switch_report = self._switch_report, None
+        expect = [Slot.session(self._session)] if self._session is not None else []
+        reuse = self._reuse(tokens, use_cache, expect)
+
         m.prompt_tokens = len(tokens)
-        m.cached_tokens = min(common, len(tokens) - 1)
-        m.prefilled_tokens = len(tokens) - m.cached_tokens
-        if self._ahead_from is not None and m.cached_tokens > self._ahead_from:
+        m.cached_tokens = reuse.tokens
+        m.prefilled_tokens = len(tokens) - reuse.tokens
+        details = [reuse.label()]
+        if reuse.restored:
+            m.cache_outcome, m.restore_ms = CacheOutcome.RESTORED, reuse.ms
+        elif reuse.tokens >= MIN_REUSE:
+            m.cache_outcome = CacheOutcome.MEMORY
+        else:
+            m.cache_outcome = CacheOutcome.COLD
+        if (switch is not None and switch[0] == persona.fingerprint and reuse.source == "live"
+                and reuse.tokens <= switch[1].tokens):
+            # The persona was made ready when it was switched to: report how, not "memory".
+            prepared = switch[1]
+            if prepared.outcome == CacheOutcome.RESTORED:
+                m.cache_outcome, m.restore_ms = CacheOutcome.RESTORED, prepared.ms
+            elif prepared.outcome == CacheOutcome.COLD:
+                m.cache_outcome = CacheOutcome.SWITCH
+        if not pp.helps:
+            details.append(pp.reason)
+        details += reuse.misses
+        if reuse.source == "live" and self._ahead_from is not None and m.cached_tokens > self._ahead_from:
             m.ahead_tokens = m.cached_tokens - self._ahead_from
             m.ahead_ms = self._ahead_ms
         self._forget_ahead()
-        # Saved = cached tokens at this persona's measured cold prefill rate, net of
-        # the restore; a cold prefix was paid for (now or at switch time), and
-        # tokens prefilled ahead were paid for while the user typed.
-        rate = self._prefill_ms_per_token.get(persona.fingerprint)
-        if rate and report.outcome in (CacheOutcome.RESTORED, CacheOutcome.MEMORY):
+        # Saved = reused tokens at the fastest measured prefill rate, net of the
+        # restore; tokens prefilled ahead were paid for while the user typed.
+        rate = reuse.info.get("prefill_ms_per_token") or self._prefill_ms_per_token
+        if rate and m.cached_tokens >= MIN_REUSE:
             reused = m.cached_tokens - m.ahead_tokens
             m.saved_prefill_ms = max(reused * rate - (m.restore_ms or 0.0), 0.0)
 
-        if report.outcome == CacheOutcome.COLD:
-            # The prefix was prefilled by this turn, not reused.
-            m.cached_tokens = max(m.cached_tokens - len(prefix), 0)
-            m.prefilled_tokens = len(tokens) - m.cached_tokens
-            prefix_prefill_ms = report.ms
-        else:
-            prefix_prefill_ms = 0.0
+        m.cache_detail = "; ".join(d for d in details if d)
+        # Prefill what is left, saving the persona prefix on the way when this turn
+        # computes it; generate() then samples from the last batch's logits.
+        t_prefill = time.perf_counter()
+        todo = len(tokens) - llm.n_tokens
+        prefix = pp.tokens
+        if (use_cache and self.kv_cache is not None and self.kv_cache.write_error is None and pp.helps
+                and len(prefix) >= MIN_REUSE and llm.n_tokens < len(prefix) < len(tokens)
+                and tokens[: len(prefix)] == prefix):
+            part = self._prefill(prefix[llm.n_tokens :], turn, 0, todo, t_prefill)
+            if part.aborted:
+                return
+            self._keep(Slot.persona(persona.id), {"prefill_ms": part.ms})
+            m.cache_detail = "; ".join(d for d in [*details, "persona prefix saved for next time"] if d)
+        rest = self._prefill(tokens[llm.n_tokens :], turn, todo - (len(tokens) - llm.n_tokens), todo, t_prefill)
+        if rest.aborted:
+            return
+        notice = self.cache_notice()
+        if notice:
+            turn.notices.append(notice)
+        max_tokens = min(s.max_tokens, llm.n_ctx() - len(tokens))
 
         decoder = codecs.getincrementaldecoder("utf-8")("replace")
         if s.temperature > 0:
             llm.set_seed(s.seed)
-        t_prefill = time.perf_counter()
         generator = llm.generate(
             tokens,
             top_k=s.top_k,
@@ -754,7 +781,7 @@ class LocalEngine(Engine):
             for token in generator:
                 turn.token_arrived()
                 if m.generated_tokens == 1:
-                    m.prefill_ms = prefix_prefill_ms + (time.perf_counter() - t_prefill) * 1000.0
+                    m.prefill_ms = (time.perf_counter() - t_prefill) * 1000.0
                 if llama_cpp.llama_vocab_is_eog(self._vocab, token):
                     m.stop_reason = StopReason.EOS
                     break
@@ -781,7 +808,7 @@ class LocalEngine(Engine):
             }
 
     def close(self) -> None:
-        self.wait_for_saves()
+        self.wait_for_saves()  # every kept state reaches the disk before exit
         with self._lock:  # never free the model under a running turn
             if self.llm is not None:
                 self.llm.close()
@@ -809,16 +836,3 @@ def _gpu_name() -> str:
 
     status = gpu_status()
     return status.name if status is not None else "GPU (llama.cpp offload)"
-
-
-def _sha256_text(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n

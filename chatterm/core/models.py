@@ -125,7 +125,9 @@ class CatalogDefaults:
     model: str = key("", check=text)
     """The model used when none is asked for."""
     kv_cache_budget_mb: int = key(2048, check=integer(1))
-    """Persona KV state files are evicted (least recently used) beyond this size."""
+    """Prompt cache state files are evicted (least recently used) beyond this size."""
+    ram_cache_budget_mb: int = key(1024, check=integer(0))
+    """The prompt cache's RAM tier keeps states up to this size (0: none)."""
     usd_per_kwh: float = key(0.30, check=number(0, unit="a number"))
     """Electricity price for the energy cost of GPU turns: a round figure, not a
     measured tariff ($CHATTERM_USD_PER_KWH overrides it)."""
@@ -149,6 +151,10 @@ class ModelCatalog:
     @property
     def kv_cache_budget_mb(self) -> int:
         return self.defaults.kv_cache_budget_mb
+
+    @property
+    def ram_cache_budget_mb(self) -> int:
+        return self.defaults.ram_cache_budget_mb
 
     @property
     def usd_per_kwh(self) -> float:

@@ -21,7 +21,7 @@ from chatterm.core.personas import Persona, PersonaSet, load_personas
 
 if TYPE_CHECKING:
     from chatterm.core.engine import Engine
-    from chatterm.core.kv_cache import KVStateCache
+    from chatterm.core.prompt_cache import PromptCache
     from chatterm.core.models import ModelSpec
 
 
@@ -47,10 +47,14 @@ class Workspace:
         spec = self.catalog.get(model_id or persona.model)
         return spec, persona
 
-    def kv_cache(self) -> "KVStateCache":
-        from chatterm.core.kv_cache import KVStateCache
+    def kv_cache(self) -> "PromptCache":
+        from chatterm.core.prompt_cache import PromptCache
 
-        return KVStateCache(self.kv_dir, budget_bytes=self.catalog.kv_cache_budget_mb << 20)
+        return PromptCache(
+            self.kv_dir,
+            disk_budget_bytes=self.catalog.kv_cache_budget_mb << 20,
+            ram_budget_bytes=self.catalog.ram_cache_budget_mb << 20,
+        )
 
     def make_engine(self, spec: "ModelSpec") -> "Engine":
         price = self.catalog.price(spec.price_profile)
