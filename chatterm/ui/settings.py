@@ -19,7 +19,7 @@ import tomlkit
 from tomlkit.exceptions import TOMLKitError
 
 from chatterm.core.atomic import atomic_write_bytes
-from chatterm.core.config_schema import boolean, from_table, key, non_empty_text
+from chatterm.core.config_schema import boolean, from_table, key, text
 from chatterm.core.errors import ChattermError
 from chatterm.core.tomlfile import read_toml
 
@@ -30,7 +30,7 @@ SECTION = "tui"
 class UiSettings:
     """The `[tui]` table."""
 
-    theme: str | None = key(None, check=non_empty_text)
+    theme: str | None = key(None, check=text)
     """The theme last chosen in the app (None: the default theme)."""
     type_ahead: bool = key(True, check=boolean)
     """Prefill a message while it is typed, so Enter leaves about one token to
@@ -43,9 +43,11 @@ def load_ui_settings(path: Path) -> UiSettings:
     if not path.exists():
         return UiSettings()
     try:
-        return from_table(UiSettings, read_toml(path).get(SECTION, {}), path=path, where=SECTION)
+        settings = from_table(UiSettings, read_toml(path).get(SECTION, {}), path=path, where=SECTION)
     except ChattermError as exc:
         return UiSettings(error=f"settings ignored: {exc}")
+    settings.theme = settings.theme or None  # theme = "" means the default theme
+    return settings
 
 
 def remember_theme(path: Path, theme: str) -> None:
