@@ -87,7 +87,7 @@ def scroll_figures(workspace, store, sid: int, pages: int) -> tuple[list[float],
         def device(self):
             return DeviceInfo("CPU", "synthetic", n_ctx=8192)
 
-        def prepare_persona(self, persona):
+        def prepare_persona(self, persona, progress=None):
             return PrefixReport(CacheOutcome.MEMORY, 0.0, 0)
 
         def start_turn(self, persona, history, user_text):

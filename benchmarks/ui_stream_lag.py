@@ -154,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
         def device(self):
             return DeviceInfo("CPU", "synthetic producer", n_ctx=8192)
 
-        def prepare_persona(self, persona):
+        def prepare_persona(self, persona, progress=None):
             return PrefixReport(CacheOutcome.MEMORY, 0.0, 0)
 
         def start_turn(self, persona, history, user_text):

@@ -364,6 +364,18 @@ def test_prepare_persona_restores_at_switch_time(ws, persona):
         engine.close()
 
 
+def test_a_first_use_prefill_reports_its_progress(ws, persona, tmp_path):
+    engine = make_engine(ws, kv_dir=tmp_path / "kv")  # nothing cached: a cold prefill
+    seen = []
+    try:
+        report = engine.prepare_persona(persona, progress=seen.append)
+    finally:
+        engine.close()
+    assert report.outcome == "cold" and seen
+    assert [p.done for p in seen] == sorted(p.done for p in seen)
+    assert seen[-1].done == seen[-1].total == report.tokens and seen[-1].rate > 0
+
+
 def test_missing_and_corrupt_gguf_are_one_line_errors(ws, tmp_path):
     missing = replace(ws.catalog.get(None), id="missing", source=str(tmp_path / "nope.gguf"))
     bogus_path = tmp_path / "bogus.gguf"

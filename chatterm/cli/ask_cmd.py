@@ -18,8 +18,7 @@ from typing import Callable
 from chatterm.cli.common import add_model_persona_options, workspace
 from chatterm.core.conversation import Conversation
 from chatterm.core.errors import ChattermError
-from chatterm.core.format import footer_line, printable
-from chatterm.core.kv_state import progress_line
+from chatterm.core.format import footer_line, prefill_progress_line, printable
 from chatterm.core.metrics import StopReason
 from chatterm.core.sessions import plan_resume, resume_conversation
 from chatterm.core.store import SessionStore
@@ -64,7 +63,7 @@ def _show_progress(turn) -> Callable[[], None]:
             while not stop.is_set():
                 progress = turn.prefill_progress
                 if progress is not None and progress.done < progress.total:
-                    sys.stderr.write("\r\x1b[K" + progress_line(progress))
+                    sys.stderr.write("\r\x1b[K" + prefill_progress_line(progress))
                     sys.stderr.flush()
                     shown = True
                 stop.wait(0.5)

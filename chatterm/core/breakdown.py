@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable
 
-from chatterm.core.metrics import TurnMetrics
+from chatterm.core.metrics import StopReason, TurnMetrics
 
 MIN_PREFILL_TOKENS = 8
 """Below this, a prefill's fixed cost (one batch, sampling) swamps the per-token cost."""
@@ -60,7 +60,7 @@ class Timeline:
     @property
     def status(self) -> str:
         """ok, stopped (cancelled), error or max tokens: how a chart marks the turn."""
-        return {"cancelled": "stopped", "error": "error", "length": "max tokens"}.get(
+        return {StopReason.CANCELLED: "stopped", StopReason.ERROR: "error", StopReason.LENGTH: "max tokens"}.get(
             self.stop_reason, "ok"
         )
 

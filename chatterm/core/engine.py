@@ -114,6 +114,27 @@ class PrefixReport:
 
 
 @dataclass(frozen=True)
+class PrefillProgress:
+    """How far a long prefill has got (a turn's, or a persona's being prepared)."""
+
+    done: int
+    total: int
+    elapsed_s: float
+
+    @property
+    def rate(self) -> float:
+        """Tokens per second so far (0 before the first batch)."""
+        return self.done / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    @property
+    def eta_s(self) -> float | None:
+        """Seconds left at the rate so far (None before the first batch)."""
+        rate = self.rate
+        return (self.total - self.done) / rate if rate > 0 else None
+
+
+
+@dataclass(frozen=True)
 class EngineCapabilities:
     """What an engine can do, so callers never ask which engine they hold."""
 
@@ -160,9 +181,9 @@ class Turn:
         self.perf: dict[str, float] = {}
         """The engine's own counters for this turn, where it has them (llama.cpp's
         `llama_perf_context`: t_p_eval_ms, n_p_eval, t_eval_ms, n_eval)."""
-        self.prefill_progress: Any = None
+        self.prefill_progress: PrefillProgress | None = None
         """While a long prompt is prefilled: tokens done / total, rate and time
-        left (local engine: `kv_state.PrefillProgress`); None otherwise."""
+        left; None when the engine does not say."""
         self.request: dict[str, Any] = {}
         """What a served engine sent (the request body after trimming); never a secret."""
         self._price = price
@@ -280,8 +301,11 @@ class Engine(ABC):
         """A one-time notice about the persona cache (e.g. it cannot be written)."""
         return None
 
-    def prepare_persona(self, persona: Persona) -> PrefixReport:
-        """Make the persona's prefix ready now (e.g. on a persona switch)."""
+    def prepare_persona(
+        self, persona: Persona, progress: Callable[[PrefillProgress], None] | None = None
+    ) -> PrefixReport:
+        """Make the persona's prefix ready now (e.g. on a persona switch); a long
+        prefill reports `progress` after each batch."""
         return PrefixReport(CacheOutcome.SERVER, 0.0, 0)
 
     def note_conversation(self, session_id: int | None) -> None:

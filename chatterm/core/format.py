@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 
+from chatterm.core.engine import PrefillProgress
 from chatterm.core.metrics import CacheOutcome, StopReason, TurnMetrics
 
 SEP = " · "
@@ -112,6 +113,17 @@ _STOP_LABELS = {
 
 def stop_label(m: TurnMetrics) -> str:
     return _STOP_LABELS.get(m.stop_reason, "")
+
+
+def prefill_progress_line(p: PrefillProgress) -> str:
+    """"prefilling 1,024 / 30,000 tokens · 256 tok/s · 1m 53s left"."""
+    line = f"prefilling {p.done:,} / {p.total:,} tokens"
+    if p.rate > 0:
+        line += f" · {p.rate:,.0f} tok/s"
+    if p.eta_s is not None:
+        minutes, seconds = divmod(int(round(p.eta_s)), 60)
+        line += f" · {minutes}m {seconds:02d}s left" if minutes else f" · {seconds}s left"
+    return line
 
 
 def footer_line(m: TurnMetrics) -> str:

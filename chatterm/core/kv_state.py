@@ -38,6 +38,7 @@ from typing import Any, Callable, Sequence
 
 import llama_cpp
 
+from chatterm.core.engine import PrefillProgress
 from chatterm.core.file_identity import sha256_of_file
 
 
@@ -134,35 +135,6 @@ def trim(llm: llama_cpp.Llama, n: int) -> bool:
     llm.n_tokens = n
     llm._requires_eval = True
     return True
-
-
-@dataclass(frozen=True)
-class PrefillProgress:
-    done: int
-    total: int
-    elapsed_s: float
-
-    @property
-    def rate(self) -> float:
-        """Tokens per second so far (0 before the first batch)."""
-        return self.done / self.elapsed_s if self.elapsed_s > 0 else 0.0
-
-    @property
-    def eta_s(self) -> float | None:
-        """Seconds left at the rate so far (None before the first batch)."""
-        rate = self.rate
-        return (self.total - self.done) / rate if rate > 0 else None
-
-
-def progress_line(p: PrefillProgress) -> str:
-    """"prefilling 1,024 / 30,000 tokens · 256 tok/s · 1m 53s left"."""
-    line = f"prefilling {p.done:,} / {p.total:,} tokens"
-    if p.rate > 0:
-        line += f" · {p.rate:,.0f} tok/s"
-    if p.eta_s is not None:
-        minutes, seconds = divmod(int(round(p.eta_s)), 60)
-        line += f" · {minutes}m {seconds:02d}s left" if minutes else f" · {seconds}s left"
-    return line
 
 
 @dataclass(frozen=True)

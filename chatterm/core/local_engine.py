@@ -51,6 +51,7 @@ import llama_cpp
 from chatterm.core import kv_state, llama_log, offload, templates
 from chatterm.core.engine import (
     AheadReport,
+    PrefillProgress,
     ChatMessage,
     DeviceInfo,
     Engine,
@@ -446,25 +447,34 @@ class LocalEngine(Engine):
         self.kv_cache.put(self.spec.id, slot, state.tokens, state.payload, self._compat, info)
 
     def _prefill(self, tokens: list[int], turn: Turn | None = None, done_before: int = 0,
-                 total: int | None = None, t0: float | None = None) -> kv_state.PrefillResult:
+                 total: int | None = None, t0: float | None = None,
+                 report: Callable[[PrefillProgress], None] | None = None) -> kv_state.PrefillResult:
         """Evaluate `tokens` after the context, batch by batch; progress goes to
-        `turn.prefill_progress` (counting from `done_before` of `total`, since `t0`)."""
+        `turn.prefill_progress` and `report` (counting from `done_before` of
+        `total`, since `t0`)."""
         llm = self.llm
         assert llm is not None
         total = total if total is not None else len(tokens)
         t0 = t0 if t0 is not None else time.perf_counter()
 
-        def on_progress(p: kv_state.PrefillProgress) -> None:
+        def on_progress(p: PrefillProgress) -> None:
+            progress = PrefillProgress(done_before + p.done, total, time.perf_counter() - t0)
             if turn is not None:
-                turn.prefill_progress = kv_state.PrefillProgress(
-                    done_before + p.done, total, time.perf_counter() - t0
-                )
+                turn.prefill_progress = progress
+            if report is not None:
+                report(progress)
 
         result = kv_state.prefill(llm, tokens, on_progress, _StopFlag(turn) if turn is not None else None)
         self._note_rate(result.ms, result.done)
         return result
 
-    def _ensure_persona(self, persona: Persona, use_cache: bool = True, turn: Turn | None = None) -> PrefixReport:
+    def _ensure_persona(
+        self,
+        persona: Persona,
+        use_cache: bool = True,
+        turn: Turn | None = None,
+        report: Callable[[PrefillProgress], None] | None = None,
+    ) -> PrefixReport:
         """Make the persona's shareable prefix the start of the context."""
         pp = self.persona_prefix(persona)
         prefix = pp.tokens
@@ -478,7 +488,7 @@ class LocalEngine(Engine):
                 return PrefixReport(CacheOutcome.RESTORED, reuse.ms, len(prefix), detail)
             return PrefixReport(CacheOutcome.MEMORY, 0.0, len(prefix), detail)
         t0 = time.perf_counter()
-        self._prefill(prefix[reuse.tokens :], turn)
+        self._prefill(prefix[reuse.tokens :], turn, report=report)
         ms = (time.perf_counter() - t0) * 1000.0
         if use_cache and self.kv_cache is not None and self.kv_cache.write_error is None:
             self._keep(Slot.persona(persona.id), {"prefill_ms": ms})
@@ -514,11 +524,13 @@ class LocalEngine(Engine):
             self._running.cancel()
         self._set_abort(True)
 
-    def prepare_persona(self, persona: Persona) -> PrefixReport:
+    def prepare_persona(
+        self, persona: Persona, progress: Callable[[PrefillProgress], None] | None = None
+    ) -> PrefixReport:
         with self._lock:
             self._set_abort(False)
             try:
-                report = self._ensure_persona(persona)
+                report = self._ensure_persona(persona, report=progress)
             except RuntimeError:
                 if self._abort_flag[0] != b"\x01":
                     raise

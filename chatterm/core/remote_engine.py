@@ -15,7 +15,7 @@ Contract (in addition to `chatterm.core.engine`):
   the server's final `usage` (asked for with `stream_options.include_usage`)
   replaces the counts. Without usage, prompt tokens are estimated at 4
   characters per token and `metrics.tokens_estimated` is set.
-- Prefix caching is the server's business: `cache_outcome` is "server" and
+- Prefix caching is the server's business: `cache_outcome` is SERVER and
   `cached_tokens` is what the server reports
   (`usage.prompt_tokens_details.cached_tokens`, or llama.cpp's `timings.cache_n`).
 - Context trimming uses the same 4-characters-per-token estimate (we have no
@@ -27,7 +27,7 @@ Contract (in addition to `chatterm.core.engine`):
   (a long prefill) cannot hold the worker thread until its next event.
 - Failures (connection, timeout, HTTP 4xx/5xx with the server's own reason,
   malformed events, a stream cut short) end the turn with
-  `stop_reason == "error"` and a one-line `metrics.error`; the partial reply stays.
+  `stop_reason == StopReason.ERROR` and a one-line `metrics.error`; the partial reply stays.
   After a failed turn the pooled connections are dropped: a server that failed
   mid-reply often closes the connection just after answering.
 """
@@ -74,7 +74,7 @@ REASON_MAX_CHARS = 160
 """Server reasons are cut to this length: the error must stay one readable line."""
 
 _FINISH_TO_STOP = {"length": StopReason.LENGTH}
-"""finish_reason -> stop_reason; "stop", "eos", "content_filter", "tool_calls" -> "eos"."""
+"""finish_reason -> stop_reason; "stop", "eos", "content_filter", "tool_calls" -> EOS."""
 
 
 def estimate_tokens(text: str) -> int:

@@ -37,7 +37,7 @@ from textual.widgets import Footer, Static
 from chatterm.core.conversation import Conversation, EnergyMeter
 from chatterm.core.engine import DeviceInfo, Engine
 from chatterm.core.errors import ChattermError
-from chatterm.core.format import SEP, prefix_outcome_label, printable
+from chatterm.core.format import SEP, prefill_progress_line, prefix_outcome_label, printable
 from chatterm.core.personas import Persona
 from chatterm.ui.chat_view import ChatView, TurnPhase
 from chatterm.ui.conversation import OlderTurns
@@ -54,6 +54,7 @@ from chatterm.ui.engine_setup import (
     LoadProgressed,
     MeterFactory,
     PersonaPrepared,
+    PersonaProgressed,
     default_gpu_status,
     energy_meter_factory,
 )
@@ -289,6 +290,11 @@ class ChatApp(App[None]):
         if engine.persona_cached(persona):
             return f"restoring {persona.name} from disk…"
         return f"prefilling {persona.name}'s prompt (first use)…"
+
+    @on(PersonaProgressed)
+    def _persona_progressed(self, event: PersonaProgressed) -> None:
+        if event.persona.id == self.persona.id and self.chat.phase is TurnPhase.IDLE:
+            self.chat.set_status(f"{event.persona.name}: {prefill_progress_line(event.progress)}")
 
     @on(PersonaPrepared)
     def _persona_prepared(self, event: PersonaPrepared) -> None:

@@ -53,8 +53,8 @@ from textual.message import Message
 from textual.widgets import ProgressBar, Static
 
 from chatterm.core.conversation import Conversation
-from chatterm.core.format import SEP, fmt_ms, fmt_tok_s, printable
-from chatterm.core.metrics import SessionSummary, TurnMetrics
+from chatterm.core.format import SEP, fmt_ms, fmt_tok_s, prefill_progress_line, printable
+from chatterm.core.metrics import SessionSummary, StopReason, TurnMetrics
 from chatterm.ui import gc_policy
 from chatterm.ui.conversation import AssistantReply, ConversationView, OlderTurns
 from chatterm.ui.engine_lease import EngineClosing, EngineLease
@@ -369,6 +369,8 @@ class ChatView(Vertical):
                 return
             m = turn.metrics
             self._dashboard.show_turn(m, running=not turn.done)
+            if m.ttft_ms is None and turn.prefill_progress is not None and self._phase is TurnPhase.STREAMING:
+                self.set_status(prefill_progress_line(turn.prefill_progress))
             if m.ttft_ms is not None and self._phase is TurnPhase.STREAMING:
                 self.set_status(f"streaming{SEP}TTFT {fmt_ms(m.ttft_ms)}{SEP}{fmt_tok_s(m.decode_tok_s)}")
         except Exception:  # noqa: BLE001
@@ -422,7 +424,7 @@ class ChatView(Vertical):
         await reply.finish(turn.reply, m)
         for notice in turn.notices:
             await view.add_notice(notice, "warning")
-        if m.stop_reason == "error":
+        if m.stop_reason == StopReason.ERROR:
             await view.add_notice(f"Generation failed: {m.error}", "error")
         store_error = event.conversation.store_error
         if store_error and store_error != self._store_error_shown:
@@ -433,7 +435,7 @@ class ChatView(Vertical):
         self._ahead_last = ""
         self.show_session()
         self.post_message(self.TurnFinished(m))
-        self.set_status({"cancelled": "stopped", "error": "error"}.get(m.stop_reason, "ready"))
+        self.set_status({StopReason.CANCELLED: "stopped", StopReason.ERROR: "error"}.get(m.stop_reason, "ready"))
 
     # -- type-ahead ----------------------------------------------------------------------
     @on(PromptArea.Changed)

@@ -31,7 +31,7 @@ from textual.widget import Widget
 from textual.widgets import Static
 
 from chatterm.core.format import footer_line, printable
-from chatterm.core.metrics import TurnMetrics
+from chatterm.core.metrics import StopReason, TurnMetrics
 
 if TYPE_CHECKING:
     from chatterm.core.store import TurnRecord
@@ -199,8 +199,8 @@ class AssistantReply(Widget):
         self._live = ""
         self._live_lines = None
         self._text = text
-        self.set_class(metrics.stop_reason == "cancelled", "-stopped")
-        self.set_class(metrics.stop_reason == "error", "-error")
+        self.set_class(metrics.stop_reason == StopReason.CANCELLED, "-stopped")
+        self.set_class(metrics.stop_reason == StopReason.ERROR, "-error")
         self._changed()
 
     def _changed(self) -> None:

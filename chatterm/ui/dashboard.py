@@ -23,7 +23,7 @@ from textual.widgets import Sparkline, Static
 
 from chatterm.core.breakdown import session_token_costs, timeline, token_costs
 from chatterm.core.format import cache_label, fmt_int, fmt_ms, fmt_tok_s, fmt_usd, printable
-from chatterm.core.metrics import SessionSummary, TurnMetrics
+from chatterm.core.metrics import SessionSummary, StopReason, TurnMetrics
 from chatterm.core.whatif import cost_split
 from chatterm.ui.timeline import GLYPHS, STYLES, fmt_share, timeline_bar, token_cost_line
 
@@ -63,9 +63,10 @@ def timeline_rows(m: TurnMetrics) -> list[tuple[str, Content]]:
 def turn_state(m: TurnMetrics, running: bool) -> str:
     if running:
         return "prefilling…" if m.ttft_ms is None else "streaming…"
-    return {"cancelled": "stopped", "error": "error", "length": "max tokens", "eos": "done"}.get(
-        m.stop_reason, m.stop_reason or "done"
-    )
+    return {
+        StopReason.CANCELLED: "stopped", StopReason.ERROR: "error", StopReason.LENGTH: "max tokens",
+        StopReason.EOS: "done",
+    }.get(m.stop_reason, str(m.stop_reason) or "done")
 
 
 class Dashboard(VerticalScroll):

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Callable
 from textual.message import Message
 from textual.message_pump import MessagePump
 
-from chatterm.core.engine import DeviceInfo, Engine, PrefixReport
+from chatterm.core.engine import DeviceInfo, Engine, PrefillProgress, PrefixReport
 from chatterm.core.errors import ChattermError
 from chatterm.core.personas import Persona
 from chatterm.ui.engine_lease import EngineClosing, EngineLease
@@ -77,6 +77,17 @@ class PersonaPrepared(Message):
     persona: Persona
     report: PrefixReport | None
     error: str | None = None
+
+
+@dataclass
+class PersonaProgressed(Message):
+    """A long persona prefill's progress (posted from the prepare worker)."""
+
+    persona: Persona
+    progress: PrefillProgress
+
+    def can_replace(self, message: Message) -> bool:
+        return isinstance(message, PersonaProgressed)
 
 
 @dataclass
@@ -159,7 +170,9 @@ class EngineSetup:
 
     def _prepare(self, engine: Engine, persona: Persona) -> None:
         try:
-            report = engine.prepare_persona(persona)
+            report = engine.prepare_persona(
+                persona, lambda progress: self.target.post_message(PersonaProgressed(persona, progress))
+            )
         except ChattermError as exc:
             self.target.post_message(PersonaPrepared(persona, None, str(exc)))
         except Exception as exc:  # noqa: BLE001

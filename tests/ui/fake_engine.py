@@ -76,7 +76,7 @@ class FakeEngine(Engine):
     def persona_cached(self, persona: Persona) -> bool:
         return persona.id in self.cached
 
-    def prepare_persona(self, persona: Persona) -> PrefixReport:
+    def prepare_persona(self, persona: Persona, progress=None) -> PrefixReport:
         with self._lock:
             self.prepared.append(persona.id)
             return PrefixReport(CacheOutcome.RESTORED, 12.5, 60)
