@@ -45,4 +45,4 @@ def test_a_prefix_prefilled_at_switch_time_is_not_called_this_turns_cold_prefill
     m = metrics(ttft_ms=80.0, generated_tokens=3, prompt_tokens=67, cached_tokens=51,
                 prefilled_tokens=16, cache_outcome="switch", prefill_ms=79.0, stop_reason="eos")
     line = footer_line(m)
-    assert line.endswith("persona prefilled at switch") and "cold prefill" not in line
+    assert line.endswith("persona prefilled before the turn") and "cold prefill" not in line

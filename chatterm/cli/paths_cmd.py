@@ -6,11 +6,19 @@ import argparse
 
 from chatterm.cli.common import workspace
 from chatterm.core import paths
+from chatterm.core.errors import ChattermError
 
 
 def register(sub, common) -> None:
     p = sub.add_parser("paths", parents=[common], help="show config, data and cache locations")
     p.set_defaults(func=run)
+
+
+def _default_model(ws) -> str:
+    try:
+        return f"{ws.catalog.default_model} -> {ws.catalog.get(None).source}"
+    except ChattermError as exc:
+        return str(exc)
 
 
 def _gpu_offload() -> str:
@@ -26,12 +34,13 @@ def run(args: argparse.Namespace) -> int:
     rows = [
         ("config folder", paths.config_dir()),
         ("models files", ", ".join(str(f) for f in ws.catalog.files)),
+        ("user models.toml", f"{paths.user_models_file()}{'' if paths.user_models_file().exists() else ' (not created yet)'}"),
         ("user personas", paths.user_personas_dir()),
         ("user themes", paths.user_themes_dir()),
         ("session database", ws.db_path),
         ("exports", paths.exports_dir()),
         ("persona KV cache", ws.kv_dir),
-        ("default model", f"{ws.catalog.default_model} -> {ws.catalog.get(None).source}"),
+        ("default model", _default_model(ws)),
         ("GPU offload", _gpu_offload()),
     ]
     width = max(len(name) for name, _ in rows)

@@ -103,6 +103,7 @@ class Conversation:
                     engine=self.engine.kind,
                     device=self.engine.device().name,
                     persona_id=self.persona.id,
+                    started_at=m.submitted_at,  # the session began with its first message
                 )
             if self.session_id is not None:  # None: the database refused the write
                 self.store.record_turn(self.session_id, text, turn.reply, m)

@@ -79,7 +79,7 @@ def cache_label(m: TurnMetrics) -> str:
         case CacheOutcome.MEMORY:
             return "prefix in memory"
         case CacheOutcome.SWITCH:
-            return "persona prefilled at switch"
+            return "persona prefilled before the turn"
         case CacheOutcome.COLD:
             return f"cold prefill {fmt_ms(m.prefill_ms)}"
         case CacheOutcome.SERVER:
@@ -133,7 +133,9 @@ def footer_line(m: TurnMetrics) -> str:
     if m.decode_tok_s is not None:
         parts.append(fmt_tok_s(m.decode_tok_s))
     tokens_in = f"{approx}{fmt_int(m.prefilled_tokens)} in"
-    if m.cached_tokens:
+    if m.ahead_tokens:
+        tokens_in += f" ({fmt_int(m.reused_tokens)} cached, {fmt_int(m.ahead_tokens)} typed ahead)"
+    elif m.cached_tokens:
         tokens_in += f" ({approx}{fmt_int(m.cached_tokens)} cached)"
     parts.append(tokens_in)
     parts.append(f"{approx}{fmt_int(m.generated_tokens)} out")

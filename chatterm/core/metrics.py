@@ -109,6 +109,14 @@ class TurnMetrics:
         return (self.generated_tokens - 1) / (self.decode_ms / 1000.0)
 
     @property
+    def reused_tokens(self) -> int:
+        """Prompt tokens reused from earlier prompts (persona prefix, conversation):
+        what an API's prompt cache would serve. `ahead_tokens` are in
+        `cached_tokens` too, but they are this turn's own new text, prefilled
+        early: an API would charge them as uncached input."""
+        return max(self.cached_tokens - self.ahead_tokens, 0)
+
+    @property
     def cost_usd(self) -> float:
         return self.cost_input_usd + self.cost_cached_input_usd + self.cost_output_usd
 

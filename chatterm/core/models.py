@@ -162,6 +162,9 @@ class ModelCatalog:
 
     def get(self, model_id: str | None) -> ModelSpec:
         model_id = model_id or self.default_model
+        if not model_id:
+            where = self.files[-1] if self.files else Path("models.toml")
+            raise ChattermError(f"{where}: no default model: set [defaults] model there, or pass --model ID")
         try:
             return self.models[model_id]
         except KeyError:
@@ -252,7 +255,10 @@ def load_catalog(replace: Path | None = None) -> ModelCatalog:
             catalog.errors.append(error)
             catalog.broken[spec.id] = error
             del catalog.models[spec.id]
-    if catalog.default_model not in catalog.models and catalog.default_model not in catalog.broken:
-        where = catalog.files[-1] if catalog.files else Path("models.toml")
+    known = catalog.models.keys() | catalog.broken.keys()
+    where = catalog.files[-1] if catalog.files else Path("models.toml")
+    if not known:
+        raise ChattermError(f"{where}: defines no model (add a [models.ID] table)")
+    if catalog.default_model and catalog.default_model not in known:
         raise ChattermError(f"{where}: default model {catalog.default_model!r} is not defined")
     return catalog

@@ -62,14 +62,14 @@ class CostSplit:
 
 
 def _uncached(m: TurnMetrics) -> int:
-    return max(m.prompt_tokens - m.cached_tokens, 0)
+    return max(m.prompt_tokens - m.reused_tokens, 0)
 
 
 def cost_split(turns: Iterable[TurnMetrics]) -> CostSplit:
     turns = list(turns)
     return CostSplit(
         uncached_tokens=sum(_uncached(m) for m in turns),
-        cached_tokens=sum(m.cached_tokens for m in turns),
+        cached_tokens=sum(m.reused_tokens for m in turns),
         output_tokens=sum(m.generated_tokens for m in turns),
         uncached_usd=sum(m.cost_input_usd for m in turns),
         cached_usd=sum(m.cost_cached_input_usd for m in turns),

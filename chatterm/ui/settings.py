@@ -61,6 +61,7 @@ def remember_theme(path: Path, theme: str) -> None:
         document[SECTION] = section
     section["theme"] = theme
     try:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)  # a fresh install has no config folder
         atomic_write_bytes(path, tomlkit.dumps(document).encode("utf-8"), mode=0o644)
     except OSError as exc:
         raise ChattermError(f"{path}: cannot save settings: {exc.strerror or exc}") from None

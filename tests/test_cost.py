@@ -1,0 +1,57 @@
+"""API-equivalent cost: reused prompt tokens at the cached price, new text (typed
+ahead or not) at the input price."""
+
+from __future__ import annotations
+
+import pytest
+
+from chatterm.core.cost import apply_cost
+from chatterm.core.format import footer_line
+from chatterm.core.metrics import TurnMetrics
+from chatterm.core.models import PriceProfile
+
+PRICE = PriceProfile(id="p", input_per_m=2.0, cached_input_per_m=0.5, output_per_m=8.0, as_of="2026-01-01")
+
+
+def turn(**values) -> TurnMetrics:
+    return TurnMetrics(engine="local", model_id="m", persona_id="a", submitted_at=1.0, **values)
+
+
+def test_tokens_prefilled_ahead_are_new_input_not_cached_input():
+    m = turn(prompt_tokens=120, cached_tokens=100, ahead_tokens=40, prefilled_tokens=20, generated_tokens=10)
+    apply_cost(m, PRICE)
+    assert m.reused_tokens == 60
+    assert m.cost_input_usd == pytest.approx(60 * 2.0e-6)  # 20 after Enter + 40 typed ahead
+    assert m.cost_cached_input_usd == pytest.approx(60 * 0.5e-6)
+    assert m.saved_usd == pytest.approx(60 * 1.5e-6)
+    assert "(60 cached, 40 typed ahead)" in footer_line(m)
+
+
+def test_without_type_ahead_every_cached_token_is_reused():
+    m = turn(prompt_tokens=120, cached_tokens=100, prefilled_tokens=20)
+    apply_cost(m, PRICE)
+    assert m.reused_tokens == 100 and m.cost_cached_input_usd == pytest.approx(100 * 0.5e-6)
+    assert "(100 cached)" in footer_line(m)
+
+
+def test_a_catalog_without_a_default_model_names_the_key(tmp_path):
+    from chatterm.core.errors import ChattermError
+    from chatterm.core.models import load_catalog
+
+    models = tmp_path / "models.toml"
+    models.write_text(
+        '[models.x]\nsource = "x.gguf"\nprice_profile = "p"\n'
+        '[prices.p]\ninput = 1.0\noutput = 2.0\nas_of = "2026-01-01"\n'
+    )
+    catalog = load_catalog(models)
+    assert catalog.get("x").id == "x"  # --model still works
+    with pytest.raises(ChattermError, match=r"no default model: set \[defaults\] model"):
+        catalog.get(None)
+
+
+def test_remembering_a_theme_creates_the_config_folder(tmp_path):
+    from chatterm.ui.settings import load_ui_settings, remember_theme
+
+    path = tmp_path / "fresh" / "config" / "settings.toml"
+    remember_theme(path, "chatterm-light")
+    assert load_ui_settings(path).theme == "chatterm-light"
