@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from chatterm.core.atomic import atomic_write_chunks, ensure_private_dir
+from chatterm.core.templates import common_prefix_len
 from chatterm.core.kv_cache import (
     _PREAMBLE,
     CHUNK_BYTES,
@@ -193,15 +194,6 @@ def _open_regular(path: Path):
 def _compat_miss(label: str, difference: str) -> str:
     what = "build" if "llama cpp" in difference else "model or settings"
     return f"{label}: other {what}: {difference}"
-
-
-def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def _slot_of_file(path: Path) -> Slot:
