@@ -114,7 +114,7 @@ class FrameBudget:
 
 class ChatView(Vertical):
     DASHBOARD_HZ = 5
-    AHEAD_DELAY_S = 0.15
+    AHEAD_DELAY_S = 0.05
     """A change to the draft is prefilled this long after it (one prefill at a
     time; a burst of keys is taken up together), so the prefill keeps pace
     with typing and Enter finds all but the last keystrokes ready."""
