@@ -62,8 +62,10 @@ def run(args: argparse.Namespace) -> int:
     # The catalog first: a broken models.toml fails before anything is read.
     prices = load_catalog(args.models).prices if fmt in REPORT_FORMATS else None
     with SessionStore(db, readonly=True) as store:
+        known = None
         if args.all:
-            ids = sorted(info.id for info in store.sessions())
+            known = {info.id: info for info in store.sessions()}  # one query for every session
+            ids = sorted(known)
         elif args.session_ids:
             ids = list(dict.fromkeys(args.session_ids))
         else:
@@ -71,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
             if latest is None:
                 raise ChattermError(f"no sessions to export in {db}")
             ids = [latest]
-        exported = collect(store, ids, skip_empty=args.all)
+        exported = collect(store, ids, skip_empty=args.all, infos=known)
         text = render(exported, fmt, prices)
     if output is None:
         sys.stdout.write(text)

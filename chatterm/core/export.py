@@ -24,12 +24,13 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import math
 import re
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Iterable, Mapping
+
+import orjson
 
 from chatterm.core import paths
 from chatterm.core.atomic import atomic_write_bytes
@@ -84,13 +85,19 @@ def turn_row(info: SessionInfo, record: TurnRecord, *, texts: bool) -> dict:
 
 
 def collect(
-    store: SessionStore, session_ids: Iterable[int], *, skip_empty: bool = False
+    store: SessionStore,
+    session_ids: Iterable[int],
+    *,
+    skip_empty: bool = False,
+    infos: Mapping[int, SessionInfo] | None = None,
 ) -> list[tuple[SessionInfo, list[TurnRecord]]]:
-    """Sessions and their turns, read from the store. An unknown id, or a session
-    without turns (unless `skip_empty`: then it is left out), is a ChattermError."""
+    """Sessions and their turns, read from the store (`infos`: the sessions'
+    infos, already read). An unknown id, or a session without turns (unless
+    `skip_empty`: then it is left out), is a ChattermError."""
     exported = []
     for sid in session_ids:
-        info, records = store.session(sid), store.turns(sid)
+        info = infos[sid] if infos is not None and sid in infos else store.session(sid)
+        records = store.turns(sid)
         if not records:
             if skip_empty:
                 continue
@@ -100,20 +107,15 @@ def collect(
 
 
 # -- formats -------------------------------------------------------------------
-_JSON = json.JSONEncoder(ensure_ascii=False, allow_nan=False)
-"""One encoder for every row: json.dumps with options builds a new one per call."""
-
-
 def render_jsonl(exported: Exported) -> str:
+    # orjson writes compact UTF-8, escapes C0 controls, " and \ as JSON requires,
+    # and writes NaN and infinities as null (JSON has none), as documented.
     lines = []
     for info, records in exported:
         for record in records:
-            row = turn_row(info, record, texts=True)
-            try:
-                line = _JSON.encode(row)
-            except ValueError:  # a NaN or infinity (JSON has none): null, as the docs say
-                line = _JSON.encode({k: _finite(v) for k, v in row.items()})
-            if _JSON_RAW.search(line):
+            line = orjson.dumps(turn_row(info, record, texts=True)).decode()
+            # isascii is a fast C scan; DEL is the one ASCII character to escape.
+            if (not line.isascii() or "\x7f" in line) and _JSON_RAW.search(line):
                 line = _JSON_RAW.sub(lambda m: f"\\u{ord(m.group()):04x}", line)
             lines.append(line + "\n")
     return "".join(lines)
@@ -183,12 +185,6 @@ def write_atomic(path: Path, text: str) -> None:
 
 
 # -- helpers -------------------------------------------------------------------
-def _finite(value):
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
-
-
 def iso_utc(ts):
     """Unix seconds as ISO 8601 UTC with milliseconds, e.g. 2023-11-14T22:13:21.500Z
     (anything that is not a finite number is returned as it is)."""

@@ -69,6 +69,7 @@ from chatterm.core.metrics import CacheOutcome, StopReason, TurnMetrics
 from chatterm.core.models import ModelSpec, PriceProfile
 from chatterm.core.personas import Persona
 from chatterm.core.prompt_cache import Miss, PromptCache, Slot
+from chatterm.core.tokens import common_prefix_len
 
 log = logging.getLogger(__name__)
 
@@ -398,7 +399,7 @@ class LocalEngine(Engine):
         llm = self.llm
         assert llm is not None
         limit = max(len(target) - 1, 0)
-        live = min(templates.common_prefix_len(self._live_tokens(), target), limit)
+        live = min(common_prefix_len(self._live_tokens(), target), limit)
         misses: list[str] = []
         cache = self.kv_cache if use_cache else None
         if cache is not None:
@@ -639,7 +640,7 @@ class LocalEngine(Engine):
         target, total = self._ahead_tokens(persona, history, draft)
         if target[: len(prefix)] != prefix:
             return None  # the template does not start with the persona prefix
-        common = templates.common_prefix_len(self._live_tokens(), target)
+        common = common_prefix_len(self._live_tokens(), target)
         llm.n_tokens = common  # the next eval drops every cell after it
         self._ahead_from = common if self._ahead_from is None else min(self._ahead_from, common)
         t0 = time.perf_counter()

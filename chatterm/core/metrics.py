@@ -47,11 +47,9 @@ class StopReason(StrEnum):
 
 
 def _enum_or_text(enum: type[StrEnum], value: object) -> object:
-    """A stored value as its enum member; unknown text (a newer chatterm) stays text."""
-    try:
-        return enum(value)
-    except ValueError:
-        return value
+    """A stored value as its enum member; unknown text (a newer chatterm) stays text.
+    (A dict lookup, not `enum(value)`: this runs for every turn an export reads.)"""
+    return enum._value2member_map_.get(value, value)
 
 
 @dataclass

@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from chatterm.core.atomic import atomic_write_chunks, ensure_private_dir
-from chatterm.core.templates import common_prefix_len
+from chatterm.core.tokens import common_prefix_len
 from chatterm.core.kv_cache import (
     _PREAMBLE,
     CHUNK_BYTES,

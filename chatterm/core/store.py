@@ -88,7 +88,7 @@ class SessionInfo:
     """Sum of the turns' API-equivalent cost."""
 
 
-@dataclass
+@dataclass(slots=True)
 class TurnRecord:
     index: int
     """1 for the session's first turn."""

@@ -42,6 +42,7 @@ import jinja2
 from llama_cpp import llama_chat_format
 
 from chatterm.core.errors import ChattermError
+from chatterm.core.tokens import common_prefix_len
 
 if TYPE_CHECKING:
     import llama_cpp
@@ -248,15 +249,6 @@ class PersonaPrefix:
     @property
     def helps(self) -> bool:
         return self.system_included
-
-
-def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def persona_prefix(template: ChatTemplate, llm: "llama_cpp.Llama", system_prompt: str) -> PersonaPrefix:
