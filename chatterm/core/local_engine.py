@@ -139,6 +139,18 @@ class _StopFlag:
         return self._turn.cancelled
 
 
+class _AheadStop:
+    """`threading.Event`-like: a type-ahead prefill stops for a starting turn or
+    a `drop_ahead()` (a newer epoch)."""
+
+    def __init__(self, engine: "LocalEngine", epoch: int):
+        self._engine = engine
+        self._epoch = epoch
+
+    def is_set(self) -> bool:
+        return self._engine._turn_waiting.is_set() or self._engine._ahead_epoch != self._epoch
+
+
 @dataclass
 class _Reuse:
     """What a turn (or a persona switch) started from."""
@@ -641,16 +653,19 @@ class LocalEngine(Engine):
         if target[: len(prefix)] != prefix:
             return None  # the template does not start with the persona prefix
         common = common_prefix_len(self._live_tokens(), target)
-        llm.n_tokens = common  # the next eval drops every cell after it
+        if not kv_state.trim(llm, common):
+            return None  # llama.cpp could not trim: the context was cleared
         self._ahead_from = common if self._ahead_from is None else min(self._ahead_from, common)
+        stop = _AheadStop(self, epoch)
         t0 = time.perf_counter()
         try:
-            for start in range(common, len(target), AHEAD_BATCH):
-                if self._turn_waiting.is_set() or epoch != self._ahead_epoch:
-                    break
-                llm.eval(target[start : start + AHEAD_BATCH])
-                if progress is not None:
-                    progress(llm.n_tokens, total)
+            kv_state.prefill(
+                llm,
+                target[common:],
+                (lambda p: progress(common + p.done, total)) if progress is not None else None,
+                stop,
+                AHEAD_BATCH,
+            )
         finally:
             # Interrupted or not, the batches done are ready and their time was spent.
             ms = (time.perf_counter() - t0) * 1000.0

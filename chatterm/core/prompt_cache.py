@@ -224,7 +224,7 @@ class PromptCache:
         self._ram: OrderedDict[tuple[str, Slot], Entry] = OrderedDict()
         self._index: dict[Path, _Indexed] = {}
         self._queue: queue.Queue[tuple[str, Slot, list[int], Any, dict, dict] | None] = queue.Queue()
-        self._pending: dict[tuple[str, Slot], int] = {}
+        self._queued_seq: dict[tuple[str, Slot], int] = {}
         self._writer: threading.Thread | None = None
         self._seq = 0
 
@@ -259,7 +259,7 @@ class PromptCache:
         if disk and self.write_error is None:
             with self._lock:
                 self._seq += 1
-                self._pending[(model_id, slot)] = self._seq
+                self._queued_seq[(model_id, slot)] = self._seq
                 self._queue.put((model_id, slot, tokens, payload, compat, info | {"_seq": self._seq}))
                 if self._writer is None or not self._writer.is_alive():
                     self._writer = threading.Thread(target=self._write_loop, name="prompt-cache-writer",
@@ -286,12 +286,12 @@ class PromptCache:
                 model_id, slot, tokens, payload, compat, info = job
                 seq = info.pop("_seq")
                 with self._lock:
-                    newer = self._pending.get((model_id, slot), seq) != seq
+                    newer = self._queued_seq.get((model_id, slot), seq) != seq
                 if not newer:  # a later save of the same slot supersedes this one
                     self.save(model_id, slot, tokens, payload, compat, info)
                 with self._lock:
-                    if self._pending.get((model_id, slot)) == seq:
-                        del self._pending[(model_id, slot)]
+                    if self._queued_seq.get((model_id, slot)) == seq:
+                        del self._queued_seq[(model_id, slot)]
             except Exception:  # noqa: BLE001 - the writer must survive anything
                 log.warning("prompt cache write failed", exc_info=True)
             finally:
