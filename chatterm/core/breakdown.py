@@ -37,6 +37,8 @@ PART_LABELS = {
     "first_token": "first token",
     "decode": "decode",
 }
+PART_GLYPHS = {"restore": "▒", "prefill": "█", "first_token": "▓", "decode": "░"}
+"""One glyph per part, for timelines drawn in text (the TUI, Markdown)."""
 TTFT_PARTS = PARTS[:3]
 """The parts that add up to the time to first token."""
 
@@ -91,12 +93,6 @@ class TokenCosts:
         if self.prefill_ms_per_token and self.decode_ms_per_token is not None:
             return self.decode_ms_per_token / self.prefill_ms_per_token
         return None
-
-    @property
-    def ratio_note(self) -> str:
-        if self.ratio is not None:
-            return ""
-        return "; ".join(n for n in (self.prefill_note, self.decode_note) if n)
 
 
 def _prefill(m: TurnMetrics) -> tuple[float | None, str]:

@@ -46,11 +46,10 @@ SUFFIX = ".kvstate"
 CHUNK_BYTES = 4 << 20
 
 
-def chunk_crc32s(payload: memoryview, workers: int | None = None) -> list[int]:
+def chunk_crc32s(payload: memoryview) -> list[int]:
     """CRC-32 of each CHUNK_BYTES slice, computed on all cores (zlib releases the GIL)."""
     chunks = [payload[i : i + CHUNK_BYTES] for i in range(0, payload.nbytes, CHUNK_BYTES)]
-    workers = workers or max(os.cpu_count() or 1, 1)
-    with ThreadPoolExecutor(max_workers=workers) as pool:
+    with ThreadPoolExecutor(max_workers=max(os.cpu_count() or 1, 1)) as pool:
         return list(pool.map(zlib.crc32, chunks))
 
 

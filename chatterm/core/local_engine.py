@@ -270,7 +270,6 @@ class LocalEngine(Engine):
         So the callback is libc's `strlen`, pointed at a two-byte buffer: it
         returns 1 (true) once byte 0 is set, 0 otherwise, with no Python involved.
         """
-        self._abort_flag = ctypes.create_string_buffer(2)
         try:
             strlen = ctypes.CDLL(None).strlen
         except (OSError, AttributeError):  # no libc symbols (e.g. Windows): cancel waits for the prefill
@@ -647,12 +646,13 @@ class LocalEngine(Engine):
         llm = self.llm
         assert llm is not None
         prefix = self.prefix_tokens(persona)
-        if not prefix or self._live_tokens()[: len(prefix)] != prefix:
+        live = self._live_tokens()
+        if not prefix or live[: len(prefix)] != prefix:
             return None  # the persona is being prepared (switch or first turn)
         target, total = self._ahead_tokens(persona, history, draft)
         if target[: len(prefix)] != prefix:
             return None  # the template does not start with the persona prefix
-        common = common_prefix_len(self._live_tokens(), target)
+        common = common_prefix_len(live, target)
         if not kv_state.trim(llm, common):
             return None  # llama.cpp could not trim: the context was cleared
         self._ahead_from = common if self._ahead_from is None else min(self._ahead_from, common)

@@ -22,14 +22,13 @@ from __future__ import annotations
 from typing import Iterable, Sequence
 
 from chatterm.core import text_report as words
-from chatterm.core.breakdown import PART_LABELS, PARTS, bar_cells
+from chatterm.core.breakdown import PART_GLYPHS, PART_LABELS, PARTS, bar_cells
 from chatterm.core.inert import md_escape
-from chatterm.core.report import SessionReport
+from chatterm.core.report import SessionReport, TurnView
 
 PREVIEW_CHARS = 48
 """How much of each text the per-turn table shows."""
 BAR_CELLS = 24
-BAR_GLYPHS = {"restore": "▒", "prefill": "█", "first_token": "▓", "decode": "░"}
 # Colours of the overlaid TTFT bars, in drawing order: whole TTFT (its visible top
 # is the first-token part), restore + prefill (its top is prefill), restore.
 TTFT_PALETTE = tuple(words.PART_COLOURS[p] for p in ("first_token", "prefill", "restore"))
@@ -129,15 +128,15 @@ def _charts(reports: Sequence[SessionReport]) -> str:
 
 
 # -- one session -------------------------------------------------------------------
-def _text_bar(r: SessionReport, v) -> str:
-    scale = max((t.timeline.total_ms for t in r.turns), default=0.0)
+def _text_bar(v: TurnView, scale: float) -> str:
     cells = bar_cells(v.timeline, scale, BAR_CELLS)
-    return "`" + "".join(BAR_GLYPHS[p] * n for p, n in cells).ljust(BAR_CELLS) + "`" if cells else "–"
+    return "`" + "".join(PART_GLYPHS[p] * n for p, n in cells).ljust(BAR_CELLS) + "`" if cells else "–"
 
 
 def _time_table(r: SessionReport) -> str:
-    rows = [words.time_row(v, md_escape, _text_bar(r, v)) for v in r.turns]
-    legend = " · ".join(f"{BAR_GLYPHS[p]} {PART_LABELS[p]}" for p in PARTS)
+    scale = max((v.timeline.total_ms for v in r.turns), default=0.0)
+    rows = [words.time_row(v, md_escape, _text_bar(v, scale)) for v in r.turns]
+    legend = " · ".join(f"{PART_GLYPHS[p]} {PART_LABELS[p]}" for p in PARTS)
     return table(words.TIME_HEADER, rows, "rllrrrrrrr") + f"\nTimeline, to scale across this session: {legend}.\n"
 
 

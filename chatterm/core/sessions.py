@@ -17,7 +17,7 @@ Contract:
   in a worker first). Only the newest turns that could fit the model's context
   are read with their texts (`max_history_turns`), so opening a session costs
   the same whatever its length; the engine then trims to the exact budget.
-- Which stored turns join the history is `joins_history`, the same rule the
+- Which stored turns join the history is `conversation.turn_messages`, the same rule the
   live `Conversation` applies when a turn ends.
 """
 

@@ -139,7 +139,6 @@ class AssistantReply(Widget):
     ) -> None:
         super().__init__()
         self._title = printable(title)
-        self._text = text
         self._metrics = metrics
         self._streaming = streaming
         self._body = MarkdownLines(printable(text))
@@ -198,7 +197,6 @@ class AssistantReply(Widget):
             self._body = MarkdownLines(shown)
         self._live = ""
         self._live_lines = None
-        self._text = text
         self.set_class(metrics.stop_reason == StopReason.CANCELLED, "-stopped")
         self.set_class(metrics.stop_reason == StopReason.ERROR, "-error")
         self._changed()

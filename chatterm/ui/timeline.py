@@ -15,10 +15,9 @@ from __future__ import annotations
 
 from textual.content import Content
 
-from chatterm.core.breakdown import PART_LABELS, PARTS, Timeline, TokenCosts, bar_cells
+from chatterm.core.breakdown import PART_GLYPHS, PART_LABELS, PARTS, Timeline, TokenCosts, bar_cells
 from chatterm.core.format import SEP, fmt_ms
 
-GLYPHS = {"restore": "▒", "prefill": "█", "first_token": "▓", "decode": "░"}
 STYLES = {"restore": "$warning", "prefill": "$primary", "first_token": "$accent", "decode": "$success"}
 
 
@@ -27,7 +26,7 @@ def timeline_bar(tl: Timeline, width: int, scale_ms: float | None = None) -> Con
     cells = bar_cells(tl, scale, width)
     if not cells:
         return Content("no first token" if not tl.reached_first_token else "–")
-    return Content.assemble(*((GLYPHS[part] * n, STYLES[part]) for part, n in cells))
+    return Content.assemble(*((PART_GLYPHS[part] * n, STYLES[part]) for part, n in cells))
 
 
 def timeline_legend(tl: Timeline) -> Content:
@@ -39,7 +38,7 @@ def timeline_legend(tl: Timeline) -> Content:
             continue
         share = f"{tl.ms(part) / total * 100:5.1f} %" if total > 0 else ""
         lines.append(Content.assemble(
-            (GLYPHS[part] * 2, STYLES[part]), f" {PART_LABELS[part]:<12}{fmt_ms(tl.ms(part)):>10}  {share}"
+            (PART_GLYPHS[part] * 2, STYLES[part]), f" {PART_LABELS[part]:<12}{fmt_ms(tl.ms(part)):>10}  {share}"
         ))
     return Content("\n").join(lines)
 
