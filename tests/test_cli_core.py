@@ -133,6 +133,8 @@ def test_wrong_types_in_models_toml_are_one_line_errors(tmp_path):
     result = chatterm(tmp_path, "--models", str(models), "ask", "hi")
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "n_threads" in result.stderr and str(models) in result.stderr
+    # The entry asked for is reported once, as the error, not also as a warning.
+    assert result.stderr.count("n_threads") == 1 and "warning" not in result.stderr
 
 
 def test_malformed_models_toml_names_file_and_line(tmp_path):

@@ -108,11 +108,12 @@ def test_sessions_listing_newest_first_with_aggregates(tmp_path):
         assert store.latest_session_id() is None
         old = new_session(store, "terse-coder", started_at=1000.0)
         new = new_session(store, "assistant", started_at=2000.0)
+        assert store.latest_session_id() == new  # no turn yet: the newest session
         for i, ttft in enumerate([30.0, 10.0, 20.0, None]):
             store.record_turn(old, "q", "a", full_metrics(i, ttft_ms=ttft))
         infos = store.sessions()
         assert [s.id for s in infos] == [new, old]
-        assert store.latest_session_id() == new
+        assert store.latest_session_id() == old  # the session last talked in, not the newest
         info = store.session(old)
         assert (info.persona_id, info.turns, info.ttft_p50_ms) == ("terse-coder", 4, 20.0)
         assert info.cost_usd == pytest.approx(4 * full_metrics().cost_usd)

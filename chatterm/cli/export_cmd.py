@@ -31,7 +31,7 @@ def register(sub, common) -> None:
         "export",
         parents=[common],
         help="export session latency logs (jsonl, csv) or reports with charts (md, html)",
-        description="Export turns and their metrics. Without ID or --all the latest session is "
+        description="Export turns and their metrics. Without ID or --all the session last talked in is "
         "exported. JSONL includes the conversation texts; CSV has metrics only (plus text "
         "lengths); md and html are reports with charts, per-turn timelines, per-token costs and "
         "the cost under every price profile; several IDs share the same charts. Field names "
@@ -40,7 +40,7 @@ def register(sub, common) -> None:
     which = p.add_mutually_exclusive_group()
     which.add_argument(
         "session_ids", nargs="*", type=int, default=[], metavar="ID",
-        help="sessions to export, in this order (default: the latest)",
+        help="sessions to export, in this order (default: the session last talked in)",
     )
     which.add_argument("--all", action="store_true", help="export every session, oldest first")
     p.add_argument(

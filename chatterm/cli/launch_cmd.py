@@ -45,7 +45,7 @@ def register(sub, common) -> None:
         const="latest",
         type=_session_id,
         metavar="ID",
-        help="continue a stored session (the latest when no ID is given; `chatterm sessions` lists them)",
+        help="continue a stored session (the one last talked in when no ID is given; `chatterm sessions` lists them)",
     )
     p.add_argument(
         "--no-type-ahead",

@@ -497,11 +497,18 @@ class SessionStore:
         ]
 
     def latest_session_id(self) -> int | None:
-        """The most recently started session, or None when there is none."""
+        """The session last used: the one holding the most recently stored turn
+        (a resume or an export without an id means "where I left off"); with
+        no turn stored yet, the most recently started session; None when there
+        is no session."""
         with self._lock:
             if self._empty():
                 return None
-            row = self._query("SELECT id FROM sessions ORDER BY started_at DESC, id DESC LIMIT 1")
+            # Turn ids grow with every insert: the newest turn is the last row
+            # of the primary key, read without a scan.
+            row = self._query("SELECT session_id FROM turns ORDER BY id DESC LIMIT 1")
+            if not row:
+                row = self._query("SELECT id FROM sessions ORDER BY started_at DESC, id DESC LIMIT 1")
         return row[0][0] if row else None
 
     def turns(self, session_id: int) -> list[TurnRecord]:
