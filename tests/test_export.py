@@ -23,11 +23,12 @@ from chatterm.cli import main
 from chatterm.core import atomic, export
 from chatterm.core.cost import apply_cost
 from chatterm.core.errors import ChattermError
-from chatterm.core.export import ROW_FIELDS, TEXT_FIELDS, collect, render
+from chatterm.core.export import ROW_FIELDS, TEXT_FIELDS
 from chatterm.core.inert import md_escape
 from chatterm.core.metrics import TURN_FIELDS, TurnMetrics
 from chatterm.core.models import PriceProfile
 from chatterm.core.store import SessionStore
+from tests.conftest import export_text
 
 GOLDEN = Path(__file__).parent / "golden"
 
@@ -116,7 +117,7 @@ def sha(path: Path) -> str:
 def test_golden(sample, fmt):
     db, ids = sample
     with SessionStore(db, readonly=True) as store:
-        text = render(collect(store, ids), fmt, PRICES)
+        text = export_text(store, ids, fmt, PRICES)
     golden = GOLDEN / f"sessions.{fmt}"
     if os.environ.get("UPDATE_GOLDEN"):
         golden.write_bytes(text.encode("utf-8"))
@@ -126,7 +127,7 @@ def test_golden(sample, fmt):
 def test_jsonl_is_exact_and_parseable(sample):
     db, (first, second) = sample
     with SessionStore(db, readonly=True) as store:
-        text = render(collect(store, [first, second]), "jsonl")
+        text = export_text(store, [first, second], "jsonl")
         turns = store.turns(first) + store.turns(second)
     lines = text.splitlines()  # splits on U+2028 too: none may be raw
     assert len(lines) == 4
@@ -145,7 +146,7 @@ def test_jsonl_is_exact_and_parseable(sample):
 def test_csv_reads_back_with_metrics_and_no_texts(sample):
     db, (first, second) = sample
     with SessionStore(db, readonly=True) as store:
-        text = render(collect(store, [first, second]), "csv")
+        text = export_text(store, [first, second], "csv")
         turns = store.turns(first)
     rows = list(csv.DictReader(io.StringIO(text)))
     assert len(rows) == 4 and list(rows[0]) == list(ROW_FIELDS)
@@ -174,7 +175,7 @@ def _cells(line: str) -> list[str]:
 def test_markdown_renders_model_text_literally(sample):
     db, (first, _) = sample
     with SessionStore(db, readonly=True) as store:
-        text = render(collect(store, [first]), "md")
+        text = export_text(store, [first], "md")
     lines = text.splitlines()
     header = next(i for i, line in enumerate(lines) if line.startswith("| # | TTFT ms |"))
     table = []
@@ -203,7 +204,7 @@ def test_export_never_changes_the_database(sample):
     before = sha(db)
     for fmt in export.FORMATS:
         with SessionStore(db, readonly=True) as store:
-            render(collect(store, ids), fmt)
+            export_text(store, ids, fmt)
     assert sha(db) == before
     wal = db.with_name(db.name + "-wal")
     assert not wal.exists() or wal.stat().st_size == 0
@@ -215,7 +216,7 @@ def test_export_session_writes_the_default_path(sample, tmp_path, monkeypatch):
     with SessionStore(db) as store:
         path = export.export_session(store, first, "md")
         assert path == tmp_path / "data" / "exports" / f"session-{first}.md"
-        assert path.read_text(encoding="utf-8") == render(collect(store, [first]), "md")
+        assert path.read_text(encoding="utf-8") == export_text(store, [first], "md")
         assert path.stat().st_mode & 0o777 == 0o600
         with pytest.raises(ChattermError, match="unknown session 99"):
             export.export_session(store, 99, "csv")
@@ -228,7 +229,7 @@ def test_unwritable_path_leaves_nothing(tmp_path, where):
     before = sorted(p.name for p in tmp_path.iterdir())
     target = tmp_path / where
     with pytest.raises(ChattermError, match="cannot write") as err:
-        export.write_atomic(target, "data")
+        export.write_atomic(target, [b"data"])
     assert str(target) in str(err.value)
     assert sorted(p.name for p in tmp_path.iterdir()) == before
 
@@ -243,11 +244,11 @@ def test_failed_replace_keeps_the_old_file(tmp_path, monkeypatch):
 
     monkeypatch.setattr(atomic.os, "replace", fail)
     with pytest.raises(ChattermError, match="No space left"):
-        export.write_atomic(target, "new report")
+        export.write_atomic(target, [b"new report"])
     assert target.read_text() == "old report"
     assert [p.name for p in tmp_path.iterdir()] == ["out.md"]
     monkeypatch.undo()
-    export.write_atomic(target, "new report")
+    export.write_atomic(target, [b"new report"])
     assert target.read_text() == "new report" and target.stat().st_mode & 0o777 == 0o644
 
 
@@ -327,12 +328,14 @@ def test_export_command_refuses_bad_databases(env, capsys):
     assert str(env) in line and "--db" in line
 
 
-def test_a_non_finite_number_is_null_in_jsonl():
-    from chatterm.core.store import SessionInfo, TurnRecord
-
-    info = SessionInfo(id=1, started_at=1_700_000_000.0, model_id="m", model_identity="x", engine="local",
-                       device="CPU", persona_id="assistant", turns=1, ttft_p50_ms=None, cost_usd=0.0)
+def test_a_non_finite_number_is_null_in_jsonl(tmp_path):
     metrics = TurnMetrics(engine="local", model_id="m", persona_id="assistant", submitted_at=1_700_000_001.0,
-                          ttft_ms=float("nan"), prefill_ms=float("inf"), stop_reason="eos")
-    row = json.loads(render([(info, [TurnRecord(1, "q", "a", metrics)])], "jsonl"))
-    assert row["ttft_ms"] is None and row["prefill_ms"] is None and row["reply"] == "a"
+                          ttft_ms=float("nan"), prefill_ms=float("inf"), decode_ms=float("-inf"),
+                          stop_reason="eos")
+    with SessionStore(tmp_path / "s.db") as store:
+        sid = store.create_session(model_id="m", model_identity="x", engine="local", device="CPU",
+                                   persona_id="assistant")
+        store.record_turn(sid, "q", "a", metrics)
+        row = json.loads(export_text(store, [sid], "jsonl"))
+    assert row["ttft_ms"] is None and row["prefill_ms"] is None and row["decode_ms"] is None
+    assert row["reply"] == "a"

@@ -16,6 +16,7 @@ import io
 import json
 import os
 import re
+import sqlite3
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -23,10 +24,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from chatterm.core.export import ROW_FIELDS, collect, render
+from chatterm.core.export import ROW_FIELDS
 from chatterm.core.inert import BIDI_CONTROLS, FORMULA_STARTS, one_line
 from chatterm.core.metrics import TurnMetrics
 from chatterm.core.store import SessionStore
+from tests.conftest import export_text
 from tests.test_export import PRICES
 
 EXAMPLES = int(os.environ.get("HYPOTHESIS_EXAMPLES", "200"))
@@ -99,9 +101,8 @@ def db(tmp_path_factory) -> Path:
 def test_hostile_text_stays_inert_in_every_format(db, t):
     sid = _store(db, t)
     with SessionStore(db, readonly=True) as store:
-        exported = collect(store, [sid])
-        stored = exported[0][1][0]
-    out = {fmt: render(exported, fmt, PRICES) for fmt in ("jsonl", "csv", "md", "html")}
+        stored, info = store.turns(sid)[0], store.session(sid)
+        out = {fmt: export_text(store, [sid], fmt, PRICES) for fmt in ("jsonl", "csv", "md", "html")}
 
     # JSONL: exact round trip, nothing a terminal would obey.
     row = json.loads(out["jsonl"])
@@ -114,8 +115,8 @@ def test_hostile_text_stays_inert_in_every_format(db, t):
     rows = list(csv.reader(io.StringIO(out["csv"], newline="")))
     assert len(rows) == 2 and rows[0] == list(ROW_FIELDS)
     cells = dict(zip(rows[0], rows[1]))
-    turn = {**stored.metrics.to_dict(), "model_identity": exported[0][0].model_identity,
-            "device": exported[0][0].device}
+    turn = {**stored.metrics.to_dict(), "model_identity": info.model_identity,
+            "device": info.device}
     for name in TEXT_COLUMNS:
         value = turn[name] or ""
         expected = value
@@ -162,3 +163,30 @@ def test_hostile_text_stays_inert_in_every_format(db, t):
     text = "".join(parser.text)
     for value in (stored.metrics.persona_id, stored.metrics.error or "", stored.metrics.cache_detail):
         assert one_line(value) in text
+
+
+def test_a_crafted_database_cannot_smuggle_formulas_into_numeric_columns(tmp_path):
+    """SQLite keeps whatever a column is given: a database edited by hand (or by
+    anything else) may hold text or infinities where chatterm writes numbers.
+    CSV still neutralizes the text and blanks the infinities; JSONL stays exact."""
+    db = tmp_path / "chatterm.db"
+    with SessionStore(db) as store:
+        sid = store.create_session(model_id="m", model_identity="x", engine="local", device="CPU",
+                                   persona_id="assistant")
+        for _ in range(2):
+            store.record_turn(sid, "q", "a", TurnMetrics(
+                engine="local", model_id="m", persona_id="assistant", submitted_at=1_700_000_001.0,
+                prefill_ms=5.0, decode_ms=7.0, stop_reason="eos"))
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE turns SET prefill_ms = '=HYPERLINK(\"http://x\")', decode_ms = 9e999, "
+                     "tokens_estimated = 1 WHERE turn_index = 1")
+    with SessionStore(db, readonly=True) as store:
+        rows = list(csv.DictReader(io.StringIO(export_text(store, [sid], "csv"), newline="")))
+        jsonl = [json.loads(line) for line in export_text(store, [sid], "jsonl").splitlines()]
+    crafted, plain = rows
+    assert crafted["prefill_ms"] == "'=HYPERLINK(\"http://x\")" and crafted["decode_ms"] == ""
+    assert crafted["tokens_estimated"] == "true" and plain["tokens_estimated"] == "false"
+    assert plain["prefill_ms"] == "5.0" and plain["decode_ms"] == "7.0"
+    assert crafted["submitted_at"] == plain["submitted_at"] == "2023-11-14T22:13:21.000Z"
+    assert jsonl[0]["prefill_ms"] == '=HYPERLINK("http://x")' and jsonl[0]["tokens_estimated"] is True
+    assert jsonl[1]["tokens_estimated"] is False

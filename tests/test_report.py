@@ -18,7 +18,7 @@ from chatterm.core.breakdown import (
     timeline,
     token_costs,
 )
-from chatterm.core.export import collect, render
+from chatterm.core.export import collect, render_report, sessions_to_export
 from chatterm.core.metrics import TurnMetrics
 from chatterm.core.store import SessionStore
 from chatterm.core.whatif import cost_split, what_if
@@ -78,7 +78,7 @@ def sample(tmp_path):
     db = tmp_path / "chatterm.db"
     ids = build_sample(db)
     with SessionStore(db, readonly=True) as store:
-        exported = collect(store, ids)
+        exported = collect(store, sessions_to_export(store, ids))
     return db, ids, exported
 
 
@@ -178,7 +178,7 @@ def test_cost_split_and_what_if_against_the_price_profiles(sample):
 
 def test_html_what_if_table_shows_every_profile(sample):
     _, (first, _), exported = sample
-    page = Page(render(exported[:1], "html", PRICES))
+    page = Page(render_report(exported[:1], "html", PRICES))
     table = next(t for t in page.tables if t and t[0][0] == "" and len(t[0]) == 1 + len(PRICES))
     header = table[0][1:]
     assert [h.split(" (")[0] for h in header] == [p.label for p in PRICES.values()]
@@ -222,7 +222,7 @@ def test_a_profile_in_the_users_models_toml_adds_a_column(tmp_path, capsys, isol
 # -- HTML charts ---------------------------------------------------------------------
 def test_html_chart_data_equals_the_stored_metrics(sample):
     _, (first, second), exported = sample
-    page = Page(render(exported, "html", PRICES))
+    page = Page(render_report(exported, "html", PRICES))
     chart_bars = [a for a in page.marks("bar")]
     segments = [a for a in page.marks("seg")]
     stored = {(f"S{n}", r.index): r.metrics for n, (_, recs) in enumerate(exported, 1) for r in recs}
@@ -265,7 +265,7 @@ def test_html_chart_data_equals_the_stored_metrics(sample):
 
 def test_failed_and_stopped_turns_are_charted_as_such(sample):
     _, _, exported = sample
-    page = Page(render(exported[:1], "html", PRICES))
+    page = Page(render_report(exported[:1], "html", PRICES))
     status = {int(a["data-turn"]): a["data-status"] for a in page.marks("bar")}
     assert status == {1: "ok", 2: "stopped", 3: "error"}
     # The error turn has a mark on both line charts instead of a point at zero.
@@ -276,7 +276,7 @@ def test_failed_and_stopped_turns_are_charted_as_such(sample):
 
 def test_html_is_self_contained_and_inert(sample):
     _, _, exported = sample
-    text = render(exported, "html", PRICES)
+    text = render_report(exported, "html", PRICES)
     page = Page(text)
     tags = {t for t, _ in page.elements}
     assert not tags & {"script", "iframe", "object", "embed", "img", "link", "base", "form", "a"}
@@ -294,7 +294,7 @@ def test_html_is_self_contained_and_inert(sample):
 
 def test_html_per_turn_table_matches_the_metrics(sample):
     _, _, exported = sample
-    page = Page(render(exported[:1], "html", PRICES))
+    page = Page(render_report(exported[:1], "html", PRICES))
     table = page.table_with("#", "state")
     rows = table[1:]
     assert [row[0] for row in rows] == ["1", "2", "3"]
@@ -314,7 +314,7 @@ def _mermaid_blocks(text: str) -> list[str]:
 
 def test_markdown_has_mermaid_charts_of_the_stored_metrics(sample):
     _, _, exported = sample
-    text = render(exported[:1], "md", PRICES)
+    text = render_report(exported[:1], "md", PRICES)
     blocks = _mermaid_blocks(text)
     assert len(blocks) == 3 and all("xychart-beta" in b for b in blocks)
     ttft = blocks[0]
@@ -334,10 +334,10 @@ def test_markdown_has_mermaid_charts_of_the_stored_metrics(sample):
 
 def test_several_sessions_share_the_same_charts(sample):
     _, (first, second), exported = sample
-    md = render(exported, "md", PRICES)
+    md = render_report(exported, "md", PRICES)
     assert "## Comparison" in md
     assert '"S1 1", "S1 2 stopped", "S1 3 error", "S2 1 max tokens"' in md
-    page = Page(render(exported, "html", PRICES))
+    page = Page(render_report(exported, "html", PRICES))
     assert {a["data-session"] for a in page.marks("bar")} == {"S1", "S2"}
     comparison = page.table_with("Session", "Model")
     assert [row[0] for row in comparison[1:]] == [f"S1 (session {first})", f"S2 (session {second})"]

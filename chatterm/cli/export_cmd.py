@@ -17,7 +17,7 @@ from pathlib import Path
 
 from chatterm.core import paths
 from chatterm.core.errors import ChattermError
-from chatterm.core.export import FORMATS, REPORT_FORMATS, collect, render, write_atomic
+from chatterm.core.export import FORMATS, REPORT_FORMATS, export_chunks, sessions_to_export, write_atomic
 from chatterm.core.models import load_catalog
 from chatterm.core.store import SessionStore
 
@@ -73,12 +73,16 @@ def run(args: argparse.Namespace) -> int:
             if latest is None:
                 raise ChattermError(f"no sessions to export in {db}")
             ids = [latest]
-        exported = collect(store, ids, skip_empty=args.all, infos=known)
-        text = render(exported, fmt, prices)
-    if output is None:
-        sys.stdout.write(text)
-        sys.stdout.flush()
-    else:
-        write_atomic(output, text)
-        print(f"wrote {len(exported)} session(s) to {output}", file=sys.stderr)
+        sessions = sessions_to_export(store, ids, skip_empty=args.all, infos=known)
+        chunks = export_chunks(store, sessions, fmt, prices)
+        if output is None:
+            sys.stdout.flush()
+            out = getattr(sys.stdout, "buffer", None)  # a StringIO stand-in has none
+            for chunk in chunks:
+                out.write(chunk) if out is not None else sys.stdout.write(chunk.decode("utf-8"))
+            sys.stdout.flush()
+        else:
+            write_atomic(output, chunks)
+    if output is not None:
+        print(f"wrote {len(sessions)} session(s) to {output}", file=sys.stderr)
     return 0

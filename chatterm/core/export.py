@@ -14,10 +14,14 @@ Contract (the field list with units is docs/export-format.md):
   computes, `md_report` / `html_report` format): charts, per-turn timelines and
   per-token costs, the cost split and a what-if under every price profile given
   in `prices` (the catalog's). Every string is escaped for its format.
-- `collect` refuses a session without turns (nothing to report: ChattermError)
-  unless asked to skip such sessions (`--all`).
-- Rendering only reads the store. Writing a file is atomic (a temp file in the
-  same folder, then a rename): a failure leaves the old file or nothing.
+- `sessions_to_export` checks the ids before anything is written: an unknown
+  id, or a session without turns (nothing to report) unless asked to skip
+  such sessions (`--all`), is a ChattermError.
+- `export_chunks` renders: JSONL and CSV stream from the store's flat rows a
+  session at a time (100,000 turns never sit in memory at once); the reports
+  read every turn's metrics first. Rendering only reads the store. Writing a
+  file is atomic (a temp file in the same folder, then a rename): a failure
+  leaves the old file or nothing.
 """
 
 from __future__ import annotations
@@ -25,20 +29,22 @@ from __future__ import annotations
 import csv
 import io
 import math
+import operator
 import re
+from dataclasses import fields
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Iterable, Mapping
+from typing import Iterable, Iterator, Mapping, Sequence
 
 import orjson
 
 from chatterm.core import paths
-from chatterm.core.atomic import atomic_write_bytes
+from chatterm.core.atomic import atomic_write_chunks
 from chatterm.core.errors import ChattermError
 from chatterm.core.html_report import render_html
-from chatterm.core.inert import BIDI_CONTROLS, csv_cell
+from chatterm.core.inert import BIDI_CONTROLS, FORMULA_STARTS, csv_cell
 from chatterm.core.md_report import render_markdown
-from chatterm.core.metrics import TURN_FIELDS
+from chatterm.core.metrics import TURN_FIELDS, TurnMetrics
 from chatterm.core.models import PriceProfile
 from chatterm.core.report import Exported, build
 from chatterm.core.store import SessionInfo, SessionStore, TurnRecord
@@ -60,92 +66,139 @@ TEXT_FIELDS = ("user_text", "reply")
 # many readers split on, and bidi controls that reorder the text around them.
 _JSON_RAW = re.compile("[\x7f-\x9f\u2028\u2029" + "".join(chr(c) for c in sorted(BIDI_CONTROLS)) + "]")
 
-TIMESTAMP_FIELDS = ("session_started_at", "submitted_at")
-"""Unix seconds in JSONL, ISO 8601 UTC in CSV."""
 
-
-# -- rows ----------------------------------------------------------------------
-def turn_row(info: SessionInfo, record: TurnRecord, *, texts: bool) -> dict:
-    """The flat export row of one turn (`ROW_FIELDS`, plus `TEXT_FIELDS` if asked)."""
-    metrics = record.metrics.to_dict()
-    row = {
-        "session_id": info.id,
-        "session_started_at": info.started_at,
-        "model_identity": info.model_identity,
-        "device": info.device,
-        "turn_index": record.index,
-        **metrics,  # to_dict() has exactly TURN_FIELDS, in that order
-        "user_chars": len(record.user_text),
-        "reply_chars": len(record.reply),
-    }
-    if texts:
-        row["user_text"] = record.user_text
-        row["reply"] = record.reply
-    return row
-
-
-def collect(
+# -- choosing sessions ----------------------------------------------------------
+def sessions_to_export(
     store: SessionStore,
     session_ids: Iterable[int],
     *,
     skip_empty: bool = False,
     infos: Mapping[int, SessionInfo] | None = None,
-) -> list[tuple[SessionInfo, list[TurnRecord]]]:
-    """Sessions and their turns, read from the store (`infos`: the sessions'
-    infos, already read). An unknown id, or a session without turns (unless
-    `skip_empty`: then it is left out), is a ChattermError."""
-    exported = []
+) -> list[SessionInfo]:
+    """The sessions to export, checked before anything is written (`infos`: the
+    sessions' infos, already read). An unknown id, or a session without turns
+    (unless `skip_empty`: then it is left out), is a ChattermError."""
+    chosen = []
     for sid in session_ids:
         info = infos[sid] if infos is not None and sid in infos else store.session(sid)
-        records = store.turns(sid)
-        if not records:
+        if not info.turns:
             if skip_empty:
                 continue
             raise ChattermError(f"session {sid} has no turns to export")
-        exported.append((info, records))
-    return exported
+        chosen.append(info)
+    return chosen
+
+
+def collect(store: SessionStore, sessions: Iterable[SessionInfo]) -> list[tuple[SessionInfo, list[TurnRecord]]]:
+    """Sessions with their turns, for the reports (which compute over the metrics)."""
+    return [(info, store.turns(info.id)) for info in sessions]
 
 
 # -- formats -------------------------------------------------------------------
-def render_jsonl(exported: Exported) -> str:
+def export_chunks(
+    store: SessionStore,
+    sessions: Sequence[SessionInfo],
+    fmt: str,
+    prices: Mapping[str, PriceProfile] | None = None,
+) -> Iterator[bytes]:
+    """`sessions` in format `fmt` as UTF-8 chunks (about one session each for
+    JSONL and CSV, which stream: memory does not grow with the database);
+    `prices` feed the reports' what-if tables."""
+    if fmt == "jsonl":
+        return _jsonl_chunks(store, sessions)
+    if fmt == "csv":
+        return _csv_chunks(store, sessions)
+    if fmt in REPORT_FORMATS:
+        return iter([render_report(collect(store, sessions), fmt, prices).encode("utf-8")])
+    raise ChattermError(f"unknown export format {fmt!r}; use one of: {', '.join(FORMATS)}")
+
+
+def render_report(exported: Exported, fmt: str, prices: Mapping[str, PriceProfile] | None = None) -> str:
+    """The Markdown or HTML report of `exported`."""
+    report = build(exported, prices)
+    return render_markdown(report) if fmt == "md" else render_html(report)
+
+
+# Positions in a row of `SessionStore.export_rows`: turn_index, the TURN_FIELDS
+# values, user_text, reply.
+def _turn_fields(kind: str) -> tuple[int, ...]:
+    """Positions of the TurnMetrics fields declared with `kind` (a type name)."""
+    return tuple(1 + TURN_FIELDS.index(f.name) for f in fields(TurnMetrics) if kind in str(f.type))
+
+
+_BOOLS = _turn_fields("bool")
+"""SQLite keeps booleans as 0/1 (NULL, from an early chatterm: false)."""
+_TEXTS = _turn_fields("str")
+_STAMP = 1 + TURN_FIELDS.index("submitted_at")
+_NUMBERS = tuple(i for i in range(1 + len(TURN_FIELDS)) if i not in (*_BOOLS, *_TEXTS, _STAMP))
+_JSONL_KEYS = ROW_FIELDS + TEXT_FIELDS
+_BOOL_KEYS = tuple(TURN_FIELDS[i - 1] for i in _BOOLS)
+
+
+def _jsonl_chunks(store: SessionStore, sessions: Sequence[SessionInfo]) -> Iterator[bytes]:
     # orjson writes compact UTF-8, escapes C0 controls, " and \ as JSON requires,
     # and writes NaN and infinities as null (JSON has none), as documented.
-    lines = []
-    for info, records in exported:
-        for record in records:
-            line = orjson.dumps(turn_row(info, record, texts=True)).decode()
+    dumps, option, keys = orjson.dumps, orjson.OPT_APPEND_NEWLINE, _JSONL_KEYS
+    for info in sessions:
+        head = (info.id, info.started_at, info.model_identity, info.device)
+        lines = []
+        for turn in store.export_rows(info.id):
+            user_text, reply = turn[-2], turn[-1]
+            row = dict(zip(keys, head + turn[:-2] + (len(user_text), len(reply), user_text, reply)))
+            for key in _BOOL_KEYS:
+                row[key] = bool(row[key])
+            line = dumps(row, option=option)
             # isascii is a fast C scan; DEL is the one ASCII character to escape.
-            if (not line.isascii() or "\x7f" in line) and _JSON_RAW.search(line):
-                line = _JSON_RAW.sub(lambda m: f"\\u{ord(m.group()):04x}", line)
-            lines.append(line + "\n")
-    return "".join(lines)
+            if not line.isascii() or b"\x7f" in line:
+                text = line.decode()
+                if _JSON_RAW.search(text):
+                    line = _JSON_RAW.sub(lambda m: f"\\u{ord(m.group()):04x}", text).encode()
+            lines.append(line)
+        yield b"".join(lines)
 
 
-def render_csv(exported: Exported) -> str:
+_PLAIN_NUMBERS = {int, float, type(None)}
+_numbers_of = operator.itemgetter(*_NUMBERS)
+
+
+def _csv_turn_cells(turn: tuple) -> list:
+    """A turn's CSV cells from `turn_index` to `reply_chars`, as `csv_cell`
+    writes them: neutralized text, true/false, ISO 8601 timestamps, empty for
+    a missing or non-finite number."""
+    cells = list(turn[:-2])
+    cells += (len(turn[-2]), len(turn[-1]))
+    numbers = _numbers_of(cells)
+    if set(map(type, numbers)) <= _PLAIN_NUMBERS and math.inf not in numbers and -math.inf not in numbers:
+        # The common row, cheaply: the csv module writes plain finite numbers
+        # and None as csv_cell would, and most text needs nothing (100,000 rows
+        # of 40 cells each through csv_cell took 4 s).
+        for i in _TEXTS:
+            value = cells[i]
+            if value.__class__ is not str or value.startswith(FORMULA_STARTS):
+                cells[i] = csv_cell(value)
+        for i in _BOOLS:
+            cells[i] = "true" if cells[i] else "false"
+        cells[_STAMP] = csv_cell(iso_utc(cells[_STAMP]))
+        return cells
+    for i in _BOOLS:
+        cells[i] = bool(cells[i])
+    cells[_STAMP] = iso_utc(cells[_STAMP])
+    return [csv_cell(cell) for cell in cells]
+
+
+def _csv_chunks(store: SessionStore, sessions: Sequence[SessionInfo]) -> Iterator[bytes]:
     out = io.StringIO()
     # RFC 4180 line ends: the csv module then quotes a cell holding a lone "\r" too.
     writer = csv.writer(out, lineterminator="\r\n")
     writer.writerow(ROW_FIELDS)
-    for info, records in exported:
-        for record in records:
-            row = turn_row(info, record, texts=False)
-            for name in TIMESTAMP_FIELDS:
-                row[name] = iso_utc(row[name])
-            writer.writerow([csv_cell(row[name]) for name in ROW_FIELDS])
-    return out.getvalue()
-
-
-def render(exported: Exported, fmt: str, prices: Mapping[str, PriceProfile] | None = None) -> str:
-    """`exported` in format `fmt`; `prices` feed the reports' what-if tables."""
-    if fmt == "jsonl":
-        return render_jsonl(exported)
-    if fmt == "csv":
-        return render_csv(exported)
-    if fmt == "md":
-        return render_markdown(build(exported, prices))
-    if fmt == "html":
-        return render_html(build(exported, prices))
-    raise ChattermError(f"unknown export format {fmt!r}; use one of: {', '.join(FORMATS)}")
+    for info in sessions:
+        head = [csv_cell(v) for v in (info.id, iso_utc(info.started_at), info.model_identity, info.device)]
+        writer.writerows(head + _csv_turn_cells(turn) for turn in store.export_rows(info.id))
+        yield out.getvalue().encode("utf-8")
+        out.seek(0)
+        out.truncate()
+    if out.tell():
+        yield out.getvalue().encode("utf-8")
 
 
 # -- files ---------------------------------------------------------------------
@@ -162,24 +215,24 @@ def export_session(
     prices: Mapping[str, PriceProfile] | None = None,
 ) -> Path:
     """Write one session to `path` (default: `default_export_path`) and return the path."""
-    text = render(collect(store, [session_id]), fmt, prices)
+    sessions = sessions_to_export(store, [session_id])
     if path is None:
         path = default_export_path(session_id, fmt)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise ChattermError(f"cannot create {path.parent}: {exc.strerror or exc}") from None
-    write_atomic(Path(path), text)
+    write_atomic(Path(path), export_chunks(store, sessions, fmt, prices))
     return Path(path)
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Replace `path` with `text` (UTF-8) all at once, or raise ChattermError and
+def write_atomic(path: Path, chunks: Iterable[bytes]) -> None:
+    """Replace `path` with `chunks` all at once, or raise ChattermError and
     leave nothing behind. A new file is private (0600): it holds conversations;
     an existing file keeps its mode."""
     try:
         mode = path.stat().st_mode & 0o777 if path.is_file() else 0o600
-        atomic_write_bytes(path, text.encode("utf-8"), mode)
+        atomic_write_chunks(path, chunks, mode)
     except OSError as exc:
         raise ChattermError(f"cannot write {path}: {exc.strerror or exc}") from None
 

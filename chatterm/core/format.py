@@ -15,9 +15,12 @@ Contract:
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
 
-from chatterm.core.engine import PrefillProgress
 from chatterm.core.metrics import CacheOutcome, StopReason, TurnMetrics
+
+if TYPE_CHECKING:  # the engine module (and what it imports) is not needed at run time
+    from chatterm.core.engine import PrefillProgress
 
 SEP = " · "
 
