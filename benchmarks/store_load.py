@@ -25,41 +25,25 @@ import contextlib
 import io
 import json
 import os
-import platform
 import sqlite3
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import timeit
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from chatterm.cli import main as chatterm_main  # noqa: E402
+from chatterm.core.machine import calibration_ms, cpu_name  # noqa: E402
 from chatterm.core.metrics import TurnMetrics  # noqa: E402
 from chatterm.core.store import SessionStore  # noqa: E402
 
 TARGET_S = 2.0
 WORDS = ("the model **streams** tokens while the `cache` keeps a persona prefix; latency is measured "
          "per turn and _exported_ with its units").split()
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
-
-
-def calibration_ms() -> float:
-    """Best of 5 of `sum(range(10**6))`, the README's calibration."""
-    return min(timeit.repeat("sum(range(10**6))", number=1, repeat=5)) * 1000.0
 
 
 def build(db: Path, sessions: int, turns: int, reply_words: int) -> float:
@@ -151,7 +135,7 @@ def main(args: list[str] | None = None) -> int:
         query_plans = plans(db)
 
     calib = calibration_ms()
-    print(f"CPU: {cpu_model()} ({os.cpu_count()} cores); calibration sum(range(10**6)) = {calib:.1f} ms")
+    print(f"CPU: {cpu_name()} ({os.cpu_count()} cores); calibration sum(range(10**6)) = {calib:.1f} ms")
     print(f"built {opts.sessions:,} sessions / {opts.turns:,} turns ({opts.reply_words}-word replies) in "
           f"{build_s:.1f} s; database {db_mb:.0f} MB; JSONL export {out_mb:.0f} MB, {exported:,} rows")
     failures = []
@@ -170,7 +154,7 @@ def main(args: list[str] | None = None) -> int:
         failures.append(f"the export holds {exported} of {opts.turns} turns")
     if opts.json:
         opts.json.write_text(json.dumps({
-            "cpu": cpu_model(), "cores": os.cpu_count(), "calibration_ms": calib, "sessions": opts.sessions,
+            "cpu": cpu_name(), "cores": os.cpu_count(), "calibration_ms": calib, "sessions": opts.sessions,
             "turns": opts.turns, "reply_words": opts.reply_words, "build_s": build_s, "db_mb": db_mb,
             "export_mb": out_mb, "runs": opts.runs, "results": results, "plans": query_plans,
             "target_s": TARGET_S, "failures": failures,

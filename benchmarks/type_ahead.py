@@ -78,6 +78,7 @@ def run(args: argparse.Namespace, tmp: Path) -> int:
     from textual import events
 
     from chatterm.core import paths
+    from chatterm.core.machine import calibration_ms, cpu_name
     from chatterm.core.workspace import Workspace
     from chatterm.ui.chat_view import TurnPhase
     from chatterm.ui.launch import make_app
@@ -162,7 +163,8 @@ def run(args: argparse.Namespace, tmp: Path) -> int:
     ok = ratio <= TTFT_RATIO_TARGET and key_p95 < KEY_P95_TARGET_MS
     if args.json:
         args.json.write_text(json.dumps({
-            "host": {"machine": platform.machine(), "python": platform.python_version()},
+            "host": {"machine": platform.machine(), "python": platform.python_version(), "cpu": cpu_name(),
+                     "cores": os.cpu_count(), "calibration_ms": calibration_ms()},
             "results": results,
             "ttft_median_ms": {"one_word": one_word, "full_prefill": full, "type_ahead": ahead},
             "ratio_type_ahead_over_one_word": ratio,

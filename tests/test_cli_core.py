@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import sys
+import time
 
 import pytest
 
@@ -80,6 +83,40 @@ def test_bench_json_end_to_end(tmp_path):
         assert data[key] is not None and data[key] > 0, key
     assert data["state_file_bytes"] <= 1.01 * data["state_bytes"]
     assert "TTFT restored from disk" in result.stdout
+    # The machine it ran on is part of the result, and stderr (not a terminal
+    # here) got a line per step instead of a spinner it cannot show.
+    host = data["host"]
+    assert host["cpu"] and host["cores"] >= 1 and host["calibration_ms"] > 0 and host["calibration_after_ms"] > 0
+    assert isinstance(data["warnings"], list)
+    assert "bench quick: cold: run 1/1" in result.stderr and "calibration" in result.stdout
+
+
+def test_bench_warns_when_the_machine_is_busy_or_changes_speed():
+    from chatterm.core.bench import machine_warnings
+
+    assert machine_warnings(0.05, 12.0, 12.5) == []
+    assert machine_warnings(None, 12.0, 12.5) == []
+    busy, = machine_warnings(0.6, 12.0, 12.5)
+    assert "60%" in busy
+    drift, = machine_warnings(0.0, 12.0, 20.0)
+    assert "12.0 ms before, 20.0 ms after" in drift
+
+
+def test_busy_fraction_sees_another_process_spinning():
+    from chatterm.core.machine import busy_fraction
+
+    idle = busy_fraction(0.3)
+    if idle is None:
+        pytest.skip("no /proc/stat here")
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.2)
+        busy = busy_fraction(0.5)
+    finally:
+        spinner.kill()
+        spinner.wait()
+    # One spinning process is a whole core: at least 1/cores of all CPU time (with slack).
+    assert busy >= 0.8 / os.cpu_count()
 
 
 def test_cache_ls_and_clear(tmp_path):

@@ -169,9 +169,9 @@ def test_fixed_hostile_corpus_stays_literal(tmp_path):
     asyncio.run(scenario(
         tmp_path,
         reply=f"w{everything} [link=https://evil.example]click me[/link] z",
-        name=f"Evil\x1b[31m[bold]Name\u202e[@click=app.quit]",
-        error=f"server said \x1b]8;;https://evil.example/\x1b\\[b]boom[/b]\x07",
-        user=f"user \x1b[2J [red]text[/red] \u2066",
+        name="Evil\x1b[31m[bold]Name\u202e[@click=app.quit]",
+        error="server said \x1b]8;;https://evil.example/\x1b\\[b]boom[/b]\x07",
+        user="user \x1b[2J [red]text[/red] \u2066",
         ids=("persona\x1b[31m[b]", "model[@click=app.quit]\x9b"),
     ))
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import time
 from pathlib import Path
 
 from rich.console import Console
@@ -49,12 +50,22 @@ def run(args: argparse.Namespace) -> int:
     spec = ws.catalog.get(args.model)
     persona = ws.personas.get(args.persona)
     engine = ws.make_engine(spec)
+    started = time.monotonic()
+
+    def progress(status, msg: str) -> None:
+        line = f"bench {persona.id}: {msg} ({time.monotonic() - started:.0f} s)"
+        if err.is_terminal:
+            status.update(line)
+        else:  # a log or a pipe gets one line per step instead of a spinner it cannot show
+            err.print(line, markup=False, highlight=False)
+
     with err.status(f"loading {spec.id}…") as status:
+        progress(status, f"loading {spec.id}")
         engine.load()
         try:
             result = run_bench(
                 engine, persona, runs=args.runs, max_tokens=args.max_tokens,
-                report=lambda msg: status.update(f"bench {persona.id}: {msg}"),
+                report=lambda msg: progress(status, msg),
                 resume=args.resume,
             )
         finally:
@@ -104,7 +115,12 @@ def run(args: argparse.Namespace) -> int:
         rows = [("TTFT", fmt_ms(result["ttft_ms"])), ("decode", fmt_tok_s(result["decode_tok_s"]))]
     for name, value in rows:
         table.add_row(name, value)
+    host = result["host"]
+    table.caption = (f"{host['cpu']} · {host['cores']} cores · calibration sum(range(10**6)) "
+                     f"{host['calibration_ms']:.1f} ms before, {host['calibration_after_ms']:.1f} ms after")
     Console().print(table)
+    for warning in result["warnings"]:
+        err.print(f"warning: {warning}", style="yellow", markup=False, highlight=False)
     if args.json:
         err.print(f"wrote {args.json}")
     return 0

@@ -14,12 +14,17 @@ median of N runs after a warm-up run:
   six-turn conversation of 3,000+ tokens with the conversation in memory,
   restored from RAM, restored from disk, and with only the persona restored.
 Figures are ratios within the run so they survive a noisy, shared machine.
-A remote (openai) model gets the turn-level figures only: no local state.
+The result records the CPU, the calibration (`chatterm.core.machine`) before
+and after the run, and how busy other processes kept the CPU; `warnings` says
+in words when the figures may not hold (a busy machine, a machine whose speed
+changed during the run). A remote (openai) model gets the turn-level figures
+only: no local state.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import platform
 import statistics
 import time
@@ -32,6 +37,7 @@ from chatterm.core.atomic import atomic_write_bytes
 from chatterm.core.engine import Engine
 from chatterm.core.errors import ChattermError
 from chatterm.core.kv_cache import read_header, read_ms_of
+from chatterm.core.machine import BUSY_WARNING, busy_fraction, calibration_ms, cpu_name
 from chatterm.core.metrics import CacheOutcome, StopReason
 from chatterm.core.personas import Persona
 from chatterm.core.prompt_cache import Slot
@@ -79,10 +85,14 @@ def run_bench(
     persona = replace(
         persona, sampling=replace(persona.sampling, temperature=0.0, max_tokens=max_tokens)
     )
+    say("measuring how busy the machine is")
+    busy = busy_fraction()
+    calibration = calibration_ms()
     result: dict[str, Any] = {
         "chatterm_version": __version__,
         "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "host": {"machine": platform.machine(), "python": platform.python_version()},
+        "host": {"machine": platform.machine(), "python": platform.python_version(), "cpu": cpu_name(),
+                 "cores": os.cpu_count(), "calibration_ms": calibration, "busy_before": busy},
         "model_id": engine.spec.id,
         "engine": engine.kind,
         "device": engine.device().__dict__,
@@ -96,7 +106,26 @@ def run_bench(
             result["resume"] = _bench_resume(engine, persona, runs, say)
     else:
         result.update(_bench_turns(engine, persona, runs, say))
+    result["host"]["calibration_after_ms"] = after = calibration_ms()
+    result["warnings"] = machine_warnings(busy, calibration, after)
     return result
+
+
+CALIBRATION_DRIFT = 0.25
+"""A calibration that moved more than this between the start and the end of
+the run means the machine's speed changed while it was measured."""
+
+
+def machine_warnings(busy: float | None, before_ms: float, after_ms: float) -> list[str]:
+    """Why the figures may not hold on this machine, in words (none: nothing seen)."""
+    warnings = []
+    if busy is not None and busy > BUSY_WARNING:
+        warnings.append(f"other processes used {busy:.0%} of the CPU before the run: "
+                        "the ratios may not hold; run it again on a quieter machine")
+    if before_ms > 0 and abs(after_ms - before_ms) / before_ms > CALIBRATION_DRIFT:
+        warnings.append(f"the machine's speed changed during the run (calibration {before_ms:.1f} ms "
+                        f"before, {after_ms:.1f} ms after): compare runs made under the same load")
+    return warnings
 
 
 def _turn(engine: Engine, persona: Persona, question: str, **options):
@@ -141,6 +170,7 @@ def _bench_local(engine, persona: Persona, runs: int, say: Report) -> dict[str, 
         return _turn(engine, persona, q)
 
     # Make sure a valid state file exists (and is fresh) before measuring restores.
+    say(f"preparing {persona.id}'s state file ({len(prefix):,} prompt tokens)")
     engine.reset_context()
     _turn(engine, persona, _question(0))
     engine.wait_for_saves()
