@@ -13,13 +13,14 @@ from dataclasses import replace
 import pytest
 
 from chatterm.core.conversation import Conversation
-from chatterm.core.engine import ChatMessage
+from chatterm.core.engine import ChatMessage, reply_room
 from chatterm.core.errors import ChattermError
 from chatterm.core.kv_cache import MAGIC
 from chatterm.core.prompt_cache import PromptCache, Slot
 from chatterm.core.local_engine import LocalEngine
 from chatterm.core.workspace import Workspace
 from tests.conftest import greedy
+from tests.test_trim_history import linear_rule
 
 QUESTION = "Write a Python function that reverses a string."
 
@@ -319,6 +320,14 @@ def test_context_overflow_drops_oldest_turns_never_the_persona(ws, tmp_path):
         assert m.prompt_tokens > 512 - 16 - 100  # only as many turns dropped as needed
         prefix = engine.prefix_tokens(persona)
         assert engine.llm.input_ids[: len(prefix)].tolist() == prefix  # persona kept
+
+        # On the real template and tokenizer, the bisection keeps what dropping one
+        # turn at a time would keep.
+        long = [ChatMessage("user" if i % 3 else "assistant", f"{i}: " + "word " * (3 + i % 23)) for i in range(150)]
+        render = lambda kept: engine._prompt_tokens(persona, kept, "What is a dict?")
+        expected = linear_rule(long, render, len, 512 - reply_room(16, 512))
+        assert engine.fit_prompt(persona, long, "What is a dict?", 16)[:2] == expected
+        assert expected[1] > 50
 
         huge, _ = run_turn(engine, persona, "tell me " * 3000)
         assert huge.metrics.stop_reason in ("eos", "length")
