@@ -400,3 +400,18 @@ def test_missing_and_corrupt_gguf_are_one_line_errors(ws, tmp_path):
         message = str(info.value)
         assert str(spec.model_path()) in message and words in message
         assert "\n" not in message
+
+
+def test_the_device_name_is_probed_once_at_load(ws, monkeypatch):
+    import chatterm.core.local_engine as local_engine
+
+    probes = []
+    for name in ("_cpu_name", "_gpu_name"):
+        probe = getattr(local_engine, name)
+        monkeypatch.setattr(local_engine, name, lambda probe=probe: probes.append(probe) or probe())
+    engine = make_engine(ws)
+    try:
+        names = {engine.device().name for _ in range(3)}
+    finally:
+        engine.close()
+    assert len(probes) == 1 and names == {probes[0]()} and names != {""}

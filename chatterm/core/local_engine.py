@@ -213,6 +213,8 @@ class LocalEngine(Engine):
         self._cache_warned = False
         self._prefill_ms_per_token: float | None = None
         """The fastest prefill rate measured (ms per token), for "saved" estimates."""
+        self._device_name = ""
+        """The GPU or CPU name, worked out once at load (a GPU probe is not free)."""
 
     # -- loading ---------------------------------------------------------
     def load(self, progress: Progress | None = None) -> None:
@@ -245,6 +247,8 @@ class LocalEngine(Engine):
                 reason = errors[0].strip() if errors else str(exc)
                 raise ChattermError(f"{path}: llama.cpp could not load the model: {reason}") from None
         self.load_notes = list(notes)
+        on_gpu = bool(self.plan.layers_offloaded(llama_cpp.llama_model_n_layer(self.llm.model)))
+        self._device_name = _gpu_name() if on_gpu else _cpu_name()
         self._model_sha256 = sha256_of_file(path)
         self._compat = kv_state.compat_fields(self.llm, path, self._model_sha256, self.plan.flash_attn)
         base_dir = self.spec.defined_in.parent if self.spec.defined_in is not None else None
@@ -313,10 +317,9 @@ class LocalEngine(Engine):
         llm = self.llm
         n_layer = llama_cpp.llama_model_n_layer(llm.model) if llm is not None else None
         offloaded = (plan.layers_offloaded(n_layer) if plan is not None else 0) or 0
-        on_gpu = offloaded > 0
         return DeviceInfo(
-            backend="GPU" if on_gpu else "CPU",
-            name=_gpu_name() if on_gpu else _cpu_name(),
+            backend="GPU" if offloaded > 0 else "CPU",
+            name=self._device_name,
             n_layers=n_layer,
             layers_offloaded=offloaded,
             kv_type=self.spec.kv_type,
