@@ -293,7 +293,7 @@ def test_cancel_interrupts_a_long_prefill(ws):
         assert turn.metrics.generated_tokens == 0
         prefix = engine.prefix_tokens(persona)
         assert 512 <= engine.llm.n_tokens < len(prefix)  # aborted mid-prefill, not run to the end
-        assert not engine.persona_cached(persona)  # a partial prefix is never saved
+        assert persona.id not in engine.cached_personas()  # a partial prefix is never saved
 
         small = greedy(ws.personas.get("terse-coder"))
         follow, reply = run_turn(engine, small)  # the context is usable afterwards
@@ -363,7 +363,7 @@ def test_prepare_persona_restores_at_switch_time(ws, persona):
         engine.wait_for_saves()
         other = greedy(ws.personas.get("assistant"))
         run_turn(engine, other, "hi")  # the context now holds another persona
-        assert engine.persona_cached(persona)
+        assert engine.cached_personas() == {persona.id: "ram", other.id: "ram"}  # RAM before disk
         report = engine.prepare_persona(persona)
         assert report.outcome == "restored" and report.ms > 0
         turn, _ = run_turn(engine, persona)
@@ -371,6 +371,11 @@ def test_prepare_persona_restores_at_switch_time(ws, persona):
         assert turn.metrics.restore_ms == report.ms
     finally:
         engine.close()
+    fresh = make_engine(ws)  # a new process: only the disk tier
+    try:
+        assert fresh.cached_personas() == {persona.id: "disk", other.id: "disk"}
+    finally:
+        fresh.close()
 
 
 def test_a_first_use_prefill_reports_its_progress(ws, persona, tmp_path):

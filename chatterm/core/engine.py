@@ -157,7 +157,7 @@ class EngineCapabilities:
 
     persona_cache: bool = False
     """Persona prefixes are prepared and cached by this process: `prepare_persona`
-    does real work (seconds on a first use) and `persona_cached` is meaningful."""
+    does real work (seconds on a first use) and `cached_personas` is meaningful."""
     kv_control: bool = False
     """The KV state is local and controllable: `reset_context()`, turns with
     `use_cache=False`, and `exclusive()` (benchmarks measure cold / restored /
@@ -310,9 +310,11 @@ class Engine(ABC):
         """Tokens currently held in the context (0 when unknown)."""
         return 0
 
-    def persona_cached(self, persona: Persona) -> bool:
-        """Whether a persona's prefix state is ready on disk (always False remotely)."""
-        return False
+    def cached_personas(self) -> dict[str, str]:
+        """Personas whose prefix state is cached, from one look at the cache:
+        persona id -> where a restore would read it, "ram" (first) or "disk".
+        Empty for an engine without a persona cache (a server keeps its own)."""
+        return {}
 
     def cache_notice(self) -> str | None:
         """A one-time notice about the persona cache (e.g. it cannot be written)."""

@@ -68,7 +68,7 @@ from chatterm.core.file_identity import sha256_of_file
 from chatterm.core.metrics import CacheOutcome, StopReason, TurnMetrics
 from chatterm.core.models import ModelSpec, PriceProfile
 from chatterm.core.personas import Persona
-from chatterm.core.prompt_cache import Miss, PromptCache, Slot
+from chatterm.core.prompt_cache import RAM, Miss, PromptCache, Slot
 from chatterm.core.tokens import common_prefix_len
 
 log = logging.getLogger(__name__)
@@ -331,11 +331,14 @@ class LocalEngine(Engine):
     def context_used(self) -> int:
         return self.llm.n_tokens if self.llm is not None else 0
 
-    def persona_cached(self, persona: Persona) -> bool:
+    def cached_personas(self) -> dict[str, str]:
+        found: dict[str, str] = {}
         if self.kv_cache is None:
-            return False
-        slot = Slot.persona(persona.id)
-        return any(e.slot == slot and not e.problem for e in self.kv_cache.entries(self.spec.id))
+            return found
+        for entry in self.kv_cache.entries(self.spec.id):
+            if entry.slot.kind == "persona" and not entry.problem and found.get(entry.slot.key) != RAM:
+                found[entry.slot.key] = entry.tier
+        return found
 
     # -- tokens ----------------------------------------------------------
     def token_bytes(self, token: int) -> bytes:
