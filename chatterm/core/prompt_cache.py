@@ -130,11 +130,8 @@ class Candidate:
 @dataclass
 class Lookup:
     candidates: list[Candidate]
+    """Best first."""
     misses: list[str]
-
-    @property
-    def best(self) -> Candidate | None:
-        return self.candidates[0] if self.candidates else None
 
 
 @dataclass
@@ -143,8 +140,6 @@ class OpenedState:
     payload: Any
     verify: Callable[[], bool] | None
     """Checks the payload's digests (disk); None for RAM entries."""
-    header: dict[str, Any] = field(default_factory=dict)
-    """The file's header as read when it was opened (disk); the entry's info (RAM)."""
     _close: Callable[[], None] = lambda: None
 
     def close(self) -> None:
@@ -461,7 +456,7 @@ class PromptCache:
                 if self._ram.get(key) is entry:
                     self._ram.move_to_end(key)
                     entry.last_used = time.time()
-            return OpenedState(entry.tokens, entry.payload, None, dict(entry.info))
+            return OpenedState(entry.tokens, entry.payload, None)
         path = entry.path
         assert path is not None
         label = f"{entry.slot.label} (disk)"
@@ -503,7 +498,7 @@ class PromptCache:
             payload.release()
             mapping.close()
 
-        return OpenedState(entry.tokens, payload, lambda: chunk_crc32s(payload) == digests, header, close)
+        return OpenedState(entry.tokens, payload, lambda: chunk_crc32s(payload) == digests, close)
 
     def clear_ram(self) -> None:
         """Drop the RAM tier (benchmarks measure restores from disk)."""
