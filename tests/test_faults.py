@@ -51,7 +51,7 @@ def load(cache: PromptCache) -> OpenedState | Miss:
     found = cache.lookup("m", COMPAT, TOKENS + [0], expect=[SLOT])
     if not found.candidates:
         return Miss(found.misses[0] if found.misses else "no candidate")
-    return cache.open(found.candidates[0], COMPAT)
+    return cache.open(found.candidates[0])
 
 
 def metrics(i: int = 0) -> TurnMetrics:

@@ -58,7 +58,7 @@ def load_existing(folder: Path) -> LoadedState | Miss:
     if not found.candidates:
         return Miss(found.misses[0] if found.misses else "no candidate")
     best = found.candidates[0]
-    opened = cache.open(best, COMPAT)
+    opened = cache.open(best)
     return opened if isinstance(opened, Miss) else LoadedState(opened, best.entry.compat)
 
 

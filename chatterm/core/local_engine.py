@@ -426,7 +426,7 @@ class LocalEngine(Engine):
             misses += found.misses
             for candidate in found.candidates:
                 entry = candidate.entry
-                opened = cache.open(candidate, self._compat)
+                opened = cache.open(candidate)
                 if isinstance(opened, Miss):
                     misses.append(opened.reason)
                     continue
