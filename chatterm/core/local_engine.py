@@ -31,6 +31,9 @@ Contract (beyond chatterm.core.engine):
 - When the prompt would not fit n_ctx (leaving room for the reply), the oldest
   history turns are dropped (never the persona) and the turn says how many;
   a single message that alone cannot fit keeps its last tokens, and says so.
+- `prefill_ahead` prefills the prompt a send of the draft would have, in the
+  live context, yielding to a turn; its state and the credit a turn gets for
+  it (`ahead_tokens`) are `chatterm.core.type_ahead`'s.
 """
 
 from __future__ import annotations
@@ -70,6 +73,7 @@ from chatterm.core.models import ModelSpec, PriceProfile
 from chatterm.core.personas import Persona
 from chatterm.core.prompt_cache import RAM, Miss, PromptCache, Slot
 from chatterm.core.tokens import common_prefix_len
+from chatterm.core.type_ahead import TypeAhead
 
 log = logging.getLogger(__name__)
 
@@ -139,18 +143,6 @@ class _StopFlag:
         return self._turn.cancelled
 
 
-class _AheadStop:
-    """`threading.Event`-like: a type-ahead prefill stops for a starting turn or
-    a `drop_ahead()` (a newer epoch)."""
-
-    def __init__(self, engine: "LocalEngine", epoch: int):
-        self._engine = engine
-        self._epoch = epoch
-
-    def is_set(self) -> bool:
-        return self._engine._turn_waiting.is_set() or self._engine._ahead_epoch != self._epoch
-
-
 @dataclass
 class _Reuse:
     """What a turn (or a persona switch) started from."""
@@ -201,14 +193,7 @@ class LocalEngine(Engine):
         self._session: int | None = None
         """The session the next turn continues (note_conversation)."""
         self._running: Turn | None = None
-        self._turn_waiting = threading.Event()
-        """Set while a turn waits for the lock: a type-ahead prefill yields to it."""
-        self._ahead_epoch = 0
-        """Bumped by drop_ahead(): a type-ahead prefill of an older epoch stops."""
-        self._ahead_from: int | None = None
-        """Context position where type-ahead prefilling began since the last turn."""
-        self._ahead_ms = 0.0
-        self._ahead_running = False
+        self._ahead = TypeAhead()
         self._abort_flag = ctypes.create_string_buffer(2)
         self._cache_warned = False
         self._prefill_ms_per_token: float | None = None
@@ -304,7 +289,7 @@ class LocalEngine(Engine):
         llm = self.llm
         assert llm is not None
         self._switch_report = None
-        self._forget_ahead()
+        self._ahead.forget()
         kv_state.clear(llm)
 
     # -- information -----------------------------------------------------
@@ -622,23 +607,24 @@ class LocalEngine(Engine):
         draft: str,
         progress: Callable[[int, int], None] | None = None,
     ) -> AheadReport | None:
-        if self.llm is None or self._turn_waiting.is_set():
+        ahead = self._ahead
+        if self.llm is None or ahead.turn_waiting.is_set():
             return None
         if not self._lock.acquire(blocking=False):
             return None  # a turn (or a persona switch) has the context
-        epoch = self._ahead_epoch
+        epoch = ahead.epoch
         try:
-            if self._turn_waiting.is_set() or epoch != self._ahead_epoch:
+            if ahead.stopped(epoch):
                 return None
             self._set_abort(False)
-            self._ahead_running = True
+            ahead.running = True
             return self._prefill_ahead(persona, list(history), draft, progress, epoch)
         except RuntimeError:
             if self._abort_flag[0] == b"\x01":
                 return None  # a turn or drop_ahead() interrupted the batch
             raise
         finally:
-            self._ahead_running = False
+            ahead.running = False
             self._lock.release()
 
     def _prefill_ahead(
@@ -658,25 +644,7 @@ class LocalEngine(Engine):
         target, total = self._ahead_tokens(persona, history, draft)
         if target[: len(prefix)] != prefix:
             return None  # the template does not start with the persona prefix
-        common = common_prefix_len(live, target)
-        if not kv_state.trim(llm, common):
-            return None  # llama.cpp could not trim: the context was cleared
-        self._ahead_from = common if self._ahead_from is None else min(self._ahead_from, common)
-        stop = _AheadStop(self, epoch)
-        t0 = time.perf_counter()
-        try:
-            kv_state.prefill(
-                llm,
-                target[common:],
-                (lambda p: progress(common + p.done, total)) if progress is not None else None,
-                stop,
-                AHEAD_BATCH,
-            )
-        finally:
-            # Interrupted or not, the batches done are ready and their time was spent.
-            ms = (time.perf_counter() - t0) * 1000.0
-            self._ahead_ms += ms
-        return AheadReport(llm.n_tokens, total, ms)
+        return self._ahead.prefill(llm, live, target, total, progress, epoch)
 
     def _ahead_tokens(
         self, persona: Persona, history: list[ChatMessage], draft: str
@@ -695,23 +663,18 @@ class LocalEngine(Engine):
         return full[:-1], len(full)
 
     def drop_ahead(self) -> None:
-        self._ahead_epoch += 1
-        if self._ahead_running:
+        if self._ahead.drop():
             self._set_abort(True)  # stops the batch in progress; cleared by the lock's next user
-
-    def _forget_ahead(self) -> None:
-        self._ahead_from = None
-        self._ahead_ms = 0.0
 
     def _generate(
         self, turn: Turn, persona: Persona, history: list[ChatMessage], user_text: str, use_cache: bool
     ) -> Iterator[str]:
         # A type-ahead prefill holding the lock stops within its current batch.
-        self._turn_waiting.set()
-        if self._ahead_running:
+        self._ahead.turn_waiting.set()
+        if self._ahead.running:
             self._set_abort(True)
         with self._lock:
-            self._turn_waiting.clear()
+            self._ahead.turn_waiting.clear()
             if self.llm is None:
                 raise ChattermError("the model is not loaded")
             self._set_abort(False)
@@ -766,10 +729,9 @@ class LocalEngine(Engine):
         if not pp.helps:
             details.append(pp.reason)
         details += reuse.misses
-        if reuse.source == "live" and self._ahead_from is not None and m.cached_tokens > self._ahead_from:
-            m.ahead_tokens = m.cached_tokens - self._ahead_from
-            m.ahead_ms = self._ahead_ms
-        self._forget_ahead()
+        credit = self._ahead.take(m.cached_tokens if reuse.source == "live" else 0)
+        if credit is not None:
+            m.ahead_tokens, m.ahead_ms = credit
         # Saved = reused tokens at the fastest measured prefill rate, net of the
         # restore; tokens prefilled ahead were paid for while the user typed.
         rate = reuse.info.get("prefill_ms_per_token") or self._prefill_ms_per_token
@@ -847,11 +809,6 @@ class LocalEngine(Engine):
             if self.llm is not None:
                 self.llm.close()
                 self.llm = None
-
-
-AHEAD_BATCH = 32
-"""Tokens per type-ahead decode: a turn that starts waits for at most one batch
-(less: it also sets the abort flag, which stops the batch at its next node)."""
 
 
 def _cpu_name() -> str:
