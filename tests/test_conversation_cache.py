@@ -238,7 +238,7 @@ def test_a_template_with_a_late_system_prompt_says_the_persona_cache_cannot_help
         turn = engine.start_turn(persona, [], "Name a colour.")
         reply = "".join(turn.stream())
         engine.wait_for_saves()
-        assert not engine.persona_cached(persona)  # nothing worth saving
+        assert persona.id not in engine.cached_personas()  # nothing worth saving
     finally:
         engine.close()
     assert turn.metrics.stop_reason in ("eos", "length"), turn.metrics.error  # a reply, maybe empty:

@@ -49,9 +49,9 @@ SLOT = Slot.persona("p")
 def load(cache: PromptCache) -> OpenedState | Miss:
     """The slot's state as a turn would get it: the best candidate opened, or a miss."""
     found = cache.lookup("m", COMPAT, TOKENS + [0], expect=[SLOT])
-    if found.best is None:
+    if not found.candidates:
         return Miss(found.misses[0] if found.misses else "no candidate")
-    return cache.open(found.best, COMPAT)
+    return cache.open(found.candidates[0])
 
 
 def metrics(i: int = 0) -> TurnMetrics:
@@ -286,14 +286,16 @@ def test_state_file_writer_killed_at_random_points_never_leaves_a_torn_file(tmp_
         child.send_signal(signal.SIGKILL)
         child.wait()
         child.stdout.close()
-        result = load(PromptCache(folder))  # a fresh reader, as a new process
+        reader = PromptCache(folder)  # a fresh reader, as a new process
+        result = load(reader)
         if isinstance(result, Miss):
             assert result.reason == "persona p: missing (no saved state)", result.reason  # never torn
             seen["absent"] += 1
             continue
         try:
             assert result.verify()
-            i = result.header["save"]  # the whole of save number i, nothing else
+            (entry,) = reader.entries()  # the header the restore was checked against
+            i = entry.info["save"]  # the whole of save number i, nothing else
             assert bytes(result.payload) == bytes([i % 251]) * ((1 + i % 7) * (512 << 10) + i)
             seen["valid"] += 1
         finally:

@@ -33,7 +33,13 @@ MODEL, SLOT = "m", Slot.persona("p")
 TOKENS = [1, 2, 3, 4]
 COMPAT = {"model_sha256": "ab" * 32, "n_ctx": 8192, "type_k": "f16"}
 PAYLOAD = bytes(range(256)) * 3 + b"tail"
-LoadedState = OpenedState
+
+
+class LoadedState:
+    """What a turn restores: the opened payload, and the compat section its entry was accepted with."""
+
+    def __init__(self, opened: OpenedState, compat: dict):
+        self.payload, self.verify, self.close, self.compat = opened.payload, opened.verify, opened.close, compat
 
 
 def write_valid_file(folder: Path, payload: bytes = PAYLOAD) -> bytes:
@@ -44,17 +50,19 @@ def write_valid_file(folder: Path, payload: bytes = PAYLOAD) -> bytes:
     return path.read_bytes()
 
 
-def load_existing(folder: Path) -> OpenedState | Miss:
+def load_existing(folder: Path) -> LoadedState | Miss:
     """What a turn would get from the file in the slot's place: the best
     candidate opened, or a miss with the first reason."""
     cache = PromptCache(folder)
     found = cache.lookup(MODEL, COMPAT, TOKENS + [0], expect=[SLOT])
-    if found.best is None:
+    if not found.candidates:
         return Miss(found.misses[0] if found.misses else "no candidate")
-    return cache.open(found.best, COMPAT)
+    best = found.candidates[0]
+    opened = cache.open(best)
+    return opened if isinstance(opened, Miss) else LoadedState(opened, best.entry.compat)
 
 
-def load_state(folder: Path, data: bytes) -> OpenedState | Miss:
+def load_state(folder: Path, data: bytes) -> LoadedState | Miss:
     """Put `data` where the slot's state file lives and load it."""
     path = PromptCache(folder).path_for(MODEL, SLOT)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -73,7 +81,7 @@ def assert_safe(result: LoadedState | Miss) -> None:
     try:
         if result.verify():
             # Key by key: a key the caller does not expect may only be null (read as absent).
-            found = result.header["compat"]
+            found = result.compat
             assert {k: v for k, v in found.items() if v is not None or k in COMPAT} == COMPAT
             assert bytes(result.payload) == PAYLOAD
     finally:

@@ -13,13 +13,14 @@ from dataclasses import replace
 import pytest
 
 from chatterm.core.conversation import Conversation
-from chatterm.core.engine import ChatMessage
+from chatterm.core.engine import ChatMessage, reply_room
 from chatterm.core.errors import ChattermError
 from chatterm.core.kv_cache import MAGIC
 from chatterm.core.prompt_cache import PromptCache, Slot
 from chatterm.core.local_engine import LocalEngine
 from chatterm.core.workspace import Workspace
 from tests.conftest import greedy
+from tests.test_trim_history import linear_rule
 
 QUESTION = "Write a Python function that reverses a string."
 
@@ -292,7 +293,7 @@ def test_cancel_interrupts_a_long_prefill(ws):
         assert turn.metrics.generated_tokens == 0
         prefix = engine.prefix_tokens(persona)
         assert 512 <= engine.llm.n_tokens < len(prefix)  # aborted mid-prefill, not run to the end
-        assert not engine.persona_cached(persona)  # a partial prefix is never saved
+        assert persona.id not in engine.cached_personas()  # a partial prefix is never saved
 
         small = greedy(ws.personas.get("terse-coder"))
         follow, reply = run_turn(engine, small)  # the context is usable afterwards
@@ -319,6 +320,14 @@ def test_context_overflow_drops_oldest_turns_never_the_persona(ws, tmp_path):
         assert m.prompt_tokens > 512 - 16 - 100  # only as many turns dropped as needed
         prefix = engine.prefix_tokens(persona)
         assert engine.llm.input_ids[: len(prefix)].tolist() == prefix  # persona kept
+
+        # On the real template and tokenizer, the bisection keeps what dropping one
+        # turn at a time would keep.
+        long = [ChatMessage("user" if i % 3 else "assistant", f"{i}: " + "word " * (3 + i % 23)) for i in range(150)]
+        render = lambda kept: engine._prompt_tokens(persona, kept, "What is a dict?")
+        expected = linear_rule(long, render, len, 512 - reply_room(16, 512))
+        assert engine.fit_prompt(persona, long, "What is a dict?", 16)[:2] == expected
+        assert expected[1] > 50
 
         huge, _ = run_turn(engine, persona, "tell me " * 3000)
         assert huge.metrics.stop_reason in ("eos", "length")
@@ -354,7 +363,7 @@ def test_prepare_persona_restores_at_switch_time(ws, persona):
         engine.wait_for_saves()
         other = greedy(ws.personas.get("assistant"))
         run_turn(engine, other, "hi")  # the context now holds another persona
-        assert engine.persona_cached(persona)
+        assert engine.cached_personas() == {persona.id: "ram", other.id: "ram"}  # RAM before disk
         report = engine.prepare_persona(persona)
         assert report.outcome == "restored" and report.ms > 0
         turn, _ = run_turn(engine, persona)
@@ -362,6 +371,11 @@ def test_prepare_persona_restores_at_switch_time(ws, persona):
         assert turn.metrics.restore_ms == report.ms
     finally:
         engine.close()
+    fresh = make_engine(ws)  # a new process: only the disk tier
+    try:
+        assert fresh.cached_personas() == {persona.id: "disk", other.id: "disk"}
+    finally:
+        fresh.close()
 
 
 def test_a_first_use_prefill_reports_its_progress(ws, persona, tmp_path):
@@ -391,3 +405,18 @@ def test_missing_and_corrupt_gguf_are_one_line_errors(ws, tmp_path):
         message = str(info.value)
         assert str(spec.model_path()) in message and words in message
         assert "\n" not in message
+
+
+def test_the_device_name_is_probed_once_at_load(ws, monkeypatch):
+    import chatterm.core.local_engine as local_engine
+
+    probes = []
+    for name in ("_cpu_name", "_gpu_name"):
+        probe = getattr(local_engine, name)
+        monkeypatch.setattr(local_engine, name, lambda probe=probe: probes.append(probe) or probe())
+    engine = make_engine(ws)
+    try:
+        names = {engine.device().name for _ in range(3)}
+    finally:
+        engine.close()
+    assert len(probes) == 1 and names == {probes[0]()} and names != {""}

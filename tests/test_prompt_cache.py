@@ -14,6 +14,7 @@ import llama_cpp
 import pytest
 
 from chatterm.core import kv_state, llama_log
+from chatterm.core.kv_cache import read_header
 from chatterm.core.prompt_cache import DISK, RAM, Miss, OpenedState, PromptCache, Slot
 from chatterm.core.workspace import Workspace
 
@@ -60,10 +61,10 @@ def test_longest_shared_prefix_wins_and_ram_is_preferred_on_a_tie(tmp_path):
 
     # A new conversation with the persona: both share 10; the smaller entry is cheaper.
     found = cache.lookup("m", COMPAT, tokens(10) + [500, 501])
-    assert (found.best.entry.slot, found.best.entry.tier, found.best.shared) == (PERSONA, RAM, 10)
+    assert (found.candidates[0].entry.slot, found.candidates[0].entry.tier, found.candidates[0].shared) == (PERSONA, RAM, 10)
 
     # The prompt IS the entry: one token is always left to decode.
-    assert cache.lookup("m", COMPAT, tokens(50)).best.shared == 49
+    assert cache.lookup("m", COMPAT, tokens(50)).candidates[0].shared == 49
 
     # Another process sees only the disk tier.
     other = fresh(cache).lookup("m", COMPAT, long_prompt)
@@ -102,8 +103,8 @@ def test_disk_payload_is_checked_and_a_replaced_file_is_a_miss(tmp_path):
     cache = PromptCache(tmp_path / "kv")
     cache.save("m", SESSION, tokens(30), payload(7), COMPAT)
     reader = fresh(cache)
-    candidate = reader.lookup("m", COMPAT, tokens(31)).best
-    opened = reader.open(candidate, COMPAT)
+    candidate = reader.lookup("m", COMPAT, tokens(31)).candidates[0]
+    opened = reader.open(candidate)
     assert isinstance(opened, OpenedState)
     assert bytes(opened.payload) == bytes(payload(7)) and opened.verify()
     opened.close()
@@ -112,17 +113,38 @@ def test_disk_payload_is_checked_and_a_replaced_file_is_a_miss(tmp_path):
     data = bytearray(path.read_bytes())
     data[-(5 << 20)] ^= 1  # one bit in the middle chunk
     path.write_bytes(bytes(data))
-    damaged = reader.open(reader.lookup("m", COMPAT, tokens(31)).best, COMPAT)
+    damaged = reader.open(reader.lookup("m", COMPAT, tokens(31)).candidates[0])
     assert isinstance(damaged, OpenedState) and not damaged.verify()
     damaged.close()
     reader.discard(candidate.entry, "payload checksum mismatch")
     assert not path.exists()
 
     cache.save("m", SESSION, tokens(30), payload(8), COMPAT)
-    stale_candidate = reader.lookup("m", COMPAT, tokens(31)).best
+    stale_candidate = reader.lookup("m", COMPAT, tokens(31)).candidates[0]
     cache.save("m", SESSION, tokens(25, start=100), payload(9), COMPAT)  # replaced meanwhile
-    miss = reader.open(stale_candidate, COMPAT)
+    miss = reader.open(stale_candidate)
     assert isinstance(miss, Miss) and "replaced on disk" in miss.reason
+
+
+def test_a_state_file_header_is_parsed_once_however_often_it_is_restored(tmp_path, monkeypatch):
+    from chatterm.core import prompt_cache
+
+    cache = PromptCache(tmp_path / "kv")
+    cache.save("m", SESSION, tokens(30), payload(7, 1 << 20), COMPAT)
+    parses = []
+    monkeypatch.setattr(prompt_cache, "read_header", lambda fh: parses.append(1) or read_header(fh))
+    reader = fresh(cache)
+    for _ in range(3):  # each open also touches the file (LRU): still the parsed version
+        opened = reader.open(reader.lookup("m", COMPAT, tokens(31)).candidates[0])
+        assert bytes(opened.payload) == bytes(payload(7, 1 << 20)) and opened.verify()
+        opened.close()
+    assert len(parses) == 1
+    cache.save("m", SESSION, tokens(30), payload(8, 1 << 20), COMPAT)  # a new version: parsed again
+    parses.clear()
+    opened = reader.open(reader.lookup("m", COMPAT, tokens(31)).candidates[0])
+    assert bytes(opened.payload) == bytes(payload(8, 1 << 20)) and opened.verify()
+    opened.close()
+    assert len(parses) == 1
 
 
 def test_ram_tier_keeps_its_budget_least_recently_used_first(tmp_path):
@@ -131,7 +153,7 @@ def test_ram_tier_keeps_its_budget_least_recently_used_first(tmp_path):
         cache.put("m", Slot.session(n), tokens(10, start=100 * n), payload(n, 8 << 20), COMPAT, disk=False)
     ram = lambda: sorted(e.slot.key for e in cache.entries() if e.tier == RAM)  # noqa: E731
     assert ram() == ["2", "3"]  # 3 x 8 MiB > 20 MiB: session 1 went
-    cache.open(cache.lookup("m", COMPAT, tokens(11, start=200)).best, COMPAT)  # 2 used now
+    cache.open(cache.lookup("m", COMPAT, tokens(11, start=200)).candidates[0])  # 2 used now
     cache.put("m", Slot.session(4), tokens(10, start=400), payload(4, 8 << 20), COMPAT, disk=False)
     assert ram() == ["2", "4"]
     assert not (tmp_path / "kv").exists()  # disk=False wrote nothing
@@ -177,7 +199,7 @@ def test_unwritable_folder_turns_disk_off_with_a_reason_and_ram_still_works(tmp_
     cache.put("m", SESSION, tokens(10), payload(1, 1 << 20), COMPAT)
     cache.flush()
     assert cache.write_error and str(blocker) in cache.write_error
-    assert cache.lookup("m", COMPAT, tokens(11)).best.entry.tier == RAM
+    assert cache.lookup("m", COMPAT, tokens(11)).candidates[0].entry.tier == RAM
 
 
 WRITER = """
@@ -198,10 +220,11 @@ def test_two_processes_saving_one_slot_never_tear_the_file(tmp_path):
     seen = 0
     while any(w.poll() is None for w in writers):
         reader = PromptCache(folder)
-        best = reader.lookup("m", {"k": 1}, list(range(1, 12))).best
-        if best is None:
+        found = reader.lookup("m", {"k": 1}, list(range(1, 12))).candidates
+        if not found:
             continue
-        opened = reader.open(best, {"k": 1})
+        best = found[0]
+        opened = reader.open(best)
         if isinstance(opened, Miss):
             assert "replaced on disk" in opened.reason
             continue
@@ -265,9 +288,9 @@ def test_a_saved_conversation_restores_in_a_fresh_model_and_continues_identicall
         cache = PromptCache(tmp_path / "kv")
         found = cache.lookup("smollm2", compat, prompt, expect=[SESSION])
         assert found.misses == []
-        best = found.best
+        best = found.candidates[0]
         assert best.entry.tier == DISK and best.shared == len(history)
-        opened = cache.open(best, compat)
+        opened = cache.open(best)
         assert isinstance(opened, OpenedState)
         try:
             assert kv_state.restore(reader, opened.payload, opened.tokens, opened.verify) is None
@@ -280,8 +303,8 @@ def test_a_saved_conversation_restores_in_a_fresh_model_and_continues_identicall
         data = bytearray(path.read_bytes())
         data[-100] ^= 0xFF
         path.write_bytes(bytes(data))
-        best = cache.lookup("smollm2", compat, prompt).best
-        opened = cache.open(best, compat)
+        best = cache.lookup("smollm2", compat, prompt).candidates[0]
+        opened = cache.open(best)
         try:
             reason = kv_state.restore(reader, opened.payload, opened.tokens, opened.verify)
         finally:

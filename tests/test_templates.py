@@ -138,8 +138,10 @@ def test_override_beats_the_gguf_template_and_relative_files_resolve_against_mod
     (tmp_path / "t.jinja").write_text("{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}{% endfor %}>")
     template = resolve_template("m", lcf.CHATML_CHAT_TEMPLATE, "t.jinja", base_dir=tmp_path)
     assert template.source == f"file {tmp_path / 't.jinja'}"
-    assert template.render([{"role": "system", "content": "S"}, {"role": "user", "content": "u"}]) == "[system]S[user]u>"
-    assert template.sha256 != resolve_template("m", lcf.CHATML_CHAT_TEMPLATE, None).sha256
+    messages = [{"role": "system", "content": "S"}, {"role": "user", "content": "u"}]
+    assert template.render(messages) == "[system]S[user]u>"
+    gguf = resolve_template("m", lcf.CHATML_CHAT_TEMPLATE, None)
+    assert gguf.render(messages).startswith("<|im_start|>system\nS<|im_end|>")  # what the override replaced
 
 
 @pytest.mark.parametrize(

@@ -67,17 +67,34 @@ def trim_history(
 ) -> tuple[P, int]:
     """Drop whole turns from the front of `history` (never the persona, which
     `prompt_for` adds) until `size(prompt_for(kept)) <= budget` or nothing is left.
-    Returns the last prompt built and how many turns were dropped."""
-    start, dropped = 0, 0
+    Returns the prompt of the kept history and how many turns were dropped.
+
+    A turn ends where the next user message starts: the kept history never starts
+    with an assistant reply. The fewest dropped turns whose prompt fits are found
+    by bisection over those boundaries (a prompt grows with its history), so a
+    long history costs O(log n) renders, not one per dropped turn: this runs on
+    every type-ahead step once a conversation overflows the context."""
     prompt = prompt_for(history)
-    while size(prompt) > budget and start < len(history):
-        start += 1
-        # The kept history never starts with an assistant reply.
-        while start < len(history) and history[start].role != "user":
-            start += 1
-        dropped += 1
-        prompt = prompt_for(history[start:])
-    return prompt, dropped
+    if size(prompt) <= budget or not history:
+        return prompt, 0
+    # starts[k]: where the kept history begins once k turns are dropped.
+    starts = [0, *(i for i in range(1, len(history)) if history[i].role == "user"), len(history)]
+    built: dict[int, P] = {}
+
+    def fits(k: int) -> bool:
+        built[k] = prompt_for(history[starts[k]:])
+        return size(built[k]) <= budget
+
+    lo, hi = 1, len(starts) - 1  # hi: everything dropped, kept whether it fits or not
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if fits(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    if lo not in built:
+        built[lo] = prompt_for(history[starts[lo]:])
+    return built[lo], lo
 
 
 def context_full_notice(n_ctx: int, dropped: int, how: str = "") -> str:
@@ -140,7 +157,7 @@ class EngineCapabilities:
 
     persona_cache: bool = False
     """Persona prefixes are prepared and cached by this process: `prepare_persona`
-    does real work (seconds on a first use) and `persona_cached` is meaningful."""
+    does real work (seconds on a first use) and `cached_personas` is meaningful."""
     kv_control: bool = False
     """The KV state is local and controllable: `reset_context()`, turns with
     `use_cache=False`, and `exclusive()` (benchmarks measure cold / restored /
@@ -293,9 +310,11 @@ class Engine(ABC):
         """Tokens currently held in the context (0 when unknown)."""
         return 0
 
-    def persona_cached(self, persona: Persona) -> bool:
-        """Whether a persona's prefix state is ready on disk (always False remotely)."""
-        return False
+    def cached_personas(self) -> dict[str, str]:
+        """Personas whose prefix state is cached, from one look at the cache:
+        persona id -> where a restore would read it, "ram" (first) or "disk".
+        Empty for an engine without a persona cache (a server keeps its own)."""
+        return {}
 
     def cache_notice(self) -> str | None:
         """A one-time notice about the persona cache (e.g. it cannot be written)."""

@@ -31,6 +31,9 @@ Contract (beyond chatterm.core.engine):
 - When the prompt would not fit n_ctx (leaving room for the reply), the oldest
   history turns are dropped (never the persona) and the turn says how many;
   a single message that alone cannot fit keeps its last tokens, and says so.
+- `prefill_ahead` prefills the prompt a send of the draft would have, in the
+  live context, yielding to a turn; its state and the credit a turn gets for
+  it (`ahead_tokens`) are `chatterm.core.type_ahead`'s.
 """
 
 from __future__ import annotations
@@ -68,8 +71,9 @@ from chatterm.core.file_identity import sha256_of_file
 from chatterm.core.metrics import CacheOutcome, StopReason, TurnMetrics
 from chatterm.core.models import ModelSpec, PriceProfile
 from chatterm.core.personas import Persona
-from chatterm.core.prompt_cache import Miss, PromptCache, Slot
+from chatterm.core.prompt_cache import RAM, Miss, PromptCache, Slot
 from chatterm.core.tokens import common_prefix_len
+from chatterm.core.type_ahead import TypeAhead
 
 log = logging.getLogger(__name__)
 
@@ -139,18 +143,6 @@ class _StopFlag:
         return self._turn.cancelled
 
 
-class _AheadStop:
-    """`threading.Event`-like: a type-ahead prefill stops for a starting turn or
-    a `drop_ahead()` (a newer epoch)."""
-
-    def __init__(self, engine: "LocalEngine", epoch: int):
-        self._engine = engine
-        self._epoch = epoch
-
-    def is_set(self) -> bool:
-        return self._engine._turn_waiting.is_set() or self._engine._ahead_epoch != self._epoch
-
-
 @dataclass
 class _Reuse:
     """What a turn (or a persona switch) started from."""
@@ -201,18 +193,13 @@ class LocalEngine(Engine):
         self._session: int | None = None
         """The session the next turn continues (note_conversation)."""
         self._running: Turn | None = None
-        self._turn_waiting = threading.Event()
-        """Set while a turn waits for the lock: a type-ahead prefill yields to it."""
-        self._ahead_epoch = 0
-        """Bumped by drop_ahead(): a type-ahead prefill of an older epoch stops."""
-        self._ahead_from: int | None = None
-        """Context position where type-ahead prefilling began since the last turn."""
-        self._ahead_ms = 0.0
-        self._ahead_running = False
+        self._ahead = TypeAhead()
         self._abort_flag = ctypes.create_string_buffer(2)
         self._cache_warned = False
         self._prefill_ms_per_token: float | None = None
         """The fastest prefill rate measured (ms per token), for "saved" estimates."""
+        self._device_name = ""
+        """The GPU or CPU name, worked out once at load (a GPU probe is not free)."""
 
     # -- loading ---------------------------------------------------------
     def load(self, progress: Progress | None = None) -> None:
@@ -245,6 +232,8 @@ class LocalEngine(Engine):
                 reason = errors[0].strip() if errors else str(exc)
                 raise ChattermError(f"{path}: llama.cpp could not load the model: {reason}") from None
         self.load_notes = list(notes)
+        on_gpu = bool(self.plan.layers_offloaded(llama_cpp.llama_model_n_layer(self.llm.model)))
+        self._device_name = _gpu_name() if on_gpu else _cpu_name()
         self._model_sha256 = sha256_of_file(path)
         self._compat = kv_state.compat_fields(self.llm, path, self._model_sha256, self.plan.flash_attn)
         base_dir = self.spec.defined_in.parent if self.spec.defined_in is not None else None
@@ -300,7 +289,7 @@ class LocalEngine(Engine):
         llm = self.llm
         assert llm is not None
         self._switch_report = None
-        self._forget_ahead()
+        self._ahead.forget()
         kv_state.clear(llm)
 
     # -- information -----------------------------------------------------
@@ -313,10 +302,9 @@ class LocalEngine(Engine):
         llm = self.llm
         n_layer = llama_cpp.llama_model_n_layer(llm.model) if llm is not None else None
         offloaded = (plan.layers_offloaded(n_layer) if plan is not None else 0) or 0
-        on_gpu = offloaded > 0
         return DeviceInfo(
-            backend="GPU" if on_gpu else "CPU",
-            name=_gpu_name() if on_gpu else _cpu_name(),
+            backend="GPU" if offloaded > 0 else "CPU",
+            name=self._device_name,
             n_layers=n_layer,
             layers_offloaded=offloaded,
             kv_type=self.spec.kv_type,
@@ -328,11 +316,14 @@ class LocalEngine(Engine):
     def context_used(self) -> int:
         return self.llm.n_tokens if self.llm is not None else 0
 
-    def persona_cached(self, persona: Persona) -> bool:
+    def cached_personas(self) -> dict[str, str]:
+        found: dict[str, str] = {}
         if self.kv_cache is None:
-            return False
-        slot = Slot.persona(persona.id)
-        return any(e.slot == slot and not e.problem for e in self.kv_cache.entries(self.spec.id))
+            return found
+        for entry in self.kv_cache.entries(self.spec.id):
+            if entry.slot.kind == "persona" and not entry.problem and found.get(entry.slot.key) != RAM:
+                found[entry.slot.key] = entry.tier
+        return found
 
     # -- tokens ----------------------------------------------------------
     def token_bytes(self, token: int) -> bytes:
@@ -420,7 +411,7 @@ class LocalEngine(Engine):
             misses += found.misses
             for candidate in found.candidates:
                 entry = candidate.entry
-                opened = cache.open(candidate, self._compat)
+                opened = cache.open(candidate)
                 if isinstance(opened, Miss):
                     misses.append(opened.reason)
                     continue
@@ -616,23 +607,24 @@ class LocalEngine(Engine):
         draft: str,
         progress: Callable[[int, int], None] | None = None,
     ) -> AheadReport | None:
-        if self.llm is None or self._turn_waiting.is_set():
+        ahead = self._ahead
+        if self.llm is None or ahead.turn_waiting.is_set():
             return None
         if not self._lock.acquire(blocking=False):
             return None  # a turn (or a persona switch) has the context
-        epoch = self._ahead_epoch
+        epoch = ahead.epoch
         try:
-            if self._turn_waiting.is_set() or epoch != self._ahead_epoch:
+            if ahead.stopped(epoch):
                 return None
             self._set_abort(False)
-            self._ahead_running = True
+            ahead.running = True
             return self._prefill_ahead(persona, list(history), draft, progress, epoch)
         except RuntimeError:
             if self._abort_flag[0] == b"\x01":
                 return None  # a turn or drop_ahead() interrupted the batch
             raise
         finally:
-            self._ahead_running = False
+            ahead.running = False
             self._lock.release()
 
     def _prefill_ahead(
@@ -652,25 +644,7 @@ class LocalEngine(Engine):
         target, total = self._ahead_tokens(persona, history, draft)
         if target[: len(prefix)] != prefix:
             return None  # the template does not start with the persona prefix
-        common = common_prefix_len(live, target)
-        if not kv_state.trim(llm, common):
-            return None  # llama.cpp could not trim: the context was cleared
-        self._ahead_from = common if self._ahead_from is None else min(self._ahead_from, common)
-        stop = _AheadStop(self, epoch)
-        t0 = time.perf_counter()
-        try:
-            kv_state.prefill(
-                llm,
-                target[common:],
-                (lambda p: progress(common + p.done, total)) if progress is not None else None,
-                stop,
-                AHEAD_BATCH,
-            )
-        finally:
-            # Interrupted or not, the batches done are ready and their time was spent.
-            ms = (time.perf_counter() - t0) * 1000.0
-            self._ahead_ms += ms
-        return AheadReport(llm.n_tokens, total, ms)
+        return self._ahead.prefill(llm, live, target, total, progress, epoch)
 
     def _ahead_tokens(
         self, persona: Persona, history: list[ChatMessage], draft: str
@@ -689,23 +663,18 @@ class LocalEngine(Engine):
         return full[:-1], len(full)
 
     def drop_ahead(self) -> None:
-        self._ahead_epoch += 1
-        if self._ahead_running:
+        if self._ahead.drop():
             self._set_abort(True)  # stops the batch in progress; cleared by the lock's next user
-
-    def _forget_ahead(self) -> None:
-        self._ahead_from = None
-        self._ahead_ms = 0.0
 
     def _generate(
         self, turn: Turn, persona: Persona, history: list[ChatMessage], user_text: str, use_cache: bool
     ) -> Iterator[str]:
         # A type-ahead prefill holding the lock stops within its current batch.
-        self._turn_waiting.set()
-        if self._ahead_running:
+        self._ahead.turn_waiting.set()
+        if self._ahead.running:
             self._set_abort(True)
         with self._lock:
-            self._turn_waiting.clear()
+            self._ahead.turn_waiting.clear()
             if self.llm is None:
                 raise ChattermError("the model is not loaded")
             self._set_abort(False)
@@ -760,10 +729,9 @@ class LocalEngine(Engine):
         if not pp.helps:
             details.append(pp.reason)
         details += reuse.misses
-        if reuse.source == "live" and self._ahead_from is not None and m.cached_tokens > self._ahead_from:
-            m.ahead_tokens = m.cached_tokens - self._ahead_from
-            m.ahead_ms = self._ahead_ms
-        self._forget_ahead()
+        credit = self._ahead.take(m.cached_tokens if reuse.source == "live" else 0)
+        if credit is not None:
+            m.ahead_tokens, m.ahead_ms = credit
         # Saved = reused tokens at the fastest measured prefill rate, net of the
         # restore; tokens prefilled ahead were paid for while the user typed.
         rate = reuse.info.get("prefill_ms_per_token") or self._prefill_ms_per_token
@@ -841,11 +809,6 @@ class LocalEngine(Engine):
             if self.llm is not None:
                 self.llm.close()
                 self.llm = None
-
-
-AHEAD_BATCH = 32
-"""Tokens per type-ahead decode: a turn that starts waits for at most one batch
-(less: it also sets the abort flag, which stops the batch at its next node)."""
 
 
 def _cpu_name() -> str:

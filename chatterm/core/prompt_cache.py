@@ -21,6 +21,9 @@ Contract:
   context first, restores the best candidate with `open()` +
   `kv_state.restore`, trims it to `shared`, and on a failed restore
   `discard()`s it and tries the next one.
+- A state file's JSON header is parsed once per version of the file (device,
+  inode, size, mtime): lookups and `open()` use that parse. A file saved again
+  since the lookup is a miss at `open()`, never a payload under another header.
 - Every miss has a reason in `Lookup.misses`: an expected slot with no entry
   ("missing"), one whose tokens the prompt no longer starts with ("stale"),
   a truncated, corrupt or unreadable file, a file from another model or
@@ -130,11 +133,8 @@ class Candidate:
 @dataclass
 class Lookup:
     candidates: list[Candidate]
+    """Best first."""
     misses: list[str]
-
-    @property
-    def best(self) -> Candidate | None:
-        return self.candidates[0] if self.candidates else None
 
 
 @dataclass
@@ -143,8 +143,6 @@ class OpenedState:
     payload: Any
     verify: Callable[[], bool] | None
     """Checks the payload's digests (disk); None for RAM entries."""
-    header: dict[str, Any] = field(default_factory=dict)
-    """The file's header as read when it was opened (disk); the entry's info (RAM)."""
     _close: Callable[[], None] = lambda: None
 
     def close(self) -> None:
@@ -202,9 +200,16 @@ def _slot_of_file(path: Path) -> Slot:
     return Slot(kind, key) if kind in KINDS and key else Slot.persona(path.stem)
 
 
+def _stamp(st: os.stat_result) -> tuple[int, int, int, int]:
+    """Which file, in which version: a save replaces a file (a new inode), an
+    in-place write changes its size or mtime."""
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
 @dataclass
 class _Indexed:
-    stamp: tuple[int, int]
+    stamp: tuple[int, int, int, int]
+    """`_stamp` of the file whose header `entry` was parsed from."""
     entry: Entry
     payload_offset: int
 
@@ -344,7 +349,7 @@ class PromptCache:
     def _read_file(self, path: Path) -> _Indexed:
         """The file's entry (from the index while its size and mtime are unchanged)."""
         st = path.stat()
-        stamp = (st.st_size, st.st_mtime_ns)
+        stamp = _stamp(st)
         with self._lock:
             known = self._index.get(path)
         if known is not None and known.stamp == stamp:
@@ -356,6 +361,8 @@ class PromptCache:
             if not stat.S_ISREG(st.st_mode):
                 raise ValueError("not a regular file")  # opening a FIFO would block
             with _open_regular(path) as fh:
+                st = os.fstat(fh.fileno())  # the file read here, should a save replace it meanwhile
+                stamp = _stamp(st)
                 header = read_header(fh)
                 offset = fh.tell()
             compat = header["compat"]
@@ -452,8 +459,12 @@ class PromptCache:
         candidates.sort(key=lambda c: c[:3])
         return Lookup([c[3] for c in candidates], misses)
 
-    def open(self, candidate: Candidate, compat: dict[str, Any]) -> OpenedState | Miss:
-        """The candidate's payload, ready for `kv_state.restore`."""
+    def open(self, candidate: Candidate) -> OpenedState | Miss:
+        """The candidate's payload, ready for `kv_state.restore`.
+
+        A disk entry's header was parsed when it was indexed (`lookup`), and its
+        compat checked there: the file is not parsed again, but it must still be
+        that file, unchanged (`_stamp`), else the candidate is a miss."""
         entry = candidate.entry
         if entry.tier == RAM:
             with self._lock:
@@ -461,7 +472,7 @@ class PromptCache:
                 if self._ram.get(key) is entry:
                     self._ram.move_to_end(key)
                     entry.last_used = time.time()
-            return OpenedState(entry.tokens, entry.payload, None, dict(entry.info))
+            return OpenedState(entry.tokens, entry.payload, None)
         path = entry.path
         assert path is not None
         label = f"{entry.slot.label} (disk)"
@@ -474,36 +485,36 @@ class PromptCache:
         except OSError as exc:
             return Miss(f"{label}: unreadable: {exc.strerror or exc}")
         with fh:
-            try:
-                header = read_header(fh)
-            except ValueError as exc:
-                return Miss(f"{label}: corrupt: {exc}")
-            offset = fh.tell()
-            # The file may have been replaced since the lookup: it must still be the entry.
-            if header.get("tokens") != entry.tokens or header.get("compat") != compat:
+            with self._lock:
+                indexed = self._index.get(path)
+            if indexed is None or indexed.entry is not entry or indexed.stamp != _stamp(os.fstat(fh.fileno())):
                 return Miss(f"{label}: replaced on disk since the lookup")
-            size = header.get("payload_len")
-            file_size = os.fstat(fh.fileno()).st_size
-            if not isinstance(size, int) or isinstance(size, bool) or size <= 0 or file_size != offset + size:
-                return Miss(f"{label}: truncated or corrupt (file size)")
             try:
                 mapping = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY)
             except (OSError, ValueError) as exc:
                 return Miss(f"{label}: unreadable: {exc}")
+            try:
+                os.utime(fh.fileno())  # last used, for LRU eviction
+                st = os.fstat(fh.fileno())
+            except OSError:
+                pass
+            else:
+                # Touched, not changed (chatterm never writes a state file in
+                # place): the next lookup keeps the parsed header.
+                with self._lock:
+                    indexed.stamp = _stamp(st)
+                entry.last_used = st.st_mtime
         if hasattr(mapping, "madvise"):
             mapping.madvise(mmap.MADV_WILLNEED)
-        try:
-            os.utime(path)  # last used, for LRU eviction
-        except OSError:
-            pass
+        offset, size = indexed.payload_offset, entry.info["payload_len"]
         payload = memoryview(mapping)[offset : offset + size]
-        digests = header.get("chunk_crc32")
+        digests = entry.info["chunk_crc32"]
 
         def close() -> None:
             payload.release()
             mapping.close()
 
-        return OpenedState(entry.tokens, payload, lambda: chunk_crc32s(payload) == digests, header, close)
+        return OpenedState(entry.tokens, payload, lambda: chunk_crc32s(payload) == digests, close)
 
     def clear_ram(self) -> None:
         """Drop the RAM tier (benchmarks measure restores from disk)."""

@@ -32,7 +32,6 @@ Contract:
 
 from __future__ import annotations
 
-import hashlib
 import inspect
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,10 +78,6 @@ def builtin_formats() -> dict[str, Callable[..., Any]]:
     return found
 
 
-def _sha256(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
 @dataclass(frozen=True)
 class ChatTemplate:
     model_id: str
@@ -98,10 +93,6 @@ class ChatTemplate:
     note: str
     """Why it is folded (empty when not)."""
     _render: Callable[[list[Message]], str]
-
-    @property
-    def sha256(self) -> str:
-        return _sha256(f"{self.text}\0fold={self.system_folded}\0bos={self.add_bos}")
 
     def render(self, messages: Sequence[Message]) -> str:
         """The prompt for `messages`, ending with the assistant's generation prompt."""

@@ -287,8 +287,9 @@ class ChatApp(App[None]):
         first use prefills the whole system prompt, which takes seconds on a CPU."""
         if not engine.capabilities.persona_cache:
             return "ready"
-        if engine.persona_cached(persona):
-            return f"restoring {persona.name} from disk…"
+        tier = engine.cached_personas().get(persona.id)
+        if tier is not None:
+            return f"restoring {persona.name} from {'memory' if tier == 'ram' else 'disk'}…"
         return f"prefilling {persona.name}'s prompt (first use)…"
 
     @on(PersonaProgressed)
@@ -453,12 +454,11 @@ class ChatApp(App[None]):
 
     def action_personas(self) -> None:
         engine = self.lease.engine
-        cached: dict[str, bool | None] = {}
-        for persona in self.workspace.personas:
-            try:
-                cached[persona.id] = engine.persona_cached(persona) if engine is not None else None
-            except Exception:  # noqa: BLE001 - unknown is fine for a picker
-                cached[persona.id] = None
+        try:
+            found = engine.cached_personas() if engine is not None else None
+        except Exception:  # noqa: BLE001 - unknown is fine for a picker
+            found = None
+        cached = {p.id: p.id in found if found is not None else None for p in self.workspace.personas}
 
         async def chosen(persona_id: str | None) -> None:
             if persona_id is not None:

@@ -48,7 +48,10 @@ class FakeEngine(Engine):
         self.gate = threading.Event()
         self.held = threading.Event()
         self.prepared: list[str] = []
-        self.cached: set[str] = {"assistant"}
+        self.cached: dict[str, str] = {"assistant": "disk"}
+        """Persona id -> cache tier, as cached_personas() reports it."""
+        self.cache_scans = 0
+        self.prepare_gate: threading.Event | None = None
         self.received: list[tuple[str, list[ChatMessage], str]] = []
         self.loaded = False
         self.closed = False
@@ -73,10 +76,13 @@ class FakeEngine(Engine):
     def context_used(self) -> int:
         return 123
 
-    def persona_cached(self, persona: Persona) -> bool:
-        return persona.id in self.cached
+    def cached_personas(self) -> dict[str, str]:
+        self.cache_scans += 1
+        return dict(self.cached)
 
     def prepare_persona(self, persona: Persona, progress=None) -> PrefixReport:
+        if self.prepare_gate is not None:
+            self.prepare_gate.wait(timeout=30)
         with self._lock:
             self.prepared.append(persona.id)
             return PrefixReport(CacheOutcome.RESTORED, 12.5, 60)

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import sys
 import subprocess
+import threading
 
 import pytest
 from conftest import loaded, send, wait_for, wait_for_palette_hit
 from textual.geometry import Region
 from textual.widgets import DataTable, Markdown, OptionList, Static
 
+from chatterm.core.engine import EngineCapabilities
 from chatterm.core.errors import ChattermError
 from chatterm.core.metrics import TurnMetrics
 from chatterm.core.store import SessionStore
@@ -126,7 +128,9 @@ async def test_persona_switch_starts_a_new_conversation_and_shows_restore(build)
         await wait_for(pilot, lambda: engines[0].prepared == ["assistant"], what="the first prepare")
         await send(pilot, "Hello")
         old = app.conversation
+        scans = engines[0].cache_scans
         await pilot.press("f2")
+        assert engines[0].cache_scans == scans + 1  # one look at the cache for every persona
         picker = app.screen
         assert isinstance(picker, PersonaPicker)
         options = picker.query_one(OptionList)
@@ -135,7 +139,14 @@ async def test_persona_switch_starts_a_new_conversation_and_shows_restore(build)
         assert any("Terse coder" in t and "not cached" in t for t in texts)
         index = next(i for i, t in enumerate(texts) if "terse-coder" in t)
         options.highlighted = index
+        engines[0].capabilities = EngineCapabilities(persona_cache=True)  # the status names the tier
+        engines[0].cached["terse-coder"] = "ram"
+        engines[0].prepare_gate = gate = threading.Event()
         await pilot.press("enter")
+        status = app.query_one("#status", Static)
+        await wait_for(pilot, lambda: "restoring Terse coder from memory…" in str(status.content),
+                       what="the status naming the RAM tier")
+        gate.set()
         await wait_for(pilot, lambda: engines[0].prepared[-1:] == ["terse-coder"], what="the prepare")
         await wait_for(pilot, lambda: "restored from disk" in rendered(app.query_one("#dash-persona")),
                        what="the persona line")
