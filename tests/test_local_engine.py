@@ -411,7 +411,7 @@ def test_the_device_name_is_probed_once_at_load(ws, monkeypatch):
     import chatterm.core.local_engine as local_engine
 
     probes = []
-    for name in ("_cpu_name", "_gpu_name"):
+    for name in ("cpu_name", "_gpu_name"):
         probe = getattr(local_engine, name)
         monkeypatch.setattr(local_engine, name, lambda probe=probe: probes.append(probe) or probe())
     engine = make_engine(ws)

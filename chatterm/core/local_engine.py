@@ -42,7 +42,6 @@ import codecs
 import contextlib
 import ctypes
 import logging
-import platform
 import threading
 import time
 from dataclasses import dataclass, field
@@ -68,6 +67,7 @@ from chatterm.core.engine import (
 )
 from chatterm.core.errors import ChattermError
 from chatterm.core.file_identity import sha256_of_file
+from chatterm.core.machine import cpu_name
 from chatterm.core.metrics import CacheOutcome, StopReason, TurnMetrics
 from chatterm.core.models import ModelSpec, PriceProfile
 from chatterm.core.personas import Persona
@@ -233,7 +233,7 @@ class LocalEngine(Engine):
                 raise ChattermError(f"{path}: llama.cpp could not load the model: {reason}") from None
         self.load_notes = list(notes)
         on_gpu = bool(self.plan.layers_offloaded(llama_cpp.llama_model_n_layer(self.llm.model)))
-        self._device_name = _gpu_name() if on_gpu else _cpu_name()
+        self._device_name = _gpu_name() if on_gpu else cpu_name()
         self._model_sha256 = sha256_of_file(path)
         self._compat = kv_state.compat_fields(self.llm, path, self._model_sha256, self.plan.flash_attn)
         base_dir = self.spec.defined_in.parent if self.spec.defined_in is not None else None
@@ -809,17 +809,6 @@ class LocalEngine(Engine):
             if self.llm is not None:
                 self.llm.close()
                 self.llm = None
-
-
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "CPU"
 
 
 def _gpu_name() -> str:
