@@ -51,7 +51,7 @@ def nice_ticks(top: float, count: int = 5) -> list[float]:
     return ticks
 
 
-def _num(value: float, step: float) -> str:
+def tick_label(value: float, step: float) -> str:
     """A tick value with as many decimals as the step needs (0.0025 -> 4)."""
     decimals = 0
     while decimals < 10 and abs(round(step, decimals) - step) > step * 1e-9:
@@ -73,7 +73,7 @@ def _frame(title: str, y_title: str, ticks: list[float], turns: int, label_every
     for tick in ticks:
         y = TOP + PLOT_H - tick / top * PLOT_H
         out.append(f'<line class="grid" x1="{LEFT}" x2="{LEFT + PLOT_W}" y1="{y:.1f}" y2="{y:.1f}"/>')
-        out.append(f'<text class="tick" x="{LEFT - 6}" y="{y + 4:.1f}" text-anchor="end">{_num(tick, step)}</text>')
+        out.append(f'<text class="tick" x="{LEFT - 6}" y="{y + 4:.1f}" text-anchor="end">{tick_label(tick, step)}</text>')
     out.append(f'<line class="axis" x1="{LEFT}" x2="{LEFT + PLOT_W}" y1="{TOP + PLOT_H}" y2="{TOP + PLOT_H}"/>')
     out.append(f'<line class="axis" x1="{LEFT}" x2="{LEFT}" y1="{TOP}" y2="{TOP + PLOT_H}"/>')
     slot = PLOT_W / max(turns, 1)

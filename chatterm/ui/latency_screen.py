@@ -7,6 +7,12 @@ Contract:
   (Enter opens `TurnDetailScreen`); and the session's cost split and what-if
   under every price profile. One tab per view, so each chart gets the whole
   screen at 80x24. A snapshot: it shows the turns it was given.
+- The tab bar has the focus on open (left/right switch tabs) and 1-5 switch
+  tabs from anywhere on the screen; the Turns tab focuses its table, so Enter
+  opens the highlighted turn at once.
+- Chart axes have round ticks (1, 2, 2.5 or 5 times a power of ten, as many
+  decimals as the step needs); a few turns get narrow bars, not the whole
+  width; the part legend is a line under the chart, never drawn over the bars.
 - A turn with no first token gets no bar: its x label is marked `✕`, a stopped
   turn's `■`, so failures never read as zeros. Chart labels are turn numbers and
   fixed words only (plotext output is parsed as ANSI); chart colours come from the
@@ -33,18 +39,22 @@ from textual.containers import Vertical, VerticalScroll
 from textual.content import Content
 from textual.screen import ModalScreen, Screen
 from textual.widget import Widget
-from textual.widgets import DataTable, Footer, Static, TabbedContent, TabPane
+from textual.widgets import DataTable, Footer, Static, TabbedContent, TabPane, Tabs
 from textual_plotext import PlotextPlot
 
 from chatterm.core.breakdown import PART_LABELS, TTFT_PARTS, Timeline, session_token_costs, timeline, token_costs
 from chatterm.core.format import SEP, cache_label, fmt_int, fmt_ms, fmt_tok_s, fmt_usd, printable
 from chatterm.core.metrics import TurnMetrics
 from chatterm.core.models import PriceProfile
+from chatterm.core.svg_charts import nice_ticks, tick_label
 from chatterm.core.whatif import cost_split, priced_with, what_if
-from chatterm.ui.timeline import fmt_share, per_token, timeline_bar, timeline_legend, token_cost_line
+from chatterm.ui.timeline import STYLES, fmt_share, per_token, timeline_bar, timeline_legend, token_cost_line
 
 MARKS = {"error": "✕", "stopped": "■"}
 PART_THEME_COLOURS = {"restore": "warning", "prefill": "primary", "first_token": "accent", "decode": "success"}
+TABS = ("tab-ttft", "tab-decode", "tab-cost", "tab-turns", "tab-costs")
+MIN_SLOTS = 8
+"""The x axis has room for at least this many turns, so one turn is a bar, not a wall."""
 
 
 def turn_label(index: int, m: TurnMetrics) -> str:
@@ -52,8 +62,25 @@ def turn_label(index: int, m: TurnMetrics) -> str:
     return f"{index}{MARKS.get(timeline(m).status, '')}"
 
 
+def part_legend() -> Content:
+    """The TTFT chart's parts in their chart colours (plotext's own legend would
+    be drawn over the bars)."""
+    return Content(" ").join(
+        Content.assemble(("██", STYLES[p]), f" {PART_LABELS[p]} ") for p in TTFT_PARTS
+    )
+
+
 class LatencyScreen(Screen[None]):
-    BINDINGS = [Binding("escape,q,f5", "app.pop_screen", "Close")]
+    BINDINGS = [
+        Binding("escape,q,f5", "app.pop_screen", "Close"),
+        # One footer entry for all the tab keys: the focused tab bar's own
+        # left/right bindings would hide separate ones.
+        Binding("1", "show_tab(0)", "Tab", key_display="1-5 ←→"),
+        *(Binding(str(n + 1), f"show_tab({n})", show=False) for n in range(1, len(TABS))),
+        Binding("left", "step_tab(-1)", show=False),
+        Binding("right", "step_tab(1)", show=False),
+    ]
+    AUTO_FOCUS = "#latency-tabs Tabs"
     DEFAULT_CSS = """
     LatencyScreen {
         background: $background;
@@ -82,7 +109,8 @@ class LatencyScreen(Screen[None]):
         with TabbedContent(id="latency-tabs"):
             with TabPane("TTFT", id="tab-ttft"):
                 yield PlotextPlot(id="plot-ttft")
-                yield Static(Content(f"stacked: restore, prefill, first token{SEP}{notes}"), classes="chart-note")
+                yield Static(part_legend(), classes="chart-note", id="ttft-legend")
+                yield Static(Content(f"stacked from the bottom{SEP}{notes}"), classes="chart-note")
             with TabPane("Decode", id="tab-decode"):
                 yield PlotextPlot(id="plot-decode")
                 yield Static(Content(f"no bar: fewer than 2 tokens{SEP}{notes}"), classes="chart-note")
@@ -100,10 +128,34 @@ class LatencyScreen(Screen[None]):
         self._draw()
         self.app.theme_changed_signal.subscribe(self, lambda _theme: self._draw())
 
+    # -- tabs -----------------------------------------------------------------
+    def action_show_tab(self, index: int) -> None:
+        self.query_one(TabbedContent).active = TABS[index]
+
+    def action_step_tab(self, step: int) -> None:
+        active = self.query_one(TabbedContent).active
+        self.action_show_tab((TABS.index(active) + step) % len(TABS))
+
+    @on(TabbedContent.TabActivated, "#latency-tabs")
+    def _tab_shown(self, event: TabbedContent.TabActivated) -> None:
+        # The Turns tab is a list to pick from: its table takes the keys.
+        if event.pane.id == "tab-turns":
+            self.query_one("#latency-turns", DataTable).focus()
+        elif not isinstance(self.focused, Tabs):
+            self.query_one("#latency-tabs Tabs", Tabs).focus()
+
     # -- charts ---------------------------------------------------------------
     def _rgb(self, part: str) -> tuple[int, int, int]:
         value = self.app.theme_variables.get(PART_THEME_COLOURS[part], "#4e79a7")
         return Color.parse(value).rgb
+
+    def _axes(self, plt, top: float) -> None:
+        """Round y ticks from 0 past `top`, and room for at least MIN_SLOTS turns."""
+        ticks = nice_ticks(top * 1.05)
+        step = ticks[1] - ticks[0]
+        plt.ylim(0, ticks[-1])
+        plt.yticks(ticks, [tick_label(t, step) for t in ticks])
+        plt.xlim(0.5, max(len(self._turns), MIN_SLOTS) + 0.5)
 
     def _draw(self) -> None:
         labels = [turn_label(i, m) for i, m in enumerate(self._turns, start=1)]
@@ -116,10 +168,10 @@ class LatencyScreen(Screen[None]):
             plt.stacked_bar(
                 labels,
                 [[tl.ms(part) for tl in timelines] for part in TTFT_PARTS],
-                labels=[PART_LABELS[p] for p in TTFT_PARTS],
                 color=[self._rgb(p) for p in TTFT_PARTS],
                 width=0.6,
             )
+            self._axes(plt, max(sum(tl.ms(p) for p in TTFT_PARTS) for tl in timelines))
         plt.title("Time to first token per turn")
         plt.xlabel("turn")
         plt.ylabel("ms")
@@ -127,7 +179,9 @@ class LatencyScreen(Screen[None]):
         plt = self.query_one("#plot-decode", PlotextPlot).plt
         plt.clear_figure()
         if xs:
-            plt.bar(labels, [m.decode_tok_s or 0.0 for m in self._turns], color=self._rgb("decode"), width=0.6)
+            rates = [m.decode_tok_s or 0.0 for m in self._turns]
+            plt.bar(labels, rates, color=self._rgb("decode"), width=0.6)
+            self._axes(plt, max(rates))
         plt.title("Decode rate per turn")
         plt.xlabel("turn")
         plt.ylabel("tokens/s")
@@ -141,6 +195,7 @@ class LatencyScreen(Screen[None]):
         if xs:
             plt.plot(xs, cumulative, marker="hd", color=self._rgb("prefill"))
             plt.xticks(xs, labels)
+            self._axes(plt, cumulative[-1])
         plt.title("Cumulative cost (API-equivalent)")
         plt.xlabel("turn")
         plt.ylabel("USD")

@@ -4,6 +4,8 @@ the figures themselves are tested on the real model in tests/test_report.py)."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from conftest import loaded, send, wait_for
 from textual.color import Color
@@ -46,7 +48,10 @@ async def test_latency_screen_charts_turns_and_what_if(build, workspace, size):
         text = ttft.render().plain
         assert "Time to first token per turn" in text and "turn" in text and "ms" in text
         assert "3✕" in text  # the failed turn is marked, not drawn as a zero
-        assert "restore" in text and "prefill" in text and "first token" in text
+        # The part legend is a line of its own, never drawn over the bars.
+        assert "restore" not in text and "prefill" not in text
+        legend = str(screen.query_one("#ttft-legend", Static).render())
+        assert "restore" in legend and "prefill" in legend and "first token" in legend
 
         for tab, plot_id, words in (
             ("tab-decode", "#plot-decode", ("Decode rate per turn", "tokens/s")),
@@ -113,11 +118,12 @@ async def test_latency_charts_follow_the_theme(build):
         for theme in ("chatterm-light", "chatterm-high-contrast"):
             app.theme = theme
             await pilot.pause()
-            primary = Color.parse(app.theme_variables["primary"]).rgb
+            # The scripted turn's time is mostly its restore: drawn in the theme's warning colour.
+            restore = Color.parse(app.theme_variables["warning"]).rgb
             rendered = screen.query_one("#plot-ttft", PlotextPlot).render()
             colours = {span.style.color.triplet for span in rendered.spans
                        if not isinstance(span.style, str) and span.style.color and span.style.color.triplet}
-            assert tuple(primary) in {tuple(c) for c in colours}, theme
+            assert tuple(restore) in {tuple(c) for c in colours}, theme
 
 
 async def test_dashboard_shows_the_turn_timeline_and_per_token_costs(build):
@@ -145,3 +151,65 @@ async def test_html_export_from_the_app_has_the_charts_and_every_profile(build, 
     assert 'id="chart-ttft"' in text and "<script" not in text
     for profile in workspace.catalog.prices.values():
         assert profile.label in text
+
+
+def _y_ticks(plot: PlotextPlot) -> list[str]:
+    """The y axis's tick labels as drawn (the text left of each `┤`)."""
+    return [line.split("┤")[0].strip() for line in plot.render().plain.splitlines() if "┤" in line]
+
+
+def _is_round_step(labels: list[str]) -> bool:
+    """Evenly spaced from 0 by 1, 2, 2.5 or 5 times a power of ten, and no more
+    decimals than that step needs."""
+    values = sorted(float(v.replace(",", "")) for v in labels)
+    step = values[1] - values[0]
+    mantissa = step / 10 ** math.floor(math.log10(step))
+    decimals = max(len(v.partition(".")[2]) for v in labels)
+    return (values[0] == 0 and any(math.isclose(mantissa, m) for m in (1, 2, 2.5, 5))
+            and all(math.isclose(b - a, step, rel_tol=1e-6) for a, b in zip(values, values[1:]))
+            and decimals <= max(0, -math.floor(math.log10(step))) + 1)
+
+
+async def test_latency_tabs_take_keys_at_once_and_ticks_are_round(build):
+    app, engines = build(replies=["One two three four five six seven"])
+    async with app.run_test(size=(100, 32)) as pilot:
+        await loaded(pilot)
+        await send(pilot, "one question")
+        await pilot.press("f5")
+        await wait_for(pilot, lambda: isinstance(app.screen, LatencyScreen), what="the latency screen")
+        await pilot.pause()
+        screen = app.screen
+        tabs = screen.query_one(TabbedContent)
+        footer = {b.key_display or b.key: b.description for _, b, enabled, _ in app.active_bindings.values()
+                  if b.show and enabled}
+        assert footer.get("1-5 ←→") == "Tab"
+
+        await pilot.press("right")  # no Tab first: the tab bar has the focus
+        assert tabs.active == "tab-decode"
+        await pilot.press("left", "left")
+        assert tabs.active == "tab-costs"
+        await pilot.press("3")
+        assert tabs.active == "tab-cost"
+        await pilot.press("4")
+        await pilot.pause()
+        assert tabs.active == "tab-turns" and isinstance(screen.focused, DataTable)
+        await pilot.press("enter")  # the table has the keys: Enter opens the turn
+        await wait_for(pilot, lambda: isinstance(app.screen, TurnDetailScreen), what="the turn detail")
+        await pilot.press("escape")
+        await pilot.press("1")
+        await pilot.pause()
+        assert tabs.active == "tab-ttft"
+
+        for tab, plot_id in (("tab-ttft", "#plot-ttft"), ("tab-decode", "#plot-decode"), ("tab-cost", "#plot-cost")):
+            tabs.active = tab
+            await pilot.pause()
+            plot = screen.query_one(plot_id, PlotextPlot)
+            labels = _y_ticks(plot)
+            assert len(labels) >= 3 and _is_round_step(labels), (plot_id, labels)
+
+        # One turn is a bar, not the whole width of the chart.
+        tabs.active = "tab-ttft"
+        await pilot.pause()
+        plot = screen.query_one("#plot-ttft", PlotextPlot)
+        widest = max(line.count("█") for line in plot.render().plain.splitlines())
+        assert 0 < widest <= plot.region.width // 4
