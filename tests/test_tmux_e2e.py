@@ -114,3 +114,44 @@ def test_launch_answers_a_question_in_tmux(tmp_path):
     first_words = " ".join(re.sub(r"[*_`#>\[\]]", "", record.reply).split()[:4])
     assert first_words in flat(screen)
     assert f"TTFT {fmt_ms(record.metrics.ttft_ms)}" in flat(screen)
+
+
+SLOW_LOAD = """
+import sys, time
+from chatterm.core.local_engine import LocalEngine
+from chatterm.cli import main
+
+real_load = LocalEngine.load
+
+def slow_load(self, progress=None):
+    # A load that no progress callback can stop, like llama.cpp's after its
+    # progress phase (or a slow disk): two minutes, then the real one.
+    time.sleep(120)
+    return real_load(self, progress)
+
+LocalEngine.load = slow_load
+raise SystemExit(main(sys.argv[1:]))
+"""
+
+
+def test_quit_while_the_model_loads_ends_the_process_at_once(tmp_path):
+    env = {
+        "CHATTERM_CONFIG_DIR": str(tmp_path / "config"),
+        "CHATTERM_DATA_DIR": str(tmp_path / "data"),
+        "CHATTERM_CACHE_DIR": str(tmp_path / "cache"),
+        "PYTHONPATH": str(REPO),
+        "TERM": "xterm-256color",
+    }
+    launch = shlex.join(["env", *(f"{k}={v}" for k, v in env.items()), sys.executable, "-c", SLOW_LOAD, "launch"])
+    command = f"cd {shlex.quote(str(REPO))} && {launch}; echo CHATTERM-EXIT=$?; sleep 120"
+    tmux = Tmux(f"chatterm-quit-{os.getpid()}", tmp_path / "tmux.sock")
+    try:
+        tmux.run("new-session", "-d", "-s", tmux.target, "-x", "120", "-y", "40", command)
+        tmux.wait_for(lambda s: "loading model" in title(s), 60, "the load to start")
+        tmux.run("send-keys", "-t", tmux.target, "C-q")
+        # Waiting for the load would take two minutes: the process ends long before.
+        screen = tmux.wait_for(lambda s: "CHATTERM-EXIT=" in s, 30, "the app to quit")
+    finally:
+        tmux.kill()
+    assert "CHATTERM-EXIT=0" in screen
+    assert "Traceback" not in screen

@@ -2,7 +2,9 @@
 
 Bad ids (model, persona, theme, session) are reported as one line with exit
 status 2 before the terminal is taken over. Textual is imported only here, so
-other subcommands do not pay for it.
+other subcommands do not pay for it. Quitting while the model still loads ends
+the process at once: llama.cpp cannot be interrupted, and it has nothing to
+save (`ChatApp.model_loading`).
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import os
+import sys
 from typing import Iterator
 
 from chatterm.cli.common import add_model_persona_options, workspace
@@ -108,4 +112,12 @@ def run(args: argparse.Namespace) -> int:
             app.run()
     finally:
         store.close()
+    if app.model_loading:
+        # The user quit during the load: the terminal is already restored and
+        # every turn is committed; waiting for llama.cpp would only show a blank
+        # screen. _exit skips the thread join (and llama.cpp's C++ teardown,
+        # which must not run under a load in progress).
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(app.return_code or 0)
     return app.return_code or 0

@@ -15,11 +15,17 @@ Contract:
   never tracebacks.
 - Esc cancels the running turn (the engine checks per token); Ctrl+Q cancels it
   and quits; the engine is closed once no worker uses it (`EngineLease`).
+- Ctrl+Q while the model loads quits at once. llama.cpp's load cannot be
+  interrupted once its progress phase is over, so the load runs in a thread of
+  its own, not a Textual worker (whose executor the app's event loop joins on
+  exit): `model_loading` tells the process (the CLI) that the load is still
+  going, and the CLI then ends without waiting for it.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -153,6 +159,7 @@ class ChatApp(App[None]):
         self._persona_state = "waiting for the model"
         self._chat: ChatView | None = None
         self._theme_memory: ThemeMemory | None = None
+        self._load_thread: threading.Thread | None = None
         for theme_obj in (themes.themes.values() if themes else ()):
             self.register_theme(theme_obj)
         self.theme = theme
@@ -201,7 +208,17 @@ class ChatApp(App[None]):
             await self.chat.messages.add_notice(resumed_notice(self._resume))
             self._read_history(self._resume)
         self.chat.set_status("loading model…")
-        self._run_setup(self.setup.load, self.spec, self.persona, group="load")
+        self._load_thread = threading.Thread(
+            target=self.setup.load, args=(self.spec, self.persona), name="chatterm-load"
+        )
+        self._load_thread.start()
+
+    @property
+    def model_loading(self) -> bool:
+        """The model load is still running and has handed over no engine yet
+        (after a quit it never will: the lease closes what it makes)."""
+        thread = self._load_thread
+        return thread is not None and thread.is_alive() and self.lease.engine is None
 
     def on_resize(self, event) -> None:
         self._apply_width(event.size.width)
@@ -225,8 +242,8 @@ class ChatApp(App[None]):
 
     # -- model loading (the work itself: ui/engine_setup.py) ----------------------
     def _run_setup(self, work: Callable[..., None], *args, group: str) -> None:
-        """Run an `EngineSetup` step in a thread worker (loads and GPU polls:
-        one at a time; persona prepares: one per switch)."""
+        """Run an `EngineSetup` step in a thread worker (GPU polls: one at a
+        time; persona prepares: one per switch)."""
         self.run_worker(partial(work, *args), thread=True, group=group,
                         exclusive=group != "prepare", exit_on_error=False)
 

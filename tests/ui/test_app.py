@@ -437,9 +437,11 @@ async def test_quit_while_the_model_loads(build):
         assert "loading model" in rendered(app.query_one("#status"))
         await pilot.press("ctrl+q")
         assert app._exit
+        assert app.model_loading  # the CLI ends the process without waiting for it
         gate.set()  # the load finishes after the app has quit...
     assert not app.is_running
     await wait_for_thread(lambda: engines[0].closed)  # ...and the engine it made is closed
+    await wait_for_thread(lambda: not app.model_loading)
 
 
 async def wait_for_thread(predicate, timeout: float = 10.0) -> None:
