@@ -55,7 +55,8 @@ NASTY_REPLY = (
 
 
 def build_sample(db: Path) -> tuple[int, int]:
-    """Two sessions with fixed content covering restore, cold, cancel, error, energy."""
+    """Two sessions with fixed content covering restore (in the turn and at the
+    persona switch), a wait for the engine, cold, cancel, error, energy."""
     with SessionStore(db) as store:
         first = store.create_session(
             model_id="smollm2-135m",
@@ -75,7 +76,8 @@ def build_sample(db: Path) -> tuple[int, int]:
             total_ms=210.0, stop_reason="eos", saved_prefill_ms=2900.0,
         )))
         store.record_turn(first, "=cmd|' /C calc'!A0", NASTY_REPLY, priced(TurnMetrics(
-            **base, submitted_at=1_700_000_010.0, cache_outcome="memory", prefill_ms=120.5,
+            **base, submitted_at=1_700_000_010.0, cache_outcome="restored", restore_ms=9.5,
+            restore_at_switch=True, wait_ms=15.0, prefill_ms=120.5,
             prompt_tokens=230, cached_tokens=200, prefilled_tokens=30, generated_tokens=41,
             ttft_ms=140.0, decode_ms=500.0, total_ms=660.0, stop_reason="cancelled",
             saved_prefill_ms=500.0, dropped_turns=1,

@@ -13,6 +13,7 @@ import pytest
 from chatterm.cli import main
 from chatterm.core.breakdown import (
     MIN_PREFILL_TOKENS,
+    TTFT_PARTS,
     bar_cells,
     session_token_costs,
     timeline,
@@ -90,6 +91,12 @@ def test_timeline_parts_add_up_to_the_time_to_first_token():
     assert (tl.restore_ms, tl.prefill_ms, tl.first_token_ms, tl.decode_ms) == (20.0, 70.0, 5.5, 400.0)
     assert tl.restore_ms + tl.prefill_ms + tl.first_token_ms == m.ttft_ms
     assert tl.reached_first_token and tl.status == "ok"
+    # A wait for the engine is the first part; a restore done at the persona
+    # switch is not a part (it is not in the TTFT) but is kept apart.
+    waited = timeline(turn(wait_ms=300.0, restore_ms=12.0, restore_at_switch=True, prefill_ms=70.0, ttft_ms=375.5))
+    assert (waited.waiting_ms, waited.restore_ms, waited.switch_restore_ms) == (300.0, 0.0, 12.0)
+    assert waited.first_token_ms == 5.5
+    assert sum(waited.ms(p) for p in TTFT_PARTS) == 375.5
     # Clamped, never negative; a turn without a first token says so.
     assert timeline(turn(prefill_ms=90.0, ttft_ms=80.0)).first_token_ms == 0.0
     failed = timeline(turn(stop_reason="error"))
@@ -239,16 +246,17 @@ def test_html_chart_data_equals_the_stored_metrics(sample):
             current = (attrs["data-session"], int(attrs["data-turn"]))
         elif "seg" in cls:
             drawn[current][attrs["data-part"]] = float(attrs["data-ms"])
-    assert len(segments) == 3 * sum(1 for m in stored.values() if m.ttft_ms is not None)
+    assert len(segments) == 4 * sum(1 for m in stored.values() if m.ttft_ms is not None)
     for key, m in stored.items():
         if m.ttft_ms is None:
             assert drawn[key] == {}, "a turn without a first token is not a zero bar"
             continue
-        restore = m.restore_ms or 0.0
+        restore = 0.0 if m.restore_at_switch else m.restore_ms or 0.0
         assert drawn[key] == {
+            "waiting": m.wait_ms,
             "restore": restore,
             "prefill": m.prefill_ms,
-            "first_token": max(m.ttft_ms - restore - m.prefill_ms, 0.0),
+            "first_token": max(m.ttft_ms - m.wait_ms - restore - m.prefill_ms, 0.0),
         }
         assert sum(drawn[key].values()) == pytest.approx(m.ttft_ms)
     # Decode rate and cumulative cost points.
@@ -299,9 +307,9 @@ def test_html_per_turn_table_matches_the_metrics(sample):
     rows = table[1:]
     assert [row[0] for row in rows] == ["1", "2", "3"]
     m = exported[0][1][0].metrics
-    assert rows[0][7] == f"{m.prefill_ms / m.prefilled_tokens:.2f}"
-    assert rows[0][8] == f"{m.decode_ms / (m.generated_tokens - 1):.2f}"
-    assert rows[2][1] == "error, no first token" and rows[2][8] == "too few tokens"
+    assert rows[0][8] == f"{m.prefill_ms / m.prefilled_tokens:.2f}"
+    assert rows[0][9] == f"{m.decode_ms / (m.generated_tokens - 1):.2f}"
+    assert rows[2][1] == "error, no first token" and rows[2][9] == "too few tokens"
     # Each turn's timeline bar carries its parts.
     timelines = [a for t, a in page.elements if t == "rect" and "data-part" in a and "class" not in a]
     assert {a["data-part"] for a in timelines} >= {"restore", "prefill", "decode"}
@@ -324,7 +332,9 @@ def test_markdown_has_mermaid_charts_of_the_stored_metrics(sample):
             for line in ttft.splitlines() if line.strip().startswith("bar")]
     records = exported[0][1]
     assert bars[0][:2] == [round(r.metrics.ttft_ms, 1) for r in records[:2]]
-    assert bars[2][0] == round(records[0].metrics.restore_ms, 1)
+    first = timeline(records[0].metrics)
+    assert bars[2][0] == round(first.waiting_ms + first.restore_ms, 1)
+    assert bars[3][0] == round(first.waiting_ms, 1)
     assert bars[0][2] == 0.0  # the failed turn: its category says "error"
     cost = blocks[2]
     last = [float(v) for v in cost.splitlines()[-1].split("[")[1].rstrip("]").split(",")]
@@ -427,7 +437,8 @@ def test_report_of_real_turns_matches_the_stored_times(tmp_path):
         m = record.metrics
         assert parts[record.index]["prefill"] == m.prefill_ms
         assert parts[record.index]["restore"] == (m.restore_ms or 0.0)
+        assert parts[record.index]["waiting"] == m.wait_ms
         assert sum(parts[record.index].values()) == pytest.approx(m.ttft_ms)
-        assert row[7] == f"{m.prefill_ms / m.prefilled_tokens:.2f}"
-        assert row[8] == f"{m.decode_ms / (m.generated_tokens - 1):.2f}"
+        assert row[8] == f"{m.prefill_ms / m.prefilled_tokens:.2f}"
+        assert row[9] == f"{m.decode_ms / (m.generated_tokens - 1):.2f}"
     assert parts[2]["restore"] > 0  # the second process restored the persona from disk

@@ -1,11 +1,15 @@
 """Where a turn's time went, and what a token costs on this machine.
 
 Contract:
-- `timeline(m)` splits a turn into restore | prefill | first token | decode, in
-  ms, from the stored `TurnMetrics` only: restore = `restore_ms`, prefill =
-  `prefill_ms`, first token = `ttft_ms - restore - prefill` clamped at 0 (the
-  rest of the time to first token: templating, tokenizing, sampling), decode =
-  `decode_ms`. A turn that never produced a token has no first-token part and
+- `timeline(m)` splits a turn into waiting | restore | prefill | first token |
+  decode, in ms, from the stored `TurnMetrics` only: waiting = `wait_ms` (submit
+  until the engine could start the turn, e.g. a persona still being prepared),
+  restore = `restore_ms` when the turn restored, prefill = `prefill_ms`, first
+  token = `ttft_ms - waiting - restore - prefill` clamped at 0 (the rest of the
+  time to first token: templating, tokenizing, sampling), decode = `decode_ms`.
+  A restore done at the persona switch (`restore_at_switch`) is not part of
+  the turn: it is `Timeline.switch_restore_ms`, outside the parts and their
+  total, drawn apart. A turn that never produced a token has no first-token part and
   says so (`Timeline.reached_first_token`), so charts show it as failed or
   stopped, never as a zero.
 - `token_costs(m)` measures prefill ms per prefilled token and decode ms per
@@ -30,27 +34,31 @@ MIN_PREFILL_TOKENS = 8
 MIN_DECODE_TOKENS = 2
 """The first token belongs to TTFT: a decode rate needs a second one."""
 
-PARTS = ("restore", "prefill", "first_token", "decode")
+PARTS = ("waiting", "restore", "prefill", "first_token", "decode")
 PART_LABELS = {
+    "waiting": "waiting",
     "restore": "restore",
     "prefill": "prefill",
     "first_token": "first token",
     "decode": "decode",
 }
-PART_GLYPHS = {"restore": "▒", "prefill": "█", "first_token": "▓", "decode": "░"}
+PART_GLYPHS = {"waiting": "┄", "restore": "▒", "prefill": "█", "first_token": "▓", "decode": "░"}
 """One glyph per part, for timelines drawn in text (the TUI, Markdown)."""
-TTFT_PARTS = PARTS[:3]
+TTFT_PARTS = PARTS[:4]
 """The parts that add up to the time to first token."""
 
 
 @dataclass(frozen=True)
 class Timeline:
+    waiting_ms: float
     restore_ms: float
     prefill_ms: float
     first_token_ms: float
     decode_ms: float
     reached_first_token: bool
     stop_reason: str
+    switch_restore_ms: float = 0.0
+    """The persona restored at the switch before this turn: not one of its parts."""
 
     def ms(self, part: str) -> float:
         return getattr(self, f"{part}_ms")
@@ -68,12 +76,14 @@ class Timeline:
 
 
 def timeline(m: TurnMetrics) -> Timeline:
-    restore = max(m.restore_ms or 0.0, 0.0)
+    waiting = max(m.wait_ms or 0.0, 0.0)
+    restored = max(m.restore_ms or 0.0, 0.0)
+    restore, before = (0.0, restored) if m.restore_at_switch else (restored, 0.0)
     prefill = max(m.prefill_ms or 0.0, 0.0)
     if m.ttft_ms is None:
-        return Timeline(restore, prefill, 0.0, 0.0, False, m.stop_reason)
-    first = max(m.ttft_ms - restore - prefill, 0.0)
-    return Timeline(restore, prefill, first, max(m.decode_ms or 0.0, 0.0), True, m.stop_reason)
+        return Timeline(waiting, restore, prefill, 0.0, 0.0, False, m.stop_reason, before)
+    first = max(m.ttft_ms - waiting - restore - prefill, 0.0)
+    return Timeline(waiting, restore, prefill, first, max(m.decode_ms or 0.0, 0.0), True, m.stop_reason, before)
 
 
 @dataclass(frozen=True)

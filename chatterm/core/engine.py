@@ -252,6 +252,11 @@ class Turn:
         an engine wakes whatever its generation is blocked on."""
         self._cancel_hooks.append(hook)
 
+    def engine_started(self) -> None:
+        """Call once the engine has the model for this turn: the time since submit
+        (waiting for a persona prepare, a type-ahead batch) is `metrics.wait_ms`."""
+        self.metrics.wait_ms = (time.perf_counter() - self._t_submit) * 1000.0
+
     def token_arrived(self) -> None:
         now = time.perf_counter()
         m = self.metrics

@@ -126,9 +126,9 @@ def _time_table(r: SessionReport) -> str:
         for p in PARTS
     )
     return _table(
-        ["#", "state", "timeline (to scale)", "restore ms", "prefill ms", "first token ms", "decode ms",
-         "prefill ms/token", "decode ms/token", "decode/prefill"],
-        rows, "nllnnnnnnn", cls="timeline-table",
+        ["#", "state", "timeline (to scale)", "waiting ms", "restore ms", "prefill ms", "first token ms",
+         "decode ms", "prefill ms/token", "decode ms/token", "decode/prefill"],
+        rows, "nllnnnnnnnn", cls="timeline-table",
     ) + f'<div class="legend">{legend}</div>'
 
 

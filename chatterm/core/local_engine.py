@@ -674,6 +674,7 @@ class LocalEngine(Engine):
         if self._ahead.running:
             self._set_abort(True)
         with self._lock:
+            turn.engine_started()
             self._ahead.turn_waiting.clear()
             if self.llm is None:
                 raise ChattermError("the model is not loaded")
@@ -724,6 +725,7 @@ class LocalEngine(Engine):
             prepared = switch[1]
             if prepared.outcome == CacheOutcome.RESTORED:
                 m.cache_outcome, m.restore_ms = CacheOutcome.RESTORED, prepared.ms
+                m.restore_at_switch = True  # before this turn: not in its TTFT
             elif prepared.outcome == CacheOutcome.COLD:
                 m.cache_outcome = CacheOutcome.SWITCH
         if not pp.helps:

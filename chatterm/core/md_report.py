@@ -30,8 +30,9 @@ PREVIEW_CHARS = 48
 """How much of each text the per-turn table shows."""
 BAR_CELLS = 24
 # Colours of the overlaid TTFT bars, in drawing order: whole TTFT (its visible top
-# is the first-token part), restore + prefill (its top is prefill), restore.
-TTFT_PALETTE = tuple(words.PART_COLOURS[p] for p in ("first_token", "prefill", "restore"))
+# is the first-token part), waiting + restore + prefill (its top is prefill),
+# waiting + restore, waiting.
+TTFT_PALETTE = tuple(words.PART_COLOURS[p] for p in ("first_token", "prefill", "restore", "waiting"))
 
 
 def table(header: Sequence[str], rows: Iterable[Sequence[str]], align: str) -> str:
@@ -90,16 +91,17 @@ def _mermaid(title: str, y_title: str, categories: list[str], series: list[list[
 
 def _charts(reports: Sequence[SessionReport]) -> str:
     several = len(reports) > 1
-    categories, total, restore_prefill, restore = [], [], [], []
+    categories, total, restore_prefill, restore, waiting = [], [], [], [], []
     per_session_rate: list[list[float]] = [[] for _ in reports]
     per_session_cost: list[list[float]] = [[] for _ in reports]
     for n, r in enumerate(reports):
         for v in r.turns:
             tl = v.timeline
             categories.append(_category(r, v.index, tl.status, several))
-            restore.append(tl.restore_ms)
-            restore_prefill.append(tl.restore_ms + tl.prefill_ms)
-            total.append(tl.restore_ms + tl.prefill_ms + tl.first_token_ms)
+            waiting.append(tl.waiting_ms)
+            restore.append(tl.waiting_ms + tl.restore_ms)
+            restore_prefill.append(tl.waiting_ms + tl.restore_ms + tl.prefill_ms)
+            total.append(tl.waiting_ms + tl.restore_ms + tl.prefill_ms + tl.first_token_ms)
             for k in range(len(reports)):
                 rate = v.record.metrics.decode_tok_s if k == n else None
                 per_session_rate[k].append(rate or 0.0)
@@ -113,8 +115,9 @@ def _charts(reports: Sequence[SessionReport]) -> str:
     return "".join([
         "\n## Charts\n\n",
         _mermaid("Time to first token per turn (ms)", "ms", categories,
-                 [total, restore_prefill, restore], TTFT_PALETTE, 1),
-        "\nEach bar is the time to first token, bottom to top: restore (brown), prefill (blue), "
+                 [total, restore_prefill, restore, waiting], TTFT_PALETTE, 1),
+        "\nEach bar is the time to first token, bottom to top: waiting for the engine (grey), "
+        "restore (brown), prefill (blue), "
         "first token (orange: templating, tokenizing, sampling). An axis label ending in `error` or "
         "`stopped` marks a turn that failed or that the user stopped; such a turn without a bar "
         f"produced no first token (it is not a zero).{who}\n\n",
@@ -137,7 +140,7 @@ def _time_table(r: SessionReport) -> str:
     scale = max((v.timeline.total_ms for v in r.turns), default=0.0)
     rows = [words.time_row(v, md_escape, _text_bar(v, scale)) for v in r.turns]
     legend = " · ".join(f"{PART_GLYPHS[p]} {PART_LABELS[p]}" for p in PARTS)
-    return table(words.TIME_HEADER, rows, "rllrrrrrrr") + f"\nTimeline, to scale across this session: {legend}.\n"
+    return table(words.TIME_HEADER, rows, "rllrrrrrrrr") + f"\nTimeline, to scale across this session: {legend}.\n"
 
 
 def _what_if(r: SessionReport) -> str:

@@ -25,7 +25,8 @@ class CacheOutcome(StrEnum):
 
     RESTORED = "restored"
     """The persona prefix was loaded from its state file on disk (by this turn,
-    or at the persona switch just before it: `restore_ms` says how long)."""
+    or at the persona switch just before it: `restore_ms` says how long,
+    `restore_at_switch` which)."""
     MEMORY = "memory"
     """The prefix (and maybe history) was already in the context."""
     COLD = "cold"
@@ -64,8 +65,14 @@ class TurnMetrics:
     cache_outcome: CacheOutcome | str = CacheOutcome.COLD
     cache_detail: str = ""
     """Why: e.g. "state file rejected: model sha256 differs"."""
+    wait_ms: float = 0.0
+    """Submit until the engine could start this turn (it was still preparing the
+    persona, or finishing a type-ahead batch): the first part of TTFT."""
     restore_ms: float | None = None
     """Time to read and load the persona state file, when one was restored."""
+    restore_at_switch: bool = False
+    """`restore_ms` was spent when the persona was switched to, before this turn
+    was sent: it is not part of the turn's TTFT."""
     prefill_ms: float = 0.0
     prompt_tokens: int = 0
     cached_tokens: int = 0

@@ -325,6 +325,7 @@ class RemoteEngine(Engine):
     def _generate(self, turn: Turn, exchange: "_Exchange") -> Iterator[str]:
         key = ""
         with self._lock:
+            turn.engine_started()
             try:
                 if turn.cancelled:
                     return

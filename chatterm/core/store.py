@@ -203,7 +203,17 @@ def _to_v5(conn: sqlite3.Connection) -> None:
     conn.execute("ALTER TABLE turns ADD COLUMN ahead_ms REAL NOT NULL DEFAULT 0")
 
 
-_MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_to_v1, _to_v2, _to_v3, _to_v4, _to_v5)
+def _to_v6(conn: sqlite3.Connection) -> None:
+    # v6: the time a turn waited for the engine (part of its TTFT), and whether
+    # its restore happened at the persona switch (not part of it). Older turns
+    # read as no wait and an in-turn restore: nothing recorded says otherwise.
+    conn.execute("ALTER TABLE turns ADD COLUMN wait_ms REAL NOT NULL DEFAULT 0")
+    conn.execute("ALTER TABLE turns ADD COLUMN restore_at_switch INTEGER NOT NULL DEFAULT 0")
+
+
+_MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (
+    _to_v1, _to_v2, _to_v3, _to_v4, _to_v5, _to_v6,
+)
 SCHEMA_VERSION = len(_MIGRATIONS)
 
 

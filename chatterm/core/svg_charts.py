@@ -4,8 +4,8 @@ Contract:
 - `ttft_chart`, `decode_chart` and `cost_chart` draw every session of a report
   on one chart (x: turn number; one colour per session) with axes, ticks, axis
   titles and a legend, and return an inline `<svg>` element as a string.
-  `timeline_bar` draws one turn's restore | prefill | first token | decode bar
-  to scale, for a table cell.
+  `timeline_bar` draws one turn's waiting | restore | prefill | first token |
+  decode bar to scale, for a table cell.
 - Every drawn value carries its number in `data-*` attributes (session key,
   turn, part, value) and a `<title>` tooltip, so the chart can be checked
   against the stored metrics and read without a script.
@@ -24,13 +24,13 @@ from __future__ import annotations
 import math
 from typing import Callable, Sequence
 
-from chatterm.core.breakdown import PART_LABELS, TTFT_PARTS, Timeline
+from chatterm.core.breakdown import PART_LABELS, PARTS, TTFT_PARTS, Timeline
 from chatterm.core.inert import html_text
 from chatterm.core.report import SessionReport, TurnView
 from chatterm.core.text_report import PART_COLOURS
 from chatterm.core.text_report import session_colour as colour
 
-PART_OPACITY = {"restore": 0.35, "prefill": 1.0, "first_token": 0.65, "decode": 0.2}
+PART_OPACITY = {"waiting": 0.12, "restore": 0.35, "prefill": 1.0, "first_token": 0.65, "decode": 0.2}
 """On the TTFT chart colour tells sessions apart, so opacity tells the parts apart."""
 
 WIDTH, HEIGHT = 760, 300
@@ -120,10 +120,9 @@ MARK_NOTES = ("✕ no first token (failed or stopped before it)", "■ stopped b
 
 
 def ttft_chart(reports: Sequence[SessionReport]) -> str:
-    """Time to first token per turn, stacked restore / prefill / first token."""
+    """Time to first token per turn, stacked waiting / restore / prefill / first token."""
     turns = _turns(reports)
-    top = max((v.timeline.ms("restore") + v.timeline.ms("prefill") + v.timeline.ms("first_token")
-               for r in reports for v in r.turns), default=0.0)
+    top = max((sum(v.timeline.ms(p) for p in TTFT_PARTS) for r in reports for v in r.turns), default=0.0)
     ticks = nice_ticks(top * 1.08)
     scale = PLOT_H / ticks[-1]
     body = _frame("Time to first token per turn", "ms", ticks, turns, _label_every(turns))
@@ -156,11 +155,12 @@ def ttft_chart(reports: Sequence[SessionReport]) -> str:
                     f'style="fill:{colour(n)}">■</text>'
                 )
             body.append("</g>")
-    parts = " · ".join(
-        f"{PART_LABELS[p]} {'light' if PART_OPACITY[p] < 0.5 else 'solid' if PART_OPACITY[p] == 1 else 'medium'}"
-        for p in TTFT_PARTS
-    )
+    parts = " · ".join(f"{PART_LABELS[p]} {_shade(PART_OPACITY[p])}" for p in TTFT_PARTS)
     return _svg("Time to first token per turn", body) + _legend(reports, (f"bottom to top: {parts}", *MARK_NOTES))
+
+
+def _shade(opacity: float) -> str:
+    return "faint" if opacity < 0.2 else "light" if opacity < 0.5 else "solid" if opacity == 1 else "medium"
 
 
 def _ttft_tooltip(report: SessionReport, view: TurnView) -> str:
@@ -242,10 +242,10 @@ def cost_chart(reports: Sequence[SessionReport]) -> str:
 
 
 def timeline_bar(tl: Timeline, scale_ms: float, width: int = 180) -> str:
-    """One turn's restore | prefill | first token | decode, `scale_ms` wide."""
+    """One turn's waiting | restore | prefill | first token | decode, `scale_ms` wide."""
     body, x = [], 0.0
     scale = width / scale_ms if scale_ms > 0 else 0.0
-    for part in ("restore", "prefill", "first_token", "decode"):
+    for part in PARTS:
         w = tl.ms(part) * scale
         if w > 0:
             body.append(

@@ -17,7 +17,8 @@ DASH = "–"
 
 SESSION_COLOURS = ("#4e79a7", "#f28e2b", "#59a14f", "#b07aa1", "#e15759", "#76b7b2", "#9c755f", "#edc948")
 """One colour per session on the comparison charts (colour-blind-safe Tableau 10)."""
-PART_COLOURS = {"restore": "#9c755f", "prefill": "#4e79a7", "first_token": "#f28e2b", "decode": "#59a14f"}
+PART_COLOURS = {"waiting": "#bab0ac", "restore": "#9c755f", "prefill": "#4e79a7", "first_token": "#f28e2b",
+                "decode": "#59a14f"}
 """A timeline's parts: brown, blue, orange, green."""
 
 
@@ -58,7 +59,7 @@ def ratio(costs: TokenCosts) -> str:
     return DASH if costs.ratio is None else f"{costs.ratio:.1f}x"
 
 
-TIME_HEADER = ["#", "state", "timeline", "restore ms", "prefill ms", "first token ms", "decode ms",
+TIME_HEADER = ["#", "state", "timeline", "waiting ms", "restore ms", "prefill ms", "first token ms", "decode ms",
                "prefill ms/token", "decode ms/token", "decode/prefill"]
 
 
@@ -69,7 +70,7 @@ def time_row(v: TurnView, escape: Callable[[str], str], bar: str) -> list[str]:
     state = tl.status if tl.reached_first_token else f"{tl.status}, no first token"
     return [
         str(v.index), escape(state), bar,
-        num(tl.restore_ms), num(tl.prefill_ms),
+        num(tl.waiting_ms), num(tl.restore_ms), num(tl.prefill_ms),
         num(tl.first_token_ms) if tl.reached_first_token else DASH,
         num(tl.decode_ms),
         escape(per_token(c.prefill_ms_per_token, c.prefill_note)),

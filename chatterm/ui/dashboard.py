@@ -21,11 +21,11 @@ from textual.containers import Horizontal, VerticalScroll
 from textual.content import Content
 from textual.widgets import Sparkline, Static
 
-from chatterm.core.breakdown import PART_GLYPHS, session_token_costs, timeline, token_costs
+from chatterm.core.breakdown import PART_GLYPHS, PARTS, session_token_costs, timeline, token_costs
 from chatterm.core.format import cache_label, fmt_int, fmt_ms, fmt_tok_s, fmt_usd, printable
 from chatterm.core.metrics import SessionSummary, StopReason, TurnMetrics
 from chatterm.core.whatif import cost_split
-from chatterm.ui.timeline import STYLES, fmt_share, timeline_bar, token_cost_line
+from chatterm.ui.timeline import STYLES, fmt_share, shown, timeline_bar, token_cost_line
 
 if TYPE_CHECKING:
     from chatterm.core.engine import DeviceInfo
@@ -49,13 +49,14 @@ def rows(pairs: Iterable[tuple[str, str | Content]]) -> Content:
 
 
 def timeline_rows(m: TurnMetrics) -> list[tuple[str, Content]]:
-    """The turn's bar to scale and a compact legend: `▒ 21 █ 61 ▓ 6 ░ 96 ms`."""
+    """The turn's bar to scale and a compact legend: `┄ 900 ▒ 21 █ 61 ▓ 6 ░ 96 ms`
+    (waiting and restore only when they took time)."""
     tl = timeline(m)
     if not tl.reached_first_token:
         return []
     legend = Content(" ").join(
         Content.assemble((PART_GLYPHS[p], STYLES[p]), f" {tl.ms(p):,.0f}")
-        for p in ("restore", "prefill", "first_token", "decode")
+        for p in PARTS if shown(tl, p)
     )
     return [("timeline", timeline_bar(tl, BAR_WIDTH)), ("", legend + Content(" ms"))]
 

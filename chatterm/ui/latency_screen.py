@@ -2,8 +2,8 @@
 
 Contract:
 - `LatencyScreen(turns, prices)` charts a conversation's turns with real axes
-  and labels (textual-plotext): time to first token per turn stacked by restore /
-  prefill / first token, decode tokens/s per turn, cumulative cost; a turns table
+  and labels (textual-plotext): time to first token per turn stacked by waiting /
+  restore / prefill / first token, decode tokens/s per turn, cumulative cost; a turns table
   (Enter opens `TurnDetailScreen`); and the session's cost split and what-if
   under every price profile. One tab per view, so each chart gets the whole
   screen at 80x24. A snapshot: it shows the turns it was given.
@@ -51,7 +51,8 @@ from chatterm.core.whatif import cost_split, priced_with, what_if
 from chatterm.ui.timeline import STYLES, fmt_share, per_token, timeline_bar, timeline_legend, token_cost_line
 
 MARKS = {"error": "✕", "stopped": "■"}
-PART_THEME_COLOURS = {"restore": "warning", "prefill": "primary", "first_token": "accent", "decode": "success"}
+PART_THEME_COLOURS = {"waiting": "secondary", "restore": "warning", "prefill": "primary", "first_token": "accent",
+                      "decode": "success"}
 TABS = ("tab-ttft", "tab-decode", "tab-cost", "tab-turns", "tab-costs")
 MIN_SLOTS = 8
 """The x axis has room for at least this many turns, so one turn is a bar, not a wall."""
@@ -205,13 +206,13 @@ class LatencyScreen(Screen[None]):
     # -- tables ---------------------------------------------------------------
     def _fill_table(self) -> None:
         table = self.query_one("#latency-turns", DataTable)
-        table.add_columns("#", "state", "TTFT", "restore", "prefill", "1st tok", "decode", "tok/s",
+        table.add_columns("#", "state", "TTFT", "wait", "restore", "prefill", "1st tok", "decode", "tok/s",
                           "ms/tok in", "ms/tok out", "ratio", "cost")
         for index, m in enumerate(self._turns, start=1):
             tl, c = timeline(m), token_costs(m)
             ratio = f"{c.ratio:,.1f}x" if c.ratio is not None else "–"
             cells = [
-                turn_label(index, m), tl.status, fmt_ms(m.ttft_ms), fmt_ms(tl.restore_ms),
+                turn_label(index, m), tl.status, fmt_ms(m.ttft_ms), fmt_ms(tl.waiting_ms), fmt_ms(tl.restore_ms),
                 fmt_ms(tl.prefill_ms), fmt_ms(tl.first_token_ms) if tl.reached_first_token else "–",
                 fmt_ms(tl.decode_ms), fmt_tok_s(m.decode_tok_s).removesuffix(" tok/s"),
                 per_token(c.prefill_ms_per_token, c.prefill_note, ""), per_token(c.decode_ms_per_token, c.decode_note, ""),

@@ -1,11 +1,13 @@
-"""A turn's timeline (restore | prefill | first token | decode) as text, to scale.
+"""A turn's timeline (waiting | restore | prefill | first token | decode) as text, to scale.
 
 Contract:
 - `timeline_bar(tl, width, scale_ms)` is a `Content` bar `width` cells wide
   where each part takes its share of `scale_ms` (default: the turn's own total).
   Parts differ by glyph and by theme colour, so the bar reads in any theme and
   without colour.
-- `timeline_legend(tl)` names each part with its milliseconds and share, one per line.
+- `timeline_legend(tl)` names each part with its milliseconds and share, one per
+  line (waiting and restore only when they took time), then a restore done at the persona switch on a line apart (it is not
+  part of the turn, nor of the bar).
 - `token_cost_line(costs)` is the measured ms per input and per output token and
   their ratio, or `too few` (tokens) / `n/a` (no time recorded) where one is missing.
 Only numbers and fixed words: nothing here comes from the model or a file.
@@ -18,7 +20,17 @@ from textual.content import Content
 from chatterm.core.breakdown import PART_GLYPHS, PART_LABELS, PARTS, Timeline, TokenCosts, bar_cells
 from chatterm.core.format import SEP, fmt_ms
 
-STYLES = {"restore": "$warning", "prefill": "$primary", "first_token": "$accent", "decode": "$success"}
+STYLES = {"waiting": "$secondary", "restore": "$warning", "prefill": "$primary", "first_token": "$accent",
+          "decode": "$success"}
+
+
+OPTIONAL_PARTS = ("waiting", "restore")
+"""Most turns neither wait nor restore: legends leave these out under half a ms."""
+
+
+def shown(tl: Timeline, part: str) -> bool:
+    """Whether a legend lists `part` (the bar draws whatever has a cell)."""
+    return part not in OPTIONAL_PARTS or tl.ms(part) >= 0.5
 
 
 def timeline_bar(tl: Timeline, width: int, scale_ms: float | None = None) -> Content:
@@ -36,10 +48,14 @@ def timeline_legend(tl: Timeline) -> Content:
     for part in PARTS:
         if part == "first_token" and not tl.reached_first_token:
             continue
+        if not shown(tl, part):
+            continue
         share = f"{tl.ms(part) / total * 100:5.1f} %" if total > 0 else ""
         lines.append(Content.assemble(
             (PART_GLYPHS[part] * 2, STYLES[part]), f" {PART_LABELS[part]:<12}{fmt_ms(tl.ms(part)):>10}  {share}"
         ))
+    if tl.switch_restore_ms:
+        lines.append(Content(f"before the turn: persona restored at the switch, {fmt_ms(tl.switch_restore_ms)}"))
     return Content("\n").join(lines)
 
 

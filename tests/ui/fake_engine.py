@@ -36,7 +36,7 @@ class FakeEngine(Engine):
     kind = "fake"
 
     def __init__(self, spec, price, replies: Sequence[str] = (), *, delay_s: float = 0.0,
-                 fail_load: str | None = None):
+                 fail_load: str | None = None, prepare_gate: threading.Event | None = None):
         super().__init__(spec, price)
         self.replies = list(replies)
         self.delay_s = delay_s
@@ -57,6 +57,8 @@ class FakeEngine(Engine):
         self.closed = False
         self.load_gate: threading.Event | None = None
         self.loading = threading.Event()
+        self.prepare_gate = prepare_gate
+        """When given, prepare_persona holds the engine until the gate opens."""
 
     def load(self, progress=None) -> None:
         self.loading.set()
@@ -85,6 +87,8 @@ class FakeEngine(Engine):
             self.prepare_gate.wait(timeout=30)
         with self._lock:
             self.prepared.append(persona.id)
+            if self.prepare_gate is not None:
+                self.prepare_gate.wait(timeout=30)
             return PrefixReport(CacheOutcome.RESTORED, 12.5, 60)
 
     def start_turn(self, persona: Persona, history: Sequence[ChatMessage], user_text: str) -> Turn:
@@ -98,6 +102,7 @@ class FakeEngine(Engine):
 
     def _generate(self, turn: Turn, user_text: str, tokens: list[str]) -> Iterator[str]:
         with self._lock:
+            turn.engine_started()
             m = turn.metrics
             m.prompt_tokens = 40 + len(user_text) // 4
             m.cached_tokens = 30

@@ -12,8 +12,11 @@ from textual.color import Color
 from textual.widgets import DataTable, Static, TabbedContent
 from textual_plotext import PlotextPlot
 
+from chatterm.core.breakdown import PART_GLYPHS, timeline
+from chatterm.core.metrics import TurnMetrics
 from chatterm.core.store import SessionStore
 from chatterm.ui.latency_screen import LatencyScreen, TimelineBar, TurnDetailScreen
+from chatterm.ui.timeline import timeline_bar, timeline_legend
 
 
 def _inside(widget, size) -> bool:
@@ -213,3 +216,42 @@ async def test_latency_tabs_take_keys_at_once_and_ticks_are_round(build):
         plot = screen.query_one("#plot-ttft", PlotextPlot)
         widest = max(line.count("█") for line in plot.render().plain.splitlines())
         assert 0 < widest <= plot.region.width // 4
+
+
+async def test_a_turn_sent_while_the_persona_is_prepared_shows_its_wait(build):
+    import threading
+
+    gate = threading.Event()
+    # The first use of the persona is still being prepared...
+    app, engines = build(replies=["One two three four"], engine_kwargs={"prepare_gate": gate})
+    async with app.run_test(size=(120, 40)) as pilot:
+        await loaded(pilot)
+        app.query_one("#prompt").insert("a question")
+        await pilot.press("enter")  # ...when Enter is pressed
+        await pilot.pause(0.3)
+        gate.set()
+        await wait_for(pilot, lambda: app.conversation.turns, what="the reply")
+        (m,) = app.conversation.turns
+        tl = timeline(m)
+        # The wait is a part of its own, not "first token" time.
+        assert m.wait_ms >= 300 and tl.waiting_ms == m.wait_ms
+        assert tl.first_token_ms < tl.waiting_ms
+        turn_panel = str(app.query_one("#dash-turn", Static).render())
+        assert "┄" in turn_panel
+        await pilot.press("f8")
+        await wait_for(pilot, lambda: isinstance(app.screen, TurnDetailScreen), what="the turn detail")
+        legend = str(app.screen.query_one("#turn-legend", Static).render())
+        assert "waiting" in legend
+
+
+def test_a_restore_at_the_persona_switch_is_drawn_apart_from_the_turn():
+    m = TurnMetrics(engine="local", model_id="m", persona_id="p", submitted_at=0.0, cache_outcome="restored",
+                    restore_ms=40.0, restore_at_switch=True, prefill_ms=50.0, ttft_ms=60.0, decode_ms=40.0,
+                    generated_tokens=5, stop_reason="eos")
+    tl = timeline(m)
+    assert tl.restore_ms == 0.0 and tl.switch_restore_ms == 40.0 and tl.first_token_ms == 10.0
+    bar = timeline_bar(tl, 20).plain
+    assert PART_GLYPHS["restore"] not in bar and len(bar) == 20
+    lines = timeline_legend(tl).plain.splitlines()
+    assert not any(line.lstrip(PART_GLYPHS["restore"]).strip().startswith("restore") for line in lines)
+    assert lines[-1] == "before the turn: persona restored at the switch, 40 ms"
