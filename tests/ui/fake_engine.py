@@ -51,7 +51,6 @@ class FakeEngine(Engine):
         self.cached: dict[str, str] = {"assistant": "disk"}
         """Persona id -> cache tier, as cached_personas() reports it."""
         self.cache_scans = 0
-        self.prepare_gate: threading.Event | None = None
         self.received: list[tuple[str, list[ChatMessage], str]] = []
         self.loaded = False
         self.closed = False
@@ -83,8 +82,6 @@ class FakeEngine(Engine):
         return dict(self.cached)
 
     def prepare_persona(self, persona: Persona, progress=None) -> PrefixReport:
-        if self.prepare_gate is not None:
-            self.prepare_gate.wait(timeout=30)
         with self._lock:
             self.prepared.append(persona.id)
             if self.prepare_gate is not None:
