@@ -146,24 +146,8 @@ def _what_if(r: SessionReport) -> str:
 
 
 def _turn_table(r: SessionReport) -> str:
-    rows, notes = [], []
-    for v in r.turns:
-        m, rec = v.record.metrics, v.record
-        rows.append([
-            str(rec.index), words.num(m.ttft_ms), words.num(m.restore_ms), words.num(m.prefill_ms),
-            words.num(m.decode_tok_s), str(m.prompt_tokens), str(m.cached_tokens), str(m.prefilled_tokens),
-            str(m.generated_tokens), html_text(m.cache_outcome or ""), html_text(m.stop_reason or ""),
-            f"{m.cost_usd:.6f}", html_text(rec.user_text, PREVIEW_CHARS), html_text(rec.reply, PREVIEW_CHARS),
-        ])
-        if m.error:
-            notes.append(f"Turn {rec.index}: error: {html_text(m.error)}")
-        if m.cache_detail:
-            notes.append(f"Turn {rec.index}: cache: {html_text(m.cache_detail)}")
-        if m.dropped_turns:
-            notes.append(f"Turn {rec.index}: {m.dropped_turns} oldest turn(s) dropped to fit the context")
-    table = _table(
-        ["#", "TTFT ms", "restore ms", "prefill ms", "decode tok/s", "prompt", "cached", "prefilled",
-         "generated", "cache", "stop", "cost USD", "user", "reply"],
-        rows, "nnnnnnnnnllnll", cls="turns",
-    )
+    rows = [words.turn_row(v, html_text, PREVIEW_CHARS) for v in r.turns]
+    notes = [note for v in r.turns for note in words.turn_notes(v, html_text)]
+    numeric = "".join("l" if i in words.TURN_TEXT_COLUMNS else "n" for i in range(len(words.TURN_HEADER)))
+    table = _table(words.TURN_HEADER, rows, numeric, cls="turns")
     return table + ("<ul>" + "".join(f"<li>{n}</li>" for n in notes) + "</ul>" if notes else "")

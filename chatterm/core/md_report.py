@@ -153,27 +153,6 @@ def _what_if(r: SessionReport) -> str:
     return table(header, rows, "l" + "r" * len(columns)) + (f"\n{md_escape(note)}\n" if note else "")
 
 
-def _turn_rows(r: SessionReport) -> tuple[list[list[str]], list[str]]:
-    rows, notes = [], []
-    for v in r.turns:
-        m, rec = v.record.metrics, v.record
-        rows.append([
-            str(rec.index), words.num(m.ttft_ms), words.num(m.restore_ms), words.num(m.prefill_ms),
-            words.num(m.decode_tok_s), str(m.prompt_tokens), str(m.cached_tokens),
-            str(m.prefilled_tokens), str(m.generated_tokens), md_escape(m.cache_outcome or ""),
-            md_escape(m.stop_reason or ""), f"{m.cost_usd:.6f}",
-            md_escape(rec.user_text, PREVIEW_CHARS), md_escape(rec.reply, PREVIEW_CHARS),
-        ])
-        if m.error:
-            notes.append(f"- Turn {rec.index}: error: {md_escape(m.error)}")
-        if m.cache_detail:
-            notes.append(f"- Turn {rec.index}: cache: {md_escape(m.cache_detail)}")
-        if m.dropped_turns:
-            plural = "s" if m.dropped_turns != 1 else ""
-            notes.append(f"- Turn {rec.index}: {m.dropped_turns} oldest turn{plural} dropped to fit the context")
-    return rows, notes
-
-
 def _session(r: SessionReport) -> str:
     title = f"\n## Session {r.info.id}" + (f" ({r.key})" if r.key != "S1" else "") + "\n\n"
     parts = [
@@ -194,15 +173,12 @@ def _session(r: SessionReport) -> str:
             _what_if(r),
         ]
     parts.append("\n### Turns\n\n")
-    rows, notes = _turn_rows(r)
-    if rows:
-        parts.append(table(
-            ["#", "TTFT ms", "restore ms", "prefill ms", "decode tok/s", "prompt", "cached",
-             "prefilled", "generated", "cache", "stop", "cost USD", "user", "reply"],
-            rows, "rrrrrrrrrllrll",
-        ))
+    if r.turns:
+        align = "".join("l" if i in words.TURN_TEXT_COLUMNS else "r" for i in range(len(words.TURN_HEADER)))
+        parts.append(table(words.TURN_HEADER, [words.turn_row(v, md_escape, PREVIEW_CHARS) for v in r.turns], align))
     else:
         parts.append("No turns.\n")
+    notes = [note for v in r.turns for note in words.turn_notes(v, md_escape)]
     if notes:
-        parts.append("\n" + "\n".join(notes) + "\n")
+        parts.append("\n" + "\n".join(f"- {note}" for note in notes) + "\n")
     return "".join(parts)

@@ -79,6 +79,41 @@ def time_row(v: TurnView, escape: Callable[[str], str], bar: str) -> list[str]:
     ]
 
 
+TURN_HEADER = ["#", "TTFT ms", "restore ms", "prefill ms", "decode tok/s", "prompt", "cached", "prefilled",
+               "generated", "cache", "stop", "cost USD", "user", "reply"]
+TURN_TEXT_COLUMNS = frozenset({9, 10, 12, 13})
+"""Columns of `TURN_HEADER` that hold text (left-aligned); the others are numbers."""
+
+
+def turn_row(v: TurnView, escape: Callable[[str, int | None], str], preview: int) -> list[str]:
+    """One turn of the turns table (`TURN_HEADER`): `escape(text, limit)` makes
+    text inert for the format, the texts are cut to `preview` characters."""
+    m, rec = v.record.metrics, v.record
+    return [
+        str(rec.index), num(m.ttft_ms), num(m.restore_ms), num(m.prefill_ms), num(m.decode_tok_s),
+        str(m.prompt_tokens), str(m.cached_tokens), str(m.prefilled_tokens), str(m.generated_tokens),
+        escape(m.cache_outcome or "", None), escape(m.stop_reason or "", None), f"{m.cost_usd:.6f}",
+        escape(rec.user_text, preview), escape(rec.reply, preview),
+    ]
+
+
+def turn_notes(v: TurnView, escape: Callable[[str, int | None], str]) -> list[str]:
+    """What the turns table cannot show of a turn, one sentence each."""
+    m, index = v.record.metrics, v.record.index
+    notes = []
+    if m.error:
+        notes.append(f"Turn {index}: error: {escape(m.error, None)}")
+    if m.cache_detail:
+        notes.append(f"Turn {index}: cache: {escape(m.cache_detail, None)}")
+    if m.restore_at_switch and m.restore_ms:
+        notes.append(f"Turn {index}: its {num(m.restore_ms)} ms restore was done at the persona switch, "
+                     "before the turn (not part of its TTFT)")
+    if m.dropped_turns:
+        plural = "s" if m.dropped_turns != 1 else ""
+        notes.append(f"Turn {index}: {m.dropped_turns} oldest turn{plural} dropped to fit the context")
+    return notes
+
+
 def session_facts(r: SessionReport) -> list[tuple[str, str]]:
     info = r.info
     return [

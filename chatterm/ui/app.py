@@ -472,10 +472,9 @@ class ChatApp(App[None]):
     def action_personas(self) -> None:
         engine = self.lease.engine
         try:
-            found = engine.cached_personas() if engine is not None else None
+            cached = engine.cached_personas() if engine is not None else None
         except Exception:  # noqa: BLE001 - unknown is fine for a picker
-            found = None
-        cached = {p.id: p.id in found if found is not None else None for p in self.workspace.personas}
+            cached = None
 
         async def chosen(persona_id: str | None) -> None:
             if persona_id is not None:

@@ -9,7 +9,7 @@ Every string that comes from a file or the database is shown literally
 from __future__ import annotations
 
 import time
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from rich.table import Table
 from rich.text import Text
@@ -63,22 +63,25 @@ class HelpScreen(ModalScreen[None]):
 
 
 class PersonaPicker(ModalScreen[str | None]):
-    """Lists personas with whether their KV prefix state is cached on disk."""
+    """Lists personas with where their KV prefix state is cached (`cached`: persona
+    id -> "ram" or "disk" for the cached ones; None while the model loads)."""
 
     BINDINGS = [Binding("escape", "dismiss_none", "Close")]
     AUTO_FOCUS = "#persona-list"
 
-    def __init__(self, personas: Sequence[Persona], current: str, cached: dict[str, bool | None]):
+    _STATE = {"ram": "KV state cached in memory", "disk": "KV state cached on disk"}
+
+    def __init__(self, personas: Sequence[Persona], current: str, cached: Mapping[str, str] | None):
         super().__init__()
         self._personas = list(personas)
         self._current = current
         self._cached = cached
 
     def _prompt(self, persona: Persona) -> Content:
-        cached = self._cached.get(persona.id)
-        state = {True: "KV state cached on disk", False: "not cached (first use prefills)"}.get(
-            cached, "cache state unknown until the model has loaded"
-        )
+        if self._cached is None:
+            state = "cache state unknown until the model has loaded"
+        else:
+            state = self._STATE.get(self._cached.get(persona.id, ""), "not cached (first use prefills)")
         mark = "● " if persona.id == self._current else "  "
         return Content.assemble(
             mark,

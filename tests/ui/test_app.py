@@ -129,6 +129,7 @@ async def test_persona_switch_starts_a_new_conversation_and_shows_restore(build)
         await send(pilot, "Hello")
         old = app.conversation
         scans = engines[0].cache_scans
+        engines[0].cached["shop-support"] = "ram"
         await pilot.press("f2")
         assert engines[0].cache_scans == scans + 1  # one look at the cache for every persona
         picker = app.screen
@@ -137,6 +138,7 @@ async def test_persona_switch_starts_a_new_conversation_and_shows_restore(build)
         texts = [str(options.get_option_at_index(i).prompt) for i in range(options.option_count)]
         assert any("Assistant" in t and "KV state cached on disk" in t for t in texts)
         assert any("Terse coder" in t and "not cached" in t for t in texts)
+        assert any("shop-support" in t and "KV state cached in memory" in t for t in texts)
         index = next(i for i, t in enumerate(texts) if "terse-coder" in t)
         options.highlighted = index
         engines[0].capabilities = EngineCapabilities(persona_cache=True)  # the status names the tier
