@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 from fuzzing import LONG_FACTOR, PROFILE
 
-from chatterm.core.kv_cache import sweep_temp_files
+from chatterm.core.atomic import sweep_temp_files
 from chatterm.core.prompt_cache import Miss, OpenedState, PromptCache, Slot
 from chatterm.core.metrics import TurnMetrics
 from chatterm.core.store import SessionStore
@@ -303,5 +303,5 @@ def test_state_file_writer_killed_at_random_points_never_leaves_a_torn_file(tmp_
     assert seen["valid"] > 0, seen
     # Temp files of killed writers are swept, and never listed as state files.
     assert all(e.path.suffix == ".kvstate" for e in cache.entries())
-    assert sweep_temp_files(folder, older_than_s=0) >= 0
+    assert sweep_temp_files(folder, "*/.*.tmp", older_than_s=0) >= 0
     assert not list(folder.glob("*/.*.tmp"))

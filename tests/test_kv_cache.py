@@ -12,7 +12,8 @@ import zlib
 
 import pytest
 
-from chatterm.core.kv_cache import CHUNK_BYTES, FORMAT_VERSION, MAGIC, chunk_crc32s, read_header, sweep_temp_files
+from chatterm.core.atomic import sweep_temp_files
+from chatterm.core.kv_cache import CHUNK_BYTES, FORMAT_VERSION, MAGIC, chunk_crc32s, read_header
 
 
 def state_file(header: dict, payload: bytes = b"x" * 10, magic=MAGIC, version=FORMAT_VERSION) -> bytes:
@@ -56,5 +57,21 @@ def test_sweep_removes_only_old_temp_files(tmp_path):
     for path in (old, fresh, state):
         path.write_bytes(b"x")
     os.utime(old, (time.time() - 7200, time.time() - 7200))
-    assert sweep_temp_files(tmp_path / "kv") == 1
+    assert sweep_temp_files(tmp_path / "kv", "*/.*.tmp") == 1
     assert not old.exists() and fresh.exists() and state.exists()
+
+
+def test_the_model_hash_cache_sweeps_what_a_killed_writer_left(tmp_path):
+    from chatterm.core.file_identity import sha256_of_file
+
+    model, cache_file = tmp_path / "m.gguf", tmp_path / "cache" / "model-hashes.json"
+    model.write_bytes(b"weights")
+    cache_file.parent.mkdir()
+    stale = cache_file.parent / ".model-hashes.json.abc123.tmp"  # a quit during a model load
+    stale.write_bytes(b"{")
+    os.utime(stale, (time.time() - 7200, time.time() - 7200))
+    other = cache_file.parent / ".other.json.abc123.tmp"  # not this writer's
+    other.write_bytes(b"{")
+    os.utime(other, (time.time() - 7200, time.time() - 7200))
+    assert len(sha256_of_file(model, cache_file)) == 64
+    assert not stale.exists() and other.exists() and cache_file.exists()

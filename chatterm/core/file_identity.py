@@ -13,7 +13,7 @@ import threading
 from pathlib import Path
 
 from chatterm.core import paths
-from chatterm.core.atomic import atomic_write_bytes
+from chatterm.core.atomic import TEMP_SUFFIX, atomic_write_bytes, sweep_temp_files
 
 _lock = threading.Lock()
 _CHUNK = 8 << 20
@@ -47,6 +47,8 @@ def sha256_of_file(path: Path, cache_file: Path | None = None) -> str:
         known[key] = value
         try:
             cache_file.parent.mkdir(parents=True, exist_ok=True)
+            # A launch quit during its model load ends the process at once, maybe mid-write.
+            sweep_temp_files(cache_file.parent, f".{cache_file.name}.*{TEMP_SUFFIX}")
             atomic_write_bytes(cache_file, json.dumps(known, indent=0).encode())
         except OSError:
             pass  # an unwritable cache only costs a rehash next time

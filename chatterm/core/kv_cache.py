@@ -23,9 +23,9 @@ Contract:
   0700 folder and 0600 files are for.
 - `read_header` raises ValueError with a one-line reason (bad magic, other
   format version, truncated, not JSON, no compat section).
-- Writers leave only temp files named `.NAME.*.tmp` behind when they die;
-  `sweep_temp_files` removes those older than an hour (a live writer's temp
-  file is seconds old).
+- Writers leave only temp files named `.NAME.*.tmp` behind when they die
+  (`chatterm.core.atomic`); the prompt cache sweeps its folders with
+  `atomic.sweep_temp_files`.
 """
 
 from __future__ import annotations
@@ -75,20 +75,6 @@ def read_header(fh) -> dict[str, Any]:
     if not isinstance(header, dict) or not isinstance(header.get("compat"), dict):
         raise ValueError("corrupt header (no compat section)")
     return header
-
-
-def sweep_temp_files(folder: Path, older_than_s: float = 3600.0) -> int:
-    """Delete temp files left by writers that died mid-write."""
-    removed = 0
-    cutoff = time.time() - older_than_s
-    for tmp in folder.glob("*/.*.tmp") if folder.is_dir() else []:
-        try:
-            if tmp.stat().st_mtime < cutoff:
-                tmp.unlink()
-                removed += 1
-        except OSError:
-            pass
-    return removed
 
 
 def read_ms_of(path: Path) -> float:

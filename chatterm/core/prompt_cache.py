@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from chatterm.core.atomic import atomic_write_chunks, ensure_private_dir
+from chatterm.core.atomic import TEMP_SUFFIX, atomic_write_chunks, ensure_private_dir, sweep_temp_files
 from chatterm.core.tokens import common_prefix_len
 from chatterm.core.kv_cache import (
     _PREAMBLE,
@@ -60,12 +60,13 @@ from chatterm.core.kv_cache import (
     SUFFIX,
     chunk_crc32s,
     read_header,
-    sweep_temp_files,
 )
 
 log = logging.getLogger(__name__)
 
 KINDS = ("persona", "session")
+_STATE_TEMP_FILES = "*/.*" + TEMP_SUFFIX
+"""Temp files of state writers, in the per-model folders."""
 DEFAULT_RAM_BUDGET_BYTES = 1 << 30
 DEFAULT_DISK_BUDGET_BYTES = 2 << 30
 RAM, DISK = "ram", "disk"
@@ -538,7 +539,7 @@ class PromptCache:
     # -- housekeeping ----------------------------------------------------
     def evict_disk(self, keep: Path | None = None) -> list[Path]:
         """Remove least-recently-used files until the total fits the disk budget."""
-        sweep_temp_files(self.folder)
+        sweep_temp_files(self.folder, _STATE_TEMP_FILES)
         entries = sorted((i.entry for i in self._disk_entries()), key=lambda e: e.last_used)
         total = sum(e.nbytes for e in entries)
         removed: list[Path] = []
@@ -565,7 +566,7 @@ class PromptCache:
             for k in gone:
                 del self._ram[k]
         if kind is None and key is None:
-            sweep_temp_files(self.folder, older_than_s=60.0)
+            sweep_temp_files(self.folder, _STATE_TEMP_FILES, older_than_s=60.0)
         count = len(gone)
         for indexed in self._disk_entries():
             if matches(indexed.entry.slot) and indexed.entry.path is not None:
