@@ -330,7 +330,8 @@ def test_export_command_refuses_bad_databases(env, capsys):
     assert str(env) in line and "--db" in line
 
 
-def test_a_non_finite_number_is_null_in_jsonl(tmp_path):
+def test_non_finite_numbers_are_null_in_jsonl(tmp_path):
+    """SQLite stores NaN as NULL; infinities are stored and reach the JSON encoder."""
     metrics = TurnMetrics(engine="local", model_id="m", persona_id="assistant", submitted_at=1_700_000_001.0,
                           ttft_ms=float("nan"), prefill_ms=float("inf"), decode_ms=float("-inf"),
                           stop_reason="eos")

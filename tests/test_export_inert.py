@@ -179,7 +179,7 @@ def test_a_crafted_database_cannot_smuggle_formulas_into_numeric_columns(tmp_pat
                 prefill_ms=5.0, decode_ms=7.0, stop_reason="eos"))
     with sqlite3.connect(db) as conn:
         conn.execute("UPDATE turns SET prefill_ms = '=HYPERLINK(\"http://x\")', decode_ms = 9e999, "
-                     "tokens_estimated = 1 WHERE turn_index = 1")
+                     "tokens_estimated = 1, cache_detail = X'00ff' WHERE turn_index = 1")
     with SessionStore(db, readonly=True) as store:
         rows = list(csv.DictReader(io.StringIO(export_text(store, [sid], "csv"), newline="")))
         jsonl = [json.loads(line) for line in export_text(store, [sid], "jsonl").splitlines()]
@@ -189,4 +189,5 @@ def test_a_crafted_database_cannot_smuggle_formulas_into_numeric_columns(tmp_pat
     assert plain["prefill_ms"] == "5.0" and plain["decode_ms"] == "7.0"
     assert crafted["submitted_at"] == plain["submitted_at"] == "2023-11-14T22:13:21.000Z"
     assert jsonl[0]["prefill_ms"] == '=HYPERLINK("http://x")' and jsonl[0]["tokens_estimated"] is True
+    assert jsonl[0]["cache_detail"] == "00ff" and crafted["cache_detail"] == "b'\\x00\\xff'"  # a BLOB
     assert jsonl[1]["tokens_estimated"] is False

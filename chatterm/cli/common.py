@@ -11,10 +11,10 @@ from chatterm.core.workspace import Workspace
 
 def workspace(args: argparse.Namespace) -> Workspace:
     """The workspace, with one warning per skipped models.toml entry (the rest
-    still works). The entry of the model this command will ask for is left out:
-    asking for it fails with that same line as the error."""
+    still works). A command that loads a model (it has --model) leaves out the
+    entry it will ask for: asking for it fails with that same line as the error."""
     ws = Workspace.load(models_file=args.models, db_path=args.db)
-    wanted = ws.catalog.broken.get(getattr(args, "model", None) or ws.catalog.default_model)
+    wanted = ws.catalog.broken.get(args.model or ws.catalog.default_model) if hasattr(args, "model") else None
     for error in ws.catalog.errors:
         if error != wanted:
             print(f"chatterm: warning: model entry skipped: {printable(error)}", file=sys.stderr)

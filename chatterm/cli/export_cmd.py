@@ -79,7 +79,10 @@ def run(args: argparse.Namespace) -> int:
             sys.stdout.flush()
             out = getattr(sys.stdout, "buffer", None)  # a StringIO stand-in has none
             for chunk in chunks:
-                out.write(chunk) if out is not None else sys.stdout.write(chunk.decode("utf-8"))
+                if out is not None:
+                    out.write(chunk)
+                else:
+                    sys.stdout.write(chunk.decode("utf-8"))
             sys.stdout.flush()
         else:
             write_atomic(output, chunks)

@@ -147,7 +147,7 @@ def _jsonl_chunks(store: SessionStore, sessions: Sequence[SessionInfo]) -> Itera
             row = dict(zip(keys, head + turn[:-2] + (len(user_text), len(reply), user_text, reply)))
             for key in _BOOL_KEYS:
                 row[key] = bool(row[key])
-            line = dumps(row, option=option)
+            line = dumps(row, default=_plain, option=option)
             # isascii is a fast C scan; DEL is the one ASCII character to escape.
             if not line.isascii() or b"\x7f" in line:
                 text = line.decode()
@@ -155,6 +155,12 @@ def _jsonl_chunks(store: SessionStore, sessions: Sequence[SessionInfo]) -> Itera
                     line = _JSON_RAW.sub(lambda m: f"\\u{ord(m.group()):04x}", text).encode()
             lines.append(line)
         yield b"".join(lines)
+
+
+def _plain(value: object) -> str:
+    """JSON for what SQLite can hold but chatterm never writes (a BLOB in an
+    edited database): hex for bytes, text for anything else."""
+    return value.hex() if isinstance(value, bytes) else str(value)
 
 
 _PLAIN_NUMBERS = {int, float, type(None)}

@@ -6,8 +6,8 @@ Contract:
   stylesheet, font, image or link fetch: a Content-Security-Policy meta tag
   (`default-src 'none'`) makes a browser refuse any that slipped in.
 - The same content as the Markdown report: with several sessions a comparison
-  table; charts of every session (TTFT per turn stacked by restore / prefill /
-  first token, decode rate, cumulative cost); per session its facts, summary,
+  table; charts of every session (TTFT per turn stacked by waiting / restore /
+  prefill / first token, decode rate, cumulative cost); per session its facts, summary,
   per-turn timeline table with per-token costs, cost split, what-if table under
   every price profile, and the per-turn table with text previews.
 - Every stored string goes through `chatterm.core.inert.html_text`

@@ -4,13 +4,15 @@ and GitLab render where the Markdown is read.
 Contract:
 - `render_markdown(reports)`: a title; with several sessions a comparison
   table; charts of every session (time to first token per turn stacked by
-  restore / prefill / first token, decode rate per turn, cumulative cost); then
+  waiting / restore / prefill / first token, decode rate per turn, cumulative
+  cost); then
   per session its facts, summary, where the time went (a to-scale text bar per
   turn and the measured per-token costs), where the money went (cost split) and
   what it would cost under every price profile, and the per-turn table.
 - Mermaid has no stacked bars and no legend: the TTFT chart overlays
-  cumulative bars (whole TTFT, then restore + prefill, then restore) so each
-  colour's visible band is one part, and the caption names the colours. Chart
+  cumulative bars (whole TTFT, then up to the end of the prefill, of the
+  restore, of the wait) so each colour's visible band is one part, and the
+  caption names the colours. Chart
   categories are turn numbers and status words only: no stored text reaches a
   Mermaid block. A failed or stopped turn is labelled `error` or `stopped` on
   the axis, so an empty bar reads as a failure, not a zero.
@@ -91,7 +93,7 @@ def _mermaid(title: str, y_title: str, categories: list[str], series: list[list[
 
 def _charts(reports: Sequence[SessionReport]) -> str:
     several = len(reports) > 1
-    categories, total, restore_prefill, restore, waiting = [], [], [], [], []
+    categories, total, upto_prefill, upto_restore, waiting = [], [], [], [], []
     per_session_rate: list[list[float]] = [[] for _ in reports]
     per_session_cost: list[list[float]] = [[] for _ in reports]
     for n, r in enumerate(reports):
@@ -99,8 +101,8 @@ def _charts(reports: Sequence[SessionReport]) -> str:
             tl = v.timeline
             categories.append(_category(r, v.index, tl.status, several))
             waiting.append(tl.waiting_ms)
-            restore.append(tl.waiting_ms + tl.restore_ms)
-            restore_prefill.append(tl.waiting_ms + tl.restore_ms + tl.prefill_ms)
+            upto_restore.append(tl.waiting_ms + tl.restore_ms)
+            upto_prefill.append(tl.waiting_ms + tl.restore_ms + tl.prefill_ms)
             total.append(tl.waiting_ms + tl.restore_ms + tl.prefill_ms + tl.first_token_ms)
             for k in range(len(reports)):
                 rate = v.record.metrics.decode_tok_s if k == n else None
@@ -115,7 +117,7 @@ def _charts(reports: Sequence[SessionReport]) -> str:
     return "".join([
         "\n## Charts\n\n",
         _mermaid("Time to first token per turn (ms)", "ms", categories,
-                 [total, restore_prefill, restore, waiting], TTFT_PALETTE, 1),
+                 [total, upto_prefill, upto_restore, waiting], TTFT_PALETTE, 1),
         "\nEach bar is the time to first token, bottom to top: waiting for the engine (grey), "
         "restore (brown), prefill (blue), "
         "first token (orange: templating, tokenizing, sampling). An axis label ending in `error` or "

@@ -348,7 +348,8 @@ class PromptCache:
 
     # -- reading ---------------------------------------------------------
     def _read_file(self, path: Path) -> _Indexed:
-        """The file's entry (from the index while its size and mtime are unchanged)."""
+        """The file's entry (from the index while the file is the same version:
+        device, inode, size and mtime, `_stamp`)."""
         st = path.stat()
         stamp = _stamp(st)
         with self._lock:

@@ -19,7 +19,7 @@ SESSION_COLOURS = ("#4e79a7", "#f28e2b", "#59a14f", "#b07aa1", "#e15759", "#76b7
 """One colour per session on the comparison charts (colour-blind-safe Tableau 10)."""
 PART_COLOURS = {"waiting": "#bab0ac", "restore": "#9c755f", "prefill": "#4e79a7", "first_token": "#f28e2b",
                 "decode": "#59a14f"}
-"""A timeline's parts: brown, blue, orange, green."""
+"""A timeline's parts: grey, brown, blue, orange, green."""
 
 
 def session_colour(n: int) -> str:

@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Callable
-
-import llama_cpp
+from typing import TYPE_CHECKING, Callable
 
 from chatterm.core import kv_state
 from chatterm.core.engine import AheadReport
 from chatterm.core.tokens import common_prefix_len
+
+if TYPE_CHECKING:  # a type only: llama_cpp is loaded by the engine
+    import llama_cpp
 
 AHEAD_BATCH = 32
 """Tokens per type-ahead decode: a turn that starts waits for at most one batch

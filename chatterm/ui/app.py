@@ -215,10 +215,11 @@ class ChatApp(App[None]):
 
     @property
     def model_loading(self) -> bool:
-        """The model load is still running and has handed over no engine yet
-        (after a quit it never will: the lease closes what it makes)."""
+        """llama.cpp's model load is still running. Once it has returned, the
+        same thread may still prepare the persona or close the engine after a
+        quit: that must finish (state saves), so this is False by then."""
         thread = self._load_thread
-        return thread is not None and thread.is_alive() and self.lease.engine is None
+        return thread is not None and thread.is_alive() and not self.setup.model_loaded.is_set()
 
     def on_resize(self, event) -> None:
         self._apply_width(event.size.width)

@@ -13,6 +13,7 @@ Contract:
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
@@ -106,13 +107,17 @@ class EngineSetup:
         self.engine_factory = engine_factory
         self.gpu_probe = gpu_probe
         self.meter_factory = meter_factory
+        self.model_loaded = threading.Event()
+        """Set once llama.cpp's load has returned: from then on quitting must let
+        the engine close normally (its queued state saves reach the disk)."""
 
     def load(self, spec: "ModelSpec", persona: Persona) -> None:
-        """Load the model, probe the GPU, then prepare `persona` (a thread worker)."""
+        """Load the model, probe the GPU, then prepare `persona` (a thread)."""
         engine: Engine | None = None
         try:
             engine = self.engine_factory(spec)
             engine.load(self._progress)
+            self.model_loaded.set()
         except Exception as exc:  # noqa: BLE001 - shown to the user, never a traceback
             if not isinstance(exc, ChattermError):
                 log.exception("model load failed")
