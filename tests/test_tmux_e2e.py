@@ -118,6 +118,7 @@ def test_launch_answers_a_question_in_tmux(tmp_path):
 
 SLOW_LOAD = """
 import sys, time
+from llama_cpp._utils import suppress_stdout_stderr
 from chatterm.core.local_engine import LocalEngine
 from chatterm.cli import main
 
@@ -125,8 +126,10 @@ real_load = LocalEngine.load
 
 def slow_load(self, progress=None):
     # A load that no progress callback can stop, like llama.cpp's after its
-    # progress phase (or a slow disk): two minutes, then the real one.
-    time.sleep(120)
+    # progress phase (or a slow disk): two minutes, then the real one. Like
+    # llama-cpp-python's own load, it points fds 1 and 2 at /dev/null meanwhile.
+    with suppress_stdout_stderr(disable=False):
+        time.sleep(120)
     return real_load(self, progress)
 
 LocalEngine.load = slow_load
@@ -151,7 +154,11 @@ def test_quit_while_the_model_loads_ends_the_process_at_once(tmp_path):
         tmux.run("send-keys", "-t", tmux.target, "C-q")
         # Waiting for the load would take two minutes: the process ends long before.
         screen = tmux.wait_for(lambda s: "CHATTERM-EXIT=" in s, 30, "the app to quit")
+        # The terminal is given back as it was: the sequences that restore it
+        # reach it although the load has pointed fd 2 at /dev/null.
+        modes = tmux.run("display", "-p", "-t", tmux.target, "#{alternate_on} #{cursor_flag}").split()
     finally:
         tmux.kill()
     assert "CHATTERM-EXIT=0" in screen
     assert "Traceback" not in screen
+    assert modes == ["0", "1"], f"alternate screen, cursor shown: {modes}"

@@ -68,6 +68,7 @@ from chatterm.core.sessions import resume_conversation
 from chatterm.ui.resume import Resume, read_history, read_resume, resumed_notice
 from chatterm.ui.palette import chat_commands
 from chatterm.ui.screens import HelpScreen, PersonaPicker, SessionsScreen
+from chatterm.ui import terminal
 from chatterm.ui.theme_memory import ThemeMemory
 from chatterm.ui.themes import DEFAULT_THEME, ThemeSet
 
@@ -220,6 +221,10 @@ class ChatApp(App[None]):
         quit: that must finish (state saves), so this is False by then."""
         thread = self._load_thread
         return thread is not None and thread.is_alive() and not self.setup.model_loaded.is_set()
+
+    def get_driver_class(self):
+        # The screen must survive llama-cpp-python's fd 2 redirection (ui/terminal.py).
+        return terminal.driver_class(super().get_driver_class())
 
     def on_resize(self, event) -> None:
         self._apply_width(event.size.width)
