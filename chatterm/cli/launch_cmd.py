@@ -85,6 +85,15 @@ def _logging_to_file() -> Iterator[None]:
             root.addHandler(old)
 
 
+def _require_terminal() -> None:
+    not_terminals = [name for name, stream in (("stdin", sys.stdin), ("stdout", sys.stdout)) if not stream.isatty()]
+    if not_terminals:  # a pipe would get the screen's escape codes, and no key could reach the app
+        raise ChattermError(
+            f"launch is a full-screen app: {' and '.join(not_terminals)} must be a terminal; "
+            "for scripts use `chatterm ask`"
+        )
+
+
 def run(args: argparse.Namespace) -> int:
     from chatterm.core.store import SessionStore
     from chatterm.ui.launch import make_app, require_theme
@@ -97,6 +106,8 @@ def run(args: argparse.Namespace) -> int:
     elif not ws.db_path.exists():
         raise ChattermError(f"no stored session to resume: {ws.db_path} does not exist yet")
     require_theme(args.theme)
+    if args.resume is None:
+        _require_terminal()  # before the store creates its file
     store = SessionStore(ws.db_path)
     try:
         app = make_app(
@@ -108,6 +119,7 @@ def run(args: argparse.Namespace) -> int:
             store=store,
             type_ahead=args.type_ahead,
         )
+        _require_terminal()  # a resume's session is checked first: its error says more
         with _logging_to_file():
             app.run()
     finally:

@@ -40,3 +40,10 @@ def test_resume_of_an_unknown_session_names_it(isolated_dirs):
     SessionStore(db).close()
     out = launch("--resume", "42")
     assert out.returncode == 2 and "unknown session 42" in out.stderr
+
+
+def test_without_a_terminal_it_says_so_instead_of_drawing_into_a_pipe(isolated_dirs):
+    out = launch()
+    assert out.returncode == 2 and out.stdout == ""
+    assert "stdin and stdout must be a terminal" in out.stderr and "chatterm ask" in out.stderr
+    assert not (isolated_dirs["CHATTERM_DATA_DIR"] / "chatterm.db").exists()
