@@ -28,7 +28,7 @@ from textual.app import App
 
 from chatterm.core import paths
 from chatterm.core.errors import ChattermError
-from chatterm.core.models import load_catalog
+from chatterm.core.models import CatalogDefaults, load_catalog
 from chatterm.core.personas import load_personas
 from chatterm.core.tomlfile import read_toml
 from chatterm.ui.settings import load_ui_settings, remember_theme
@@ -205,6 +205,25 @@ def test_a_broken_entry_is_skipped_and_named_when_asked_for(isolated_dirs):
     assert any("[prices.free]" in e for e in catalog.errors)  # 10**400 overflowed float(): a crash before
     with pytest.raises(ChattermError, match=r"models\.bad\] n_ctx"):
         catalog.get("bad")
+
+
+def test_a_bad_default_or_price_says_what_it_is(tmp_path):
+    """A bad [defaults] key skips that key only; a model whose price profile was
+    skipped says so instead of calling the profile unknown."""
+    doc = {
+        "defaults": {"model": "good", "kv_cache_budget_mb": "lots"},
+        "models": {"good": {**GOOD_MODEL, "price_profile": "free"}, "dear": {**GOOD_MODEL, "price_profile": "dear"}},
+        "prices": {"free": {"input": 0, "output": 0, "as_of": "x"},
+                   "dear": {"input": 1, "output": "eight", "as_of": "x"}},
+    }
+    path = tmp_path / "models.toml"
+    path.write_text(toml_doc(doc))
+    catalog = load_catalog(path)
+    assert catalog.default_model == "good" and catalog.get(None).id == "good"
+    assert catalog.kv_cache_budget_mb == CatalogDefaults().kv_cache_budget_mb
+    assert any("[defaults] kv_cache_budget_mb 'lots'" in e for e in catalog.errors)
+    with pytest.raises(ChattermError, match=r"price_profile 'dear' was skipped"):
+        catalog.get("dear")
 
 
 # -- persona files ---------------------------------------------------------------------

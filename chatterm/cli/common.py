@@ -17,7 +17,7 @@ def workspace(args: argparse.Namespace) -> Workspace:
     wanted = ws.catalog.broken.get(args.model or ws.catalog.default_model) if hasattr(args, "model") else None
     for error in ws.catalog.errors:
         if error != wanted:
-            print(f"chatterm: warning: model entry skipped: {printable(error)}", file=sys.stderr)
+            print(f"chatterm: warning: skipped: {printable(error)}", file=sys.stderr)
     return ws
 
 

@@ -143,6 +143,8 @@ class ModelCatalog:
     """One line per skipped entry or file (file and key), for the UI/CLI to show."""
     broken: dict[str, str] = field(default_factory=dict)
     """Model id -> why its entry was skipped."""
+    skipped_prices: set[str] = field(default_factory=set)
+    """Price profiles whose entry was skipped (their models are skipped too)."""
 
     @property
     def default_model(self) -> str:
@@ -219,16 +221,21 @@ def _merge_file(path: Path, catalog: ModelCatalog) -> None:
                 catalog.errors.append(str(exc))
                 if section == "models":
                     catalog.broken[eid] = str(exc)
+                elif eid not in into:  # else an earlier file's entry still stands
+                    catalog.skipped_prices.add(eid)
     raw_defaults = data.get("defaults") or {}
-    try:
-        given = from_table(CatalogDefaults, raw_defaults, path=path, where="defaults")
-    except ChattermError as exc:
-        catalog.errors.append(str(exc))
-    else:
-        # A later file overrides only the keys it sets.
-        catalog.defaults = replace(
-            catalog.defaults, **{name: getattr(given, name) for name in raw_defaults}
-        )
+    if not isinstance(raw_defaults, dict):
+        catalog.errors.append(str(bad(path, "defaults", "must be a table")))
+        raw_defaults = {}
+    # Key by key: a bad value skips that key only (the default model stays set),
+    # and a later file overrides only the keys it sets.
+    for name, value in raw_defaults.items():
+        try:
+            given = from_table(CatalogDefaults, {name: value}, path=path, where="defaults")
+        except ChattermError as exc:
+            catalog.errors.append(str(exc))
+        else:
+            catalog.defaults = replace(catalog.defaults, **{name: getattr(given, name)})
     catalog.files.append(path)
 
 
@@ -247,10 +254,12 @@ def load_catalog(replace: Path | None = None) -> ModelCatalog:
                 catalog.errors.append(str(exc))
     for spec in list(catalog.models.values()):
         if spec.price_profile not in catalog.prices:
+            why = ("was skipped (see its error)" if spec.price_profile in catalog.skipped_prices
+                   else "is not defined")
             error = str(bad(
                 spec.defined_in or Path("models.toml"),
                 f"models.{spec.id}",
-                f"unknown price_profile {spec.price_profile!r}",
+                f"its price_profile {spec.price_profile!r} {why}",
             ))
             catalog.errors.append(error)
             catalog.broken[spec.id] = error
