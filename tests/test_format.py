@@ -1,5 +1,7 @@
 """chatterm.core.format: the footer line and literal-safe text."""
 
+from dataclasses import replace
+
 from chatterm.core.format import fmt_ms, fmt_usd, footer_line, printable
 from chatterm.core.metrics import TurnMetrics
 
@@ -46,3 +48,13 @@ def test_a_prefix_prefilled_at_switch_time_is_not_called_this_turns_cold_prefill
                 prefilled_tokens=16, cache_outcome="switch", prefill_ms=79.0, stop_reason="eos")
     line = footer_line(m)
     assert line.endswith("persona prefilled before the turn") and "cold prefill" not in line
+    # Enter during that prefill: the label does not hide the wait.
+    waited = footer_line(replace(m, wait_ms=19_100.0))
+    assert waited.endswith("persona prefilled at the switch, waited 19.1 s")
+
+
+def test_a_turn_stopped_while_waiting_claims_no_prefill():
+    m = metrics(ttft_ms=None, cache_outcome="none", wait_ms=3_000.0, stop_reason="cancelled",
+                cache_detail="stopped while waiting for the engine to prepare persona 'shop-support'")
+    assert footer_line(m) == "TTFT – · 0 in · 0 out · $0 · stopped while waiting"
+    assert TurnMetrics.from_dict(m.to_dict()).cache_outcome == "none"  # stored and read back as the enum

@@ -420,3 +420,116 @@ def test_the_device_name_is_probed_once_at_load(ws, monkeypatch):
     finally:
         engine.close()
     assert len(probes) == 1 and names == {probes[0]()} and names != {""}
+
+
+class GatedPrepare:
+    """prepare_persona in a thread, held after its first batch until `release()`:
+    the real prefill is provably under way (and holds the engine) meanwhile."""
+
+    def __init__(self, engine, persona):
+        self.in_progress = threading.Event()
+        self.gate = threading.Event()
+        self.report = None
+
+        def progress(_p):
+            self.in_progress.set()
+            self.gate.wait(timeout=300)
+
+        def run():
+            self.report = engine.prepare_persona(persona, progress)
+
+        self.thread = threading.Thread(target=run)
+        self.thread.start()
+        assert self.in_progress.wait(timeout=120), "the persona prefill did not start"
+
+    def release(self):
+        self.gate.set()
+        self.thread.join()
+
+
+def test_cancel_while_a_persona_prefill_holds_the_engine_stops_at_once(ws, tmp_path):
+    from chatterm.core.format import cache_label, footer_line
+
+    persona = greedy(ws.personas.get("shop-support"), max_tokens=8)
+    engine = make_engine(ws, kv_dir=tmp_path / "kv")  # nothing cached: a first-use prefill
+    try:
+        prepare = GatedPrepare(engine, persona)
+        try:
+            turn = engine.start_turn(persona, [], "Do you sell tents?")
+            worker = threading.Thread(target=lambda: list(turn.stream()))
+            worker.start()
+            turn.cancel()
+            worker.join(timeout=60)  # a guard, not a timing claim: the prefill is held
+            assert not worker.is_alive(), "the turn waited for the persona prefill"
+            assert prepare.thread.is_alive()
+        finally:
+            prepare.release()
+        m = turn.metrics
+        assert m.stop_reason == "cancelled" and m.cache_outcome == "none"
+        assert "shop-support" in m.cache_detail and "waiting" in m.cache_detail
+        assert m.wait_ms > 0
+        assert (m.prompt_tokens, m.cached_tokens, m.prefill_ms, m.saved_prefill_ms, m.saved_usd) == (0, 0, 0, 0, 0)
+        assert cache_label(m) == "stopped while waiting"
+        assert "prefill" not in footer_line(m) and footer_line(m).endswith("stopped while waiting")
+
+        # The persona prefill went on to the end, and the next turn reuses it.
+        prefix = engine.prefix_tokens(persona)
+        assert prepare.report.outcome == "cold" and prepare.report.tokens == len(prefix)
+        assert persona.id in engine.cached_personas()
+        follow, reply = run_turn(engine, persona, "Do you sell tents?")
+        assert follow.metrics.cache_outcome == "switch" and follow.metrics.cached_tokens >= len(prefix)
+        assert reply.strip()
+    finally:
+        engine.close()
+
+
+def test_prefill_the_turn_waited_for_is_not_counted_as_saved(ws, tmp_path):
+    persona = greedy(ws.personas.get("shop-support"), max_tokens=8)
+    engine = make_engine(ws, kv_dir=tmp_path / "kv")
+    try:
+        prepare = GatedPrepare(engine, persona)
+        try:
+            turn = engine.start_turn(persona, [], "Do you sell tents?")
+            worker = threading.Thread(target=lambda: list(turn.stream()))
+            worker.start()  # Enter during the persona prefill: the turn waits for it
+        finally:
+            prepare.release()
+        worker.join()
+        m = turn.metrics
+        assert m.stop_reason != "error", m.error
+        assert m.cache_outcome == "switch"
+        assert m.wait_ms > 0
+        full = m.cached_tokens * engine._prefill_ms_per_token  # the whole reused prefill's estimate
+        assert m.saved_prefill_ms + m.wait_ms <= full + 1e-6  # waited time is not "saved"
+
+        # Restored at a switch before the next send: nothing waited for, the reuse is saved.
+        engine.reset_context()
+        assert engine.prepare_persona(persona).outcome == "restored"
+        later, _ = run_turn(engine, persona, "Do you sell tents?")
+        assert later.metrics.restore_at_switch
+        assert later.metrics.saved_prefill_ms > 0
+    finally:
+        engine.close()
+
+
+def test_a_fresh_process_estimates_saved_prefill_from_the_restored_state(ws, tmp_path):
+    persona = greedy(ws.personas.get("assistant"))  # a short prefix: no long prefill to measure
+    kv_dir = tmp_path / "kv"
+    first = make_engine(ws, kv_dir=kv_dir)
+    try:
+        run_turn(first, persona, "Name a color.")
+        first.wait_for_saves()
+    finally:
+        first.close()
+    for prepare in (False, True):
+        fresh = make_engine(ws, kv_dir=kv_dir)
+        try:
+            if prepare:  # the TUI: restored at the persona switch, before the turn
+                assert fresh.prepare_persona(persona).outcome == "restored"
+            turn, _ = run_turn(fresh, persona, "Name a color.")
+        finally:
+            fresh.close()
+        m = turn.metrics
+        assert m.cache_outcome == "restored", m.cache_detail
+        assert m.saved_usd > 0
+        assert m.saved_prefill_ms > 0, "the restored state's prefill rate gives an estimate"

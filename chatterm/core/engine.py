@@ -257,6 +257,16 @@ class Turn:
         (waiting for a persona prepare, a type-ahead batch) is `metrics.wait_ms`."""
         self.metrics.wait_ms = (time.perf_counter() - self._t_submit) * 1000.0
 
+    def stopped_waiting(self, detail: str) -> None:
+        """Call when the turn was cancelled before the engine started it: the
+        wait is `metrics.wait_ms`, and nothing was reused or prefilled
+        (`CacheOutcome.NONE`, with `detail` saying what it waited for)."""
+        m = self.metrics
+        m.wait_ms = (time.perf_counter() - self._t_submit) * 1000.0
+        m.cache_outcome = CacheOutcome.NONE
+        m.cache_detail = detail
+        m.stop_reason = StopReason.CANCELLED
+
     def token_arrived(self) -> None:
         now = time.perf_counter()
         m = self.metrics

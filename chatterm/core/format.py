@@ -74,6 +74,10 @@ def fmt_usd(usd: float | None) -> str:
     return f"${usd:.6f}"
 
 
+NOTICED_WAIT_MS = 100.0
+"""A wait for the engine this long is one the user noticed: the labels say so."""
+
+
 def cache_label(m: TurnMetrics) -> str:
     """Where the prompt prefix came from, with its cost in time when there was one."""
     match m.cache_outcome:
@@ -82,11 +86,15 @@ def cache_label(m: TurnMetrics) -> str:
         case CacheOutcome.MEMORY:
             return "prefix in memory"
         case CacheOutcome.SWITCH:
+            if m.wait_ms >= NOTICED_WAIT_MS:  # Enter came during that prefill
+                return f"persona prefilled at the switch, waited {fmt_ms(m.wait_ms)}"
             return "persona prefilled before the turn"
         case CacheOutcome.COLD:
             return f"cold prefill {fmt_ms(m.prefill_ms)}"
         case CacheOutcome.SERVER:
             return "server cache" if m.cached_tokens else "server (no cache hit)"
+        case CacheOutcome.NONE:
+            return "stopped while waiting"
     return str(m.cache_outcome)
 
 
@@ -147,6 +155,6 @@ def footer_line(m: TurnMetrics) -> str:
         parts.append(f"{m.energy_wh:.3f} Wh")
     parts.append(cache_label(m))
     stop = stop_label(m)
-    if stop:
+    if stop and m.cache_outcome != CacheOutcome.NONE:  # its cache label already says it stopped
         parts.append(stop)
     return SEP.join(parts)

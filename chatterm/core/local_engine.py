@@ -25,6 +25,13 @@ Contract (beyond chatterm.core.engine):
   (the live context) or COLD (fewer than MIN_REUSE tokens reused), and
   `cache_detail` says what was reused (persona prefix / conversation of N
   tokens / live context / nothing), how many tokens, and every miss's reason.
+- A turn waits for the engine's lock (a persona being prepared, a type-ahead
+  batch); a cancel while it waits ends it within LOCK_POLL_S, and what it
+  waited for goes on (a persona prefill is the persona's work: the next turn
+  reuses it). Such a turn reused and prefilled nothing: `CacheOutcome.NONE`.
+- "Saved" prefill time is the reused tokens at the fastest prefill rate known
+  (measured here, or stored with a restored state), net of what the turn spent
+  getting them: its restore and the time it waited (`wait_ms`).
 - Metrics are exact: TTFT from submit to the first sampled token; decode
   tokens/s from first to last token; llama.cpp's own perf counters for the
   turn are kept in `Turn.perf` (tests compare the two).
@@ -133,6 +140,16 @@ tokens than the live context to be restored: a restore replaces the whole
 context and costs a few ms per 1k tokens, prefilling 8 tokens costs more."""
 
 
+LOCK_POLL_S = 0.05
+"""How often a turn waiting for the engine's lock looks for its cancel: a
+persona prefill may hold the lock for many seconds."""
+
+RATE_MIN_TOKENS = MIN_REUSE
+"""A prefill this long gives a prefill rate for "saved" estimates. Short
+prefills overstate the cost per token, but the fastest rate known is kept, and
+a first use of a short persona must still have an estimate."""
+
+
 class _StopFlag:
     """`threading.Event`-like view of a turn's cancel, for kv_state.prefill."""
 
@@ -197,7 +214,10 @@ class LocalEngine(Engine):
         self._abort_flag = ctypes.create_string_buffer(2)
         self._cache_warned = False
         self._prefill_ms_per_token: float | None = None
-        """The fastest prefill rate measured (ms per token), for "saved" estimates."""
+        """The fastest prefill rate known (ms per token), for "saved" estimates:
+        measured here, or stored with a state restored from the cache."""
+        self._preparing: str | None = None
+        """The id of the persona prepare_persona is preparing (holding the lock)."""
         self._device_name = ""
         """The GPU or CPU name, worked out once at load (a GPU probe is not free)."""
 
@@ -422,6 +442,7 @@ class LocalEngine(Engine):
                 self._switch_report = None
                 if reason is None and kv_state.trim(llm, candidate.shared):
                     ms = (time.perf_counter() - t0) * 1000.0
+                    self._adopt_rate(entry.info.get("prefill_ms_per_token"))
                     return _Reuse(entry.tier, llm.n_tokens, entry.slot, ms, misses, entry.info)
                 reason = reason or "the memory cannot drop a suffix"
                 misses.append(f"{entry.slot.label} ({entry.tier}): rejected: {reason}")
@@ -434,10 +455,16 @@ class LocalEngine(Engine):
     def _note_rate(self, ms: float, tokens: int) -> None:
         """Keep the fastest prefill rate seen: one measured on a busy machine must
         not inflate the "saved" estimates."""
-        if tokens >= 64 and ms > 0:
-            rate = ms / tokens
+        if tokens >= RATE_MIN_TOKENS and ms > 0:
+            self._adopt_rate(ms / tokens)
+
+    def _adopt_rate(self, rate: Any) -> None:
+        """Keep `rate` (ms per token) if it is the fastest known; a restored
+        state's stored rate gives a fresh process an estimate before it has
+        prefilled anything long."""
+        if isinstance(rate, (int, float)) and not isinstance(rate, bool) and rate > 0:
             known = self._prefill_ms_per_token
-            self._prefill_ms_per_token = rate if known is None else min(known, rate)
+            self._prefill_ms_per_token = float(rate) if known is None else min(known, float(rate))
 
     def _keep(self, slot: Slot, info: dict[str, Any]) -> None:
         """Capture the live context as `slot`'s entry: RAM now, disk in the background."""
@@ -532,6 +559,7 @@ class LocalEngine(Engine):
     ) -> PrefixReport:
         with self._lock:
             self._set_abort(False)
+            self._preparing = persona.id
             try:
                 report = self._ensure_persona(persona, report=progress)
             except RuntimeError:
@@ -540,6 +568,7 @@ class LocalEngine(Engine):
                 self._clear_context()
                 raise ChattermError(f"preparing persona {persona.id!r} was interrupted") from None
             finally:
+                self._preparing = None
                 self._set_abort(False)
             self._switch_report = (persona.fingerprint, report)
             return report
@@ -673,16 +702,26 @@ class LocalEngine(Engine):
         self._ahead.turn_waiting.set()
         if self._ahead.running:
             self._set_abort(True)
-        with self._lock:
+        if not self._lock_for(turn):
+            self._ahead.turn_waiting.clear()
+            busy_with = self._preparing
+            turn.stopped_waiting(
+                f"stopped while waiting for the engine to prepare persona {busy_with!r} (that goes on)"
+                if busy_with is not None else "stopped while waiting for the engine"
+            )
+            return
+        try:
             turn.engine_started()
             self._ahead.turn_waiting.clear()
             if self.llm is None:
                 raise ChattermError("the model is not loaded")
+            if turn.cancelled:
+                turn.stopped_waiting("stopped before the engine started it")
+                return
             self._set_abort(False)
             self._running = turn
             try:
-                if not turn.cancelled:
-                    yield from self._run_turn(turn, persona, history, user_text, use_cache)
+                yield from self._run_turn(turn, persona, history, user_text, use_cache)
             except RuntimeError:
                 if not turn.cancelled:
                     raise
@@ -692,6 +731,18 @@ class LocalEngine(Engine):
                 self._set_abort(False)
             if turn.cancelled and not turn.metrics.stop_reason:
                 turn.metrics.stop_reason = StopReason.CANCELLED
+        finally:
+            self._lock.release()
+
+    def _lock_for(self, turn: Turn) -> bool:
+        """Take the engine's lock for `turn`; False when the turn is cancelled
+        first. Whoever holds the lock is not stopped: a persona prefill goes on
+        (its state is kept for the next turn), a type-ahead batch was already
+        told to yield."""
+        while not self._lock.acquire(timeout=LOCK_POLL_S):
+            if turn.cancelled:
+                return False
+        return True
 
     def _run_turn(
         self, turn: Turn, persona: Persona, history: list[ChatMessage], user_text: str, use_cache: bool
@@ -734,12 +785,17 @@ class LocalEngine(Engine):
         credit = self._ahead.take(m.cached_tokens if reuse.source == "live" else 0)
         if credit is not None:
             m.ahead_tokens, m.ahead_ms = credit
-        # Saved = reused tokens at the fastest measured prefill rate, net of the
-        # restore; tokens prefilled ahead were paid for while the user typed.
-        rate = reuse.info.get("prefill_ms_per_token") or self._prefill_ms_per_token
+        # Saved = reused tokens at the fastest known prefill rate, net of what the
+        # turn spent getting them: its restore, and the time it waited (a persona
+        # prefill the user waited for was not saved). A restore at the switch is
+        # either waited for (in wait_ms) or was done before: counted once.
+        # Tokens prefilled ahead were paid for while the user typed.
+        rate = self._prefill_ms_per_token
         if rate and m.cached_tokens >= MIN_REUSE:
             reused = m.cached_tokens - m.ahead_tokens
-            m.saved_prefill_ms = max(reused * rate - (m.restore_ms or 0.0), 0.0)
+            restore = m.restore_ms or 0.0
+            spent = max(m.wait_ms, restore) if m.restore_at_switch else m.wait_ms + restore
+            m.saved_prefill_ms = max(reused * rate - spent, 0.0)
 
         m.cache_detail = "; ".join(d for d in details if d)
         # Prefill what is left, saving the persona prefix on the way when this turn

@@ -33,9 +33,13 @@ class CacheOutcome(StrEnum):
     """This turn prefilled the persona prefix itself (then saved it to disk)."""
     SWITCH = "switch"
     """The persona prefix was prefilled when the persona was switched to, before
-    this turn: the turn reused it, but its cost was paid, not saved."""
+    this turn was started: the turn reused it, and the part of that prefill it
+    waited for (`wait_ms`) is not counted as saved."""
     SERVER = "server"
     """A remote server did (or did not) reuse its own prefix cache."""
+    NONE = "none"
+    """The turn was stopped while it waited for the engine (a persona being
+    prepared): nothing was reused or prefilled, so there was no outcome."""
 
 
 class StopReason(StrEnum):
@@ -100,7 +104,10 @@ class TurnMetrics:
     cost_cached_input_usd: float = 0.0
     cost_output_usd: float = 0.0
     saved_prefill_ms: float = 0.0
-    """Estimated prefill time the cache avoided, net of the restore time."""
+    """Estimated prefill time the reused tokens would have taken (at the fastest
+    prefill rate known), net of what the turn spent getting them: the restore
+    and the time it waited (`wait_ms`: a persona prefill the user waited for
+    was not saved)."""
     saved_usd: float = 0.0
     """Input cost avoided: cached tokens at the cached price instead of the full one."""
     energy_wh: float | None = None
