@@ -2,7 +2,8 @@
 
 Contract:
 - The app calls the `show_*` methods from timers and message handlers (4-10 Hz
-  while a reply streams, never per token). Each section is one `Static`
+  while a reply streams, never per token). Each section is one `Static` of
+  `Rows` (label column fixed, values wrap under themselves, nothing cut),
   updated without layout when its size is unchanged (about 1-2 ms measured); sparklines
   get new data only when a turn ends.
 - It formats, it does not compute: every figure comes from `TurnMetrics`,
@@ -15,37 +16,26 @@ Contract:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterable, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from textual.containers import Horizontal, VerticalScroll
 from textual.content import Content
 from textual.widgets import Sparkline, Static
 
 from chatterm.core.breakdown import PART_GLYPHS, PARTS, session_token_costs, timeline, token_costs
-from chatterm.core.format import cache_label, fmt_int, fmt_ms, fmt_tok_s, fmt_usd, printable
+from chatterm.core.format import cache_label, fmt_int, fmt_ms, fmt_tok_s, fmt_usd
 from chatterm.core.metrics import SessionSummary, StopReason, TurnMetrics
 from chatterm.core.whatif import cost_split
+from chatterm.ui.rows import LABEL_WIDTH, Rows
 from chatterm.ui.timeline import STYLES, fmt_share, shown, timeline_bar, token_cost_line
 
 if TYPE_CHECKING:
     from chatterm.core.engine import DeviceInfo
     from chatterm.core.gpu_telemetry import GpuStatus
 
-LABEL_WIDTH = 12
 BAR_WIDTH = 30
 """Cells of the turn's timeline bar (the panel is 48 columns wide)."""
 NA = "n/a"
-
-
-def rows(pairs: Iterable[tuple[str, str | Content]]) -> Content:
-    """Aligned `label value` lines; string values are literal text."""
-    lines = [
-        Content.assemble(
-            (label.ljust(LABEL_WIDTH), "dim"), value if isinstance(value, Content) else printable(value)
-        )
-        for label, value in pairs
-    ]
-    return Content("\n").join(lines)
 
 
 def timeline_rows(m: TurnMetrics) -> list[tuple[str, Content]]:
@@ -79,12 +69,12 @@ class Dashboard(VerticalScroll):
 
     def compose(self):
         yield Static(Content("Turn"), classes="title")
-        yield Static(rows([("state", "no turn yet")]), id="dash-turn")
+        yield Static(Rows([("state", "no turn yet")]), id="dash-turn")
         ahead = Static(Content(""), id="dash-ahead")
         ahead.display = False
         yield ahead
         yield Static(Content("Session"), classes="title")
-        yield Static(rows([("turns", "0")]), id="dash-session")
+        yield Static(Rows([("turns", "0")]), id="dash-session")
         yield Static(Content("History (one bar per turn)"), classes="title")
         with Horizontal(classes="spark-row"):
             yield Static(Content("TTFT".ljust(LABEL_WIDTH)), classes="spark-label")
@@ -93,22 +83,24 @@ class Dashboard(VerticalScroll):
             yield Static(Content("tok/s".ljust(LABEL_WIDTH)), classes="spark-label")
             yield Sparkline([], id="spark-rate")
         yield Static(Content("Persona"), classes="title")
-        yield Static(rows([("persona", "–")]), id="dash-persona")
+        yield Static(Rows([("persona", "–")]), id="dash-persona")
         yield Static(Content("Model"), classes="title")
-        yield Static(rows([("model", "loading…")]), id="dash-model")
+        yield Static(Rows([("model", "loading…")]), id="dash-model")
 
-    def _set(self, widget_id: str, content: Content, live: bool = False) -> None:
+    def _set(self, widget_id: str, content: Rows, live: bool = False) -> None:
         # A live update (5 Hz while streaming) skips layout unless its number of
-        # lines changed: a same-size update repaints one widget (about 1 ms)
-        # instead of re-laying out the panel. Rare updates always lay out.
-        lines = len(content.plain.split("\n"))
+        # lines at the widget's width changed: a same-size update repaints one
+        # widget (about 1 ms) instead of re-laying out the panel. Rare updates
+        # always lay out.
+        widget = self.query_one(f"#{widget_id}", Static)
+        lines = content.get_height({}, widget.content_size.width)
         relayout = not live or self._lines.get(widget_id) != lines
         self._lines[widget_id] = lines
-        self.query_one(f"#{widget_id}", Static).update(content, layout=relayout)
+        widget.update(content, layout=relayout)
 
     def show_turn(self, m: TurnMetrics | None, running: bool = False) -> None:
         if m is None:
-            self._set("dash-turn", rows([("state", "no turn yet")]))
+            self._set("dash-turn", Rows([("state", "no turn yet")]))
             return
         pairs = [
             ("state", turn_state(m, running)),
@@ -128,7 +120,7 @@ class Dashboard(VerticalScroll):
             pairs.append(("energy", f"{m.energy_wh:.3f} Wh"))
         if m.error:
             pairs.append(("error", m.error))
-        self._set("dash-turn", rows(pairs), live=running)
+        self._set("dash-turn", Rows(pairs), live=running)
 
     def show_session(self, summary: SessionSummary, turns: Sequence[TurnMetrics]) -> None:
         split = cost_split(turns)
@@ -145,7 +137,7 @@ class Dashboard(VerticalScroll):
         ]
         if summary.energy_wh is not None:
             pairs.append(("energy", f"{summary.energy_wh:.3f} Wh"))
-        self._set("dash-session", rows(pairs))
+        self._set("dash-session", Rows(pairs))
         self.query_one("#spark-ttft", Sparkline).data = [
             t.ttft_ms for t in turns if t.ttft_ms is not None
         ]
@@ -160,10 +152,10 @@ class Dashboard(VerticalScroll):
             widget.display = False
             return
         widget.display = True
-        widget.update(rows([("type-ahead", f"{fmt_int(ready)} of {fmt_int(total)} tokens ready")]))
+        widget.update(Rows([("type-ahead", f"{fmt_int(ready)} of {fmt_int(total)} tokens ready")]))
 
     def show_persona(self, name: str, state: str) -> None:
-        self._set("dash-persona", rows([("persona", name), ("prefix", state)]))
+        self._set("dash-persona", Rows([("persona", name), ("prefix", state)]))
 
     def show_model(
         self,
@@ -192,4 +184,4 @@ class Dashboard(VerticalScroll):
         else:
             pairs.append(("GPU mem", NA))
             pairs.append(("power", NA))
-        self._set("dash-model", rows(pairs))
+        self._set("dash-model", Rows(pairs))

@@ -10,6 +10,8 @@ Contract:
 - The tab bar has the focus on open (left/right switch tabs) and 1-5 switch
   tabs from anywhere on the screen; the Turns tab focuses its table, so Enter
   opens the highlighted turn at once.
+- The cost chart marks each turn's point (`●`) on its line, so a single turn
+  is visible.
 - Chart axes have round ticks (1, 2, 2.5 or 5 times a power of ten, as many
   decimals as the step needs); a few turns get narrow bars, not the whole
   width; the part legend is a line under the chart, never drawn over the bars.
@@ -30,6 +32,7 @@ from __future__ import annotations
 from typing import Mapping, Sequence
 
 from rich import box
+from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 from textual import on
@@ -56,6 +59,8 @@ PART_THEME_COLOURS = {"waiting": "secondary", "restore": "warning", "prefill": "
 TABS = ("tab-ttft", "tab-decode", "tab-cost", "tab-turns", "tab-costs")
 MIN_SLOTS = 8
 """The x axis has room for at least this many turns, so one turn is a bar, not a wall."""
+POINT = "●"
+"""The cost chart's mark for each turn (plotext takes any single character)."""
 
 
 def turn_label(index: int, m: TurnMetrics) -> str:
@@ -194,7 +199,10 @@ class LatencyScreen(Screen[None]):
             running += m.cost_usd
             cumulative.append(running)
         if xs:
-            plt.plot(xs, cumulative, marker="hd", color=self._rgb("prefill"))
+            # A mark on every turn: a line alone draws one turn as a quarter block.
+            if len(xs) > 1:
+                plt.plot(xs, cumulative, marker="hd", color=self._rgb("prefill"))
+            plt.scatter(xs, cumulative, marker=POINT, color=self._rgb("prefill"))
             plt.xticks(xs, labels)
             self._axes(plt, cumulative[-1])
         plt.title("Cumulative cost (API-equivalent)")
@@ -221,7 +229,7 @@ class LatencyScreen(Screen[None]):
             table.add_row(*(Text(cell, justify="left" if i == 1 else "right") for i, cell in enumerate(cells)),
                           key=str(index))
 
-    def _costs(self) -> Table | Content:
+    def _costs(self) -> Group | Content:
         if not self._turns:
             return Content("No turns yet.")
         split = cost_split(self._turns)
@@ -232,10 +240,8 @@ class LatencyScreen(Screen[None]):
         grid.add_row("input, cached", fmt_int(split.cached_tokens), fmt_usd(split.cached_usd))
         grid.add_row("output", fmt_int(split.output_tokens), fmt_usd(split.output_usd))
         share = split.input_token_share, split.input_cost_share
-        grid.caption = (
-            f"input share: {fmt_share(share[0])} of tokens, {fmt_share(share[1])} of cost"
-        )
-        grid.caption_justify = "left"
+        share_note = Text(f"input share: {fmt_share(share[0])} of tokens, {fmt_share(share[1])} of cost",
+                          style="dim")
         rows = what_if(self._turns, self._prices)
         own = priced_with(self._turns)
         # Totals only, so the table fits 80 columns; the reports split each profile's cost.
@@ -249,12 +255,11 @@ class LatencyScreen(Screen[None]):
             table.add_row(label, fmt_usd(w.total_usd), fmt_usd(w.without_cache_usd),
                           fmt_usd(w.saved_usd) if w.has_cache_discount else "no discount",
                           fmt_share(w.split.input_cost_share))
-        table.caption = "* the profile this session is priced at · USD, API-equivalent · export md/html for the split"
-        table.caption_justify = "left"
-        outer = Table.grid(padding=(1, 0))
-        outer.add_row(grid)
-        outer.add_row(table)
-        return outer
+        # The notes are lines of their own, not table captions: a caption wraps at
+        # its table's width (about 40 columns) whatever the screen's width.
+        table_note = Text("* the profile this session is priced at · USD, API-equivalent · export md/html for "
+                          "the split", style="dim")
+        return Group(grid, share_note, Text(""), table, table_note)
 
     @on(DataTable.RowSelected, "#latency-turns")
     def _open_turn(self, event: DataTable.RowSelected) -> None:

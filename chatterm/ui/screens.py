@@ -24,11 +24,13 @@ from textual.widgets.option_list import Option
 from chatterm.core.format import fmt_ms, fmt_usd, printable
 from chatterm.core.personas import Persona
 from chatterm.core.store import SessionInfo
+from chatterm.ui.rows import Rows
 
 HELP_KEYS: tuple[tuple[str, str], ...] = (
     ("Enter", "send the message"),
     ("Ctrl+J", "new line in the message (also Shift+Enter / Alt+Enter where the terminal reports them)"),
-    ("Esc", "stop the reply that is streaming (the partial text is kept, marked stopped)"),
+    ("Esc", "stop the reply that is streaming (the partial text is kept, marked stopped); in an empty prompt, "
+            "drop the type-ahead prefill"),
     ("F1 or ?", "this help (? when the prompt is not focused)"),
     ("F2", "persona picker: switch persona (starts a new conversation)"),
     ("F3", "past sessions: open one to continue it"),
@@ -77,19 +79,16 @@ class PersonaPicker(ModalScreen[str | None]):
         self._current = current
         self._cached = cached
 
-    def _prompt(self, persona: Persona) -> Content:
+    def _prompt(self, persona: Persona) -> Rows:
         if self._cached is None:
             state = "cache state unknown until the model has loaded"
         else:
             state = self._STATE.get(self._cached.get(persona.id, ""), "not cached (first use prefills)")
-        mark = "● " if persona.id == self._current else "  "
-        return Content.assemble(
-            mark,
-            (printable(persona.name), "bold"),
-            f"  ({persona.id})  ",
-            (state, "italic"),
-            f"\n    {printable(persona.description)}" if persona.description else "",
-        )
+        mark = "●" if persona.id == self._current else ""
+        head = Content.assemble((printable(persona.name), "bold"), f"  ({printable(persona.id)})  ", (state, "italic"))
+        # Two columns, so a wrapped name line or description stays indented under the name.
+        return Rows([(mark, head), *([("", persona.description)] if persona.description else [])],
+                    label_width=2, label_style="")
 
     def compose(self):
         with Vertical(id="persona-box", classes="modal-box"):

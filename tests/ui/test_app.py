@@ -80,6 +80,33 @@ async def test_reply_streams_and_dashboard_fills(build):
         assert "turns       2" in rendered(dash.query_one("#dash-session"))
 
 
+async def test_dashboard_values_wrap_under_the_value_and_are_never_cut(build):
+    app, _ = build(["Fine."], store=None)
+    async with app.run_test(size=(150, 45)) as pilot:
+        await loaded(pilot)
+        await send(pilot, "Hi")
+        dash = app.query_one(Dashboard)
+        state = "prefilled cold in 1,726 ms (54 tokens) — state saved for next time, with more words to wrap"
+        dash.show_persona("A persona with a name long enough to wrap in the panel", state)
+        await pilot.pause()
+        lines = rendered(dash.query_one("#dash-persona")).splitlines()
+        assert len(lines) > 2 and lines[0].startswith("persona     A persona")
+        label_width = len("persona     ")
+        for line in lines:  # a continuation line starts under the value, never at the left edge
+            label, value = line[:label_width], line[label_width:]
+            assert label.strip() in ("", "persona", "prefix") and value.strip(), line
+        words = " ".join(line[label_width:].strip() for line in lines).split()
+        assert words == ("A persona with a name long enough to wrap in the panel " + state).split()
+        # With the scrollbar shown, a long value still wraps under itself instead of being cut.
+        assert dash.show_vertical_scrollbar
+        costs = "in 6.70 ms · out 18.9 ms · 2.8x · and a few more words that cannot fit on one line"
+        dash.show_persona("Assistant", costs)
+        await pilot.pause()
+        shown = rendered(dash.query_one("#dash-persona")).splitlines()[1:]
+        assert shown[0].startswith("prefix      in 6.70 ms") and len(shown) > 1
+        assert " ".join(line[label_width:].strip() for line in shown) == costs
+
+
 async def test_turns_are_stored_and_exported_with_the_key(build, workspace, isolated_dirs):
     store = SessionStore(workspace.db_path)
     app, _ = build(["Stored reply."], store=store)
@@ -345,7 +372,8 @@ async def test_help_screen_lists_every_binding(build):
             for key in binding.key.split(","):
                 name = {"question_mark": "?", "escape": "esc"}.get(key, key)
                 assert name in documented, key
-        assert "Ctrl+J" in text
+        assert "Ctrl+J" in text and "drop the type-ahead prefill" in text
+        assert "F8" in text and "the last turn" in text  # not in the footer: it is full at 80 columns
         await pilot.press("escape")
         assert not isinstance(app.screen, HelpScreen)
         # `?` opens help when the prompt is not focused, and types `?` when it is.
@@ -547,3 +575,30 @@ async def test_persona_names_with_markup_are_literal_everywhere(isolated_dirs, t
         await send(pilot, "hi")
         assert name in app.query_one(AssistantReply).title_text
     assert app.return_code in (None, 0)
+
+
+async def test_persona_picker_indents_a_wrapped_description(isolated_dirs, tmp_path):
+    from fake_engine import FakeEngine
+
+    from chatterm.core.workspace import Workspace
+    from chatterm.ui.launch import make_app
+
+    folder = isolated_dirs["CHATTERM_CONFIG_DIR"] / "personas"
+    folder.mkdir(parents=True)
+    words = " ".join(f"word{i}" for i in range(60))
+    (folder / "wordy.toml").write_text(f'name = "Wordy"\ndescription = "{words}"\nsystem_prompt = "Be wordy."\n')
+    ws = Workspace.load(db_path=tmp_path / "db.sqlite")
+    app = make_app(ws, persona_id="wordy", gpu_status=lambda: None,
+                   engine_factory=lambda spec: FakeEngine(spec, ws.catalog.price(spec.price_profile)))
+    async with app.run_test(size=(150, 45)) as pilot:
+        await loaded(pilot)
+        await pilot.press("f2")
+        await wait_for(pilot, lambda: isinstance(app.screen, PersonaPicker), what="the picker")
+        await pilot.pause()
+        lines = rendered(app.screen.query_one(OptionList)).splitlines()
+        first = next(i for i, line in enumerate(lines) if "● Wordy" in line)
+        start = lines[first].index("Wordy")
+        description = lines[first + 1:first + 4]
+        assert "word0" in description[0] and "word59" not in description[0]  # it wraps
+        for line in description:  # every line starts under the name, none at the left edge
+            assert line[start:start + 4] == "word" and not line[:start].strip("▊▐▌ "), lines

@@ -15,7 +15,7 @@ from textual_plotext import PlotextPlot
 from chatterm.core.breakdown import PART_GLYPHS, timeline
 from chatterm.core.metrics import TurnMetrics
 from chatterm.core.store import SessionStore
-from chatterm.ui.latency_screen import LatencyScreen, TimelineBar, TurnDetailScreen
+from chatterm.ui.latency_screen import POINT, LatencyScreen, TimelineBar, TurnDetailScreen
 from chatterm.ui.timeline import timeline_bar, timeline_legend
 
 
@@ -74,6 +74,10 @@ async def test_latency_screen_charts_turns_and_what_if(build, workspace, size):
         rendered = "\n".join(line.text for line in costs.render_lines(costs.region.reset_offset))
         for profile in workspace.catalog.prices.values():
             assert profile.label in rendered
+        # The notes use the screen's width: not wrapped at the table's.
+        assert any("input share:" in line and "of cost" in line for line in rendered.splitlines()), rendered
+        if size[0] >= 120:
+            assert any("priced at" in line and "the split" in line for line in rendered.splitlines()), rendered
 
         tabs.active = "tab-turns"
         await pilot.pause()
@@ -108,6 +112,19 @@ async def test_last_turn_detail_shows_a_failure_literally(build):
         assert "Turn 3" in title and "no first token" in title
         assert "[bold]x␛[31m" in details  # stored text shown literally
         assert "too few generated tokens" in details
+
+
+async def test_a_single_turn_is_a_visible_point_on_the_cost_chart(build):
+    app, _ = build(replies=["One two three four"])
+    async with app.run_test(size=(150, 45)) as pilot:
+        await loaded(pilot)
+        await send(pilot, "a question")
+        await pilot.press("f5")
+        await wait_for(pilot, lambda: isinstance(app.screen, LatencyScreen), what="the latency screen")
+        await pilot.press("3")
+        await pilot.pause()
+        chart = app.screen.query_one("#plot-cost", PlotextPlot).render().plain
+        assert chart.count(POINT) == 1, chart
 
 
 async def test_latency_charts_follow_the_theme(build):
