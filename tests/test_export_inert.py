@@ -174,7 +174,7 @@ def test_a_crafted_database_cannot_smuggle_formulas_into_numeric_columns(tmp_pat
         sid = store.create_session(model_id="m", model_identity="x", engine="local", device="CPU",
                                    persona_id="assistant")
         for _ in range(2):
-            store.record_turn(sid, "q", "a", TurnMetrics(
+            store.record_turn(sid, "q\x00uestion", "a\x00\x00b", TurnMetrics(
                 engine="local", model_id="m", persona_id="assistant", submitted_at=1_700_000_001.0,
                 prefill_ms=5.0, decode_ms=7.0, stop_reason="eos"))
     with sqlite3.connect(db) as conn:
@@ -191,3 +191,6 @@ def test_a_crafted_database_cannot_smuggle_formulas_into_numeric_columns(tmp_pat
     assert jsonl[0]["prefill_ms"] == '=HYPERLINK("http://x")' and jsonl[0]["tokens_estimated"] is True
     assert jsonl[0]["cache_detail"] == "00ff" and crafted["cache_detail"] == "b'\\x00\\xff'"  # a BLOB
     assert jsonl[1]["tokens_estimated"] is False
+    # SQLite's length() stops at a NUL: the character counts are still the texts' own.
+    assert [r["user_chars"] for r in rows] == ["9", "9"] and [r["reply_chars"] for r in rows] == ["4", "4"]
+    assert jsonl[0]["user_chars"] == 9 and jsonl[0]["reply"] == "a\x00\x00b"
