@@ -12,6 +12,7 @@ import csv
 import hashlib
 import io
 import json
+import multiprocessing
 import os
 import re
 from datetime import datetime
@@ -342,3 +343,38 @@ def test_non_finite_numbers_are_null_in_jsonl(tmp_path):
         row = json.loads(export_text(store, [sid], "jsonl"))
     assert row["ttft_ms"] is None and row["prefill_ms"] is None and row["decode_ms"] is None
     assert row["reply"] == "a"
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "csv"])
+def test_two_processes_write_exactly_what_one_does(sample, monkeypatch, fmt):
+    db, ids = sample
+    with SessionStore(db, readonly=True) as store:
+        one = export_text(store, ids, fmt)
+        monkeypatch.setattr(export, "PARALLEL_TURNS", 1)  # the forked worker renders the second session
+        two = export_text(store, ids, fmt)
+    assert two == one and one.count("\n") >= 4
+
+
+def test_a_failing_export_worker_is_one_error_and_leaves_no_temp_file(sample, tmp_path, monkeypatch):
+    db, ids = sample
+    monkeypatch.setattr(export, "PARALLEL_TURNS", 1)
+    monkeypatch.setattr(export.tempfile, "tempdir", str(tmp_path))
+    moved = tmp_path / "moved.db"
+    with SessionStore(db, readonly=True) as store:
+        db.rename(moved)  # this process's connection still reads it; the worker's cannot open it
+        with pytest.raises(ChattermError, match="export: "):
+            export_text(store, ids, "jsonl")
+    assert not list(tmp_path.glob("chatterm-export-*"))
+
+
+def test_a_reader_that_stops_early_ends_the_worker_and_its_temp_file(sample, tmp_path, monkeypatch):
+    db, ids = sample  # as `chatterm export --all | head -1` does
+    monkeypatch.setattr(export, "PARALLEL_TURNS", 1)
+    monkeypatch.setattr(export.tempfile, "tempdir", str(tmp_path))
+    with SessionStore(db, readonly=True) as store:
+        chunks = export.export_chunks(store, export.sessions_to_export(store, ids), "jsonl")
+        assert next(chunks).startswith(b"{")
+        assert len(list(tmp_path.glob("chatterm-export-*"))) == 1
+        chunks.close()
+    assert not list(tmp_path.glob("chatterm-export-*"))
+    assert not multiprocessing.active_children()
