@@ -162,6 +162,16 @@ def test_mutated_header_fields(folder, valid, path, value, delete, fix_length):
     assert_safe(load_state(folder, data))
 
 
+def test_a_huge_slot_kind_gives_a_short_reason(folder, valid):
+    """Found by the long run: the reason quoted the whole value of a damaged `kind`."""
+    _, header, offset = split(valid)
+    header["kind"] = [None, -10**6, {"0" * 50: None}, ["\x1f" * 40] * 20]
+    blob = json.dumps(header).encode()
+    result = load_state(folder, MAGIC + struct.pack("<II", 1, len(blob)) + blob + valid[offset:])
+    assert isinstance(result, Miss) and "slot kind" in result.reason
+    assert_safe(result)
+
+
 @fuzz(150)
 @given(header=json_values | st.text(max_size=200), tail=st.binary(max_size=64))
 def test_any_json_header(folder, header, tail):

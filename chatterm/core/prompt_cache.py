@@ -85,7 +85,8 @@ class Slot:
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
-            raise ValueError(f"slot kind {self.kind!r} is not one of {', '.join(KINDS)}")
+            # _shown: the kind may come from a damaged file's header (any JSON, any size).
+            raise ValueError(f"slot kind {_shown(self.kind)} is not one of {', '.join(KINDS)}")
 
     @classmethod
     def persona(cls, persona_id: str) -> "Slot":
