@@ -3,6 +3,8 @@ ahead or not) at the input price."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from chatterm.core.cost import apply_cost
@@ -55,3 +57,13 @@ def test_remembering_a_theme_creates_the_config_folder(tmp_path):
     path = tmp_path / "fresh" / "config" / "settings.toml"
     remember_theme(path, "chatterm-light")
     assert load_ui_settings(path).theme == "chatterm-light"
+
+
+def test_dollar_amounts_carry_no_floating_point_noise():
+    # 73 * 1.5 * 1e-6 is 0.00010949999999999999 in binary floating point.
+    m = turn(prompt_tokens=90, cached_tokens=73, prefilled_tokens=17, generated_tokens=7)
+    apply_cost(m, PRICE)
+    assert repr(m.saved_usd) == "0.0001095"
+    assert json.dumps(m.to_dict()["saved_usd"]) == "0.0001095"
+    # The total is a sum of rounded parts: 0.1 + 0.2 is 0.30000000000000004.
+    assert repr(turn(cost_input_usd=0.1, cost_cached_input_usd=0.2).cost_usd) == "0.3"

@@ -297,6 +297,15 @@ def test_export_command_all_and_file_outputs(env, tmp_path, capsys):
     assert sha(env) == before
 
 
+def test_export_dash_output_is_stdout(env, tmp_path, capsys, monkeypatch):
+    first, _ = build_sample(env)
+    monkeypatch.chdir(tmp_path)
+    assert main(["export", str(first), "-o", "-"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["session_id"] for r in rows] == [first] * 3
+    assert not (tmp_path / "-").exists()
+
+
 def test_export_command_unknown_id(env, tmp_path, capsys):
     build_sample(env)
     target = tmp_path / "out.jsonl"

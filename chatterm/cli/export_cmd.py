@@ -4,7 +4,7 @@
 Reads the database read-only (export never changes it). Several ids put several
 sessions in one file (the reports chart them together). Reports price the
 sessions under every profile of the model catalog (`--models` or bundled + user
-models.toml). Output goes to stdout, or atomically to `-o FILE`: an unknown id,
+models.toml). Output goes to stdout (also `-o -`), or atomically to `-o FILE`: an unknown id,
 a session without turns, a broken catalog or an unwritable path is one line on
 stderr, exit status 2, and no file left behind.
 """
@@ -50,14 +50,16 @@ def register(sub, common) -> None:
         help="output format (default: from the -o suffix .jsonl/.csv/.md/.html, else jsonl)",
     )
     p.add_argument(
-        "-o", "--output", metavar="FILE", help="write to FILE (replaced atomically) instead of stdout"
+        "-o", "--output", metavar="FILE",
+        help="write to FILE (replaced atomically) instead of stdout; - is stdout",
     )
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     db = args.db or paths.default_db_path()
-    output = Path(args.output) if args.output else None
+    # "-" is stdout, as for most Unix tools (not a file named "-").
+    output = Path(args.output) if args.output and args.output != "-" else None
     fmt = args.format or (_SUFFIX_FORMATS.get(output.suffix.lower(), "jsonl") if output else "jsonl")
     # The catalog first: a broken models.toml fails before anything is read.
     prices = load_catalog(args.models).prices if fmt in REPORT_FORMATS else None

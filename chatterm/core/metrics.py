@@ -130,7 +130,7 @@ class TurnMetrics:
 
     @property
     def cost_usd(self) -> float:
-        return self.cost_input_usd + self.cost_cached_input_usd + self.cost_output_usd
+        return usd(self.cost_input_usd + self.cost_cached_input_usd + self.cost_output_usd)
 
     def to_dict(self) -> dict:
         """Stable field names for storage and export (derived fields included)."""
@@ -167,6 +167,16 @@ TURN_FIELDS: tuple[str, ...] = _FIELD_NAMES + (
     "cost_usd",
 )
 """Every key of `TurnMetrics.to_dict()`, in a stable order."""
+
+
+USD_DIGITS = 12
+"""Dollar amounts are rounded to this many decimals: a millionth of a cent, far
+below any price's precision, and enough to drop binary floating point noise
+(0.00010949999999999999 for 0.0001095) before it reaches storage or exports."""
+
+
+def usd(amount: float) -> float:
+    return round(amount, USD_DIGITS)
 
 
 def percentile(values: Iterable[float], q: float) -> float | None:
