@@ -408,12 +408,12 @@ def test_missing_and_corrupt_gguf_are_one_line_errors(ws, tmp_path):
 
 
 def test_the_device_name_is_probed_once_at_load(ws, monkeypatch):
-    import chatterm.core.local_engine as local_engine
+    import chatterm.core.llama_model as llama_model
 
     probes = []
     for name in ("cpu_name", "_gpu_name"):
-        probe = getattr(local_engine, name)
-        monkeypatch.setattr(local_engine, name, lambda probe=probe: probes.append(probe) or probe())
+        probe = getattr(llama_model, name)
+        monkeypatch.setattr(llama_model, name, lambda probe=probe: probes.append(probe) or probe())
     engine = make_engine(ws)
     try:
         names = {engine.device().name for _ in range(3)}

@@ -1,8 +1,8 @@
 """The local engine: llama.cpp in process, with a token-keyed prompt cache.
 
 Contract (beyond chatterm.core.engine):
-- `load()` loads the model once with llama.cpp's progress callback, routes
-  llama.cpp's log into Python logging, hashes the model file (cached), resolves
+- `load()` opens the model once (`chatterm.core.llama_model`: progress, log
+  routing, GPU offload with fallback), hashes the model file (cached), resolves
   the chat template (`chatterm.core.templates`: the models.toml `chat_template`
   override, else the GGUF's) and warms the context up so the first turn's TTFT
   carries no one-time cost.
@@ -49,15 +49,13 @@ import codecs
 import contextlib
 import ctypes
 import logging
-import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 import llama_cpp
 
-from chatterm.core import kv_state, llama_log, offload, templates
+from chatterm.core import kv_state, offload, templates
 from chatterm.core.engine import (
     AheadReport,
     PrefillProgress,
@@ -74,7 +72,7 @@ from chatterm.core.engine import (
 )
 from chatterm.core.errors import ChattermError
 from chatterm.core.file_identity import sha256_of_file
-from chatterm.core.machine import cpu_name
+from chatterm.core.llama_model import AbortFlag, open_model
 from chatterm.core.metrics import CacheOutcome, StopReason, TurnMetrics
 from chatterm.core.models import ModelSpec, PriceProfile
 from chatterm.core.personas import Persona
@@ -83,55 +81,6 @@ from chatterm.core.tokens import common_prefix_len
 from chatterm.core.type_ahead import TypeAhead
 
 log = logging.getLogger(__name__)
-
-# llama-cpp-python reads llama_model_default_params() inside Llama.__init__ and
-# offers no way to pass a progress callback; we swap the function for the
-# duration of one load, under this lock.
-_params_patch_lock = threading.Lock()
-
-
-@contextlib.contextmanager
-def _load_progress(progress: Progress | None):
-    if progress is None:
-        yield
-        return
-
-    @llama_cpp.llama_progress_callback
-    def on_progress(value: float, _user_data) -> bool:
-        try:
-            # False from the caller (the app is quitting) makes llama.cpp stop loading.
-            return progress(min(max(float(value), 0.0), 1.0) * 0.9) is not False
-        except Exception:  # noqa: BLE001 - never raise into C
-            return True
-
-    original = llama_cpp.llama_cpp.llama_model_default_params
-
-    def with_callback():
-        params = original()
-        params.progress_callback = on_progress
-        return params
-
-    with _params_patch_lock:
-        llama_cpp.llama_cpp.llama_model_default_params = with_callback
-        try:
-            yield
-        finally:
-            llama_cpp.llama_cpp.llama_model_default_params = original
-
-
-def _check_gguf(path: Path) -> None:
-    if not path.exists():
-        raise ChattermError(f"{path}: model file not found")
-    if not path.is_file():
-        raise ChattermError(f"{path}: not a file")
-    try:
-        with open(path, "rb") as fh:
-            magic = fh.read(4)
-    except OSError as exc:
-        raise ChattermError(f"{path}: cannot read model file: {exc.strerror}") from None
-    if magic != b"GGUF":
-        raise ChattermError(f"{path}: not a GGUF model file (bad magic {magic!r})")
-
 
 MIN_REUSE = 8
 """Fewer reused tokens than this is not called a reuse (a template's own few
@@ -211,7 +160,7 @@ class LocalEngine(Engine):
         """The session the next turn continues (note_conversation)."""
         self._running: Turn | None = None
         self._ahead = TypeAhead()
-        self._abort_flag = ctypes.create_string_buffer(2)
+        self._abort = AbortFlag()
         self._cache_warned = False
         self._prefill_ms_per_token: float | None = None
         """The fastest prefill rate known (ms per token), for "saved" estimates:
@@ -224,36 +173,9 @@ class LocalEngine(Engine):
     # -- loading ---------------------------------------------------------
     def load(self, progress: Progress | None = None) -> None:
         path = self.spec.model_path()
-        _check_gguf(path)
-        llama_log.install()
-        plan = offload.plan_offload(self.spec, llama_cpp.llama_supports_gpu_offload())
-
-        def try_load(n_gpu_layers: int, flash_attn: bool) -> llama_cpp.Llama:
-            with _load_progress(progress):
-                return llama_cpp.Llama(
-                    str(path),
-                    n_ctx=self.spec.n_ctx,
-                    n_gpu_layers=n_gpu_layers,
-                    flash_attn=flash_attn,
-                    type_k=plan.type_k,
-                    type_v=plan.type_v,
-                    n_threads=self.spec.n_threads,
-                    verbose=False,
-                )
-
-        with llama_log.capture_errors() as errors:
-            try:
-                self.llm, self.plan, notes = offload.load_with_fallback(
-                    plan, try_load, offload.gguf_block_count(path)
-                )
-            except (ValueError, RuntimeError, MemoryError) as exc:
-                # llama.cpp's first error is the specific one ("tensor ... not
-                # within the file bounds"); later ones just say the load failed.
-                reason = errors[0].strip() if errors else str(exc)
-                raise ChattermError(f"{path}: llama.cpp could not load the model: {reason}") from None
-        self.load_notes = list(notes)
-        on_gpu = bool(self.plan.layers_offloaded(llama_cpp.llama_model_n_layer(self.llm.model)))
-        self._device_name = _gpu_name() if on_gpu else cpu_name()
+        opened = open_model(self.spec, progress)
+        self.llm, self.plan, self._device_name = opened.llm, opened.plan, opened.device_name
+        self.load_notes = list(opened.notes)
         self._model_sha256 = sha256_of_file(path)
         self._compat = kv_state.compat_fields(self.llm, path, self._model_sha256, self.plan.flash_attn)
         base_dir = self.spec.defined_in.parent if self.spec.defined_in is not None else None
@@ -265,32 +187,10 @@ class LocalEngine(Engine):
             raise
         self._vocab = llama_cpp.llama_model_get_vocab(self.llm.model)
         self._piece = ctypes.create_string_buffer(64)
-        self._install_abort_flag()
+        self._abort.install(self.llm)
         self._warm_up()
         if progress is not None:
             progress(1.0)
-
-    def _install_abort_flag(self) -> None:
-        """Let a cancel interrupt a long prefill (CPU backend only).
-
-        llama.cpp calls the abort callback from its compute thread before every
-        graph node. A Python callback would take the GIL ~1,000 times per decode,
-        and wait up to the 5 ms switch interval each time the UI thread holds it.
-        So the callback is libc's `strlen`, pointed at a two-byte buffer: it
-        returns 1 (true) once byte 0 is set, 0 otherwise, with no Python involved.
-        """
-        try:
-            strlen = ctypes.CDLL(None).strlen
-        except (OSError, AttributeError):  # no libc symbols (e.g. Windows): cancel waits for the prefill
-            self._abort_callback = None
-            return
-        self._abort_callback = llama_cpp.ggml_abort_callback(ctypes.cast(strlen, ctypes.c_void_p).value)
-        llama_cpp.llama_set_abort_callback(
-            self.llm.ctx, self._abort_callback, ctypes.cast(self._abort_flag, ctypes.c_void_p)
-        )
-
-    def _set_abort(self, on: bool) -> None:
-        self._abort_flag[0] = b"\x01" if on else b"\x00"
 
     def _warm_up(self) -> None:
         """Decode a short batch and a single token, then forget them: the first
@@ -552,24 +452,24 @@ class LocalEngine(Engine):
     def interrupt(self) -> None:
         if self._running is not None:
             self._running.cancel()
-        self._set_abort(True)
+        self._abort.set(True)
 
     def prepare_persona(
         self, persona: Persona, progress: Callable[[PrefillProgress], None] | None = None
     ) -> PrefixReport:
         with self._lock:
-            self._set_abort(False)
+            self._abort.set(False)
             self._preparing = persona.id
             try:
                 report = self._ensure_persona(persona, report=progress)
             except RuntimeError:
-                if self._abort_flag[0] != b"\x01":
+                if not self._abort.is_set:
                     raise
                 self._clear_context()
                 raise ChattermError(f"preparing persona {persona.id!r} was interrupted") from None
             finally:
                 self._preparing = None
-                self._set_abort(False)
+                self._abort.set(False)
             self._switch_report = (persona.fingerprint, report)
             return report
 
@@ -602,7 +502,7 @@ class LocalEngine(Engine):
 
     def _abort_if_running(self, turn: Turn) -> None:
         if self._running is turn:
-            self._set_abort(True)  # interrupts a prefill in progress
+            self._abort.set(True)  # interrupts a prefill in progress
 
     def reset_context(self, keep: Persona | None = None) -> None:
         """Forget the context; with `keep`, keep that persona's prefix when it is
@@ -621,7 +521,7 @@ class LocalEngine(Engine):
         against chatterm on the same loaded model; the context is cleared after."""
         with self._lock:
             assert self.llm is not None
-            self._set_abort(False)
+            self._abort.set(False)
             self._clear_context()
             try:
                 yield self.llm
@@ -645,11 +545,11 @@ class LocalEngine(Engine):
         try:
             if ahead.stopped(epoch):
                 return None
-            self._set_abort(False)
+            self._abort.set(False)
             ahead.running = True
             return self._prefill_ahead(persona, list(history), draft, progress, epoch)
         except RuntimeError:
-            if self._abort_flag[0] == b"\x01":
+            if self._abort.is_set:
                 return None  # a turn or drop_ahead() interrupted the batch
             raise
         finally:
@@ -693,7 +593,7 @@ class LocalEngine(Engine):
 
     def drop_ahead(self) -> None:
         if self._ahead.drop():
-            self._set_abort(True)  # stops the batch in progress; cleared by the lock's next user
+            self._abort.set(True)  # stops the batch in progress; cleared by the lock's next user
 
     def _generate(
         self, turn: Turn, persona: Persona, history: list[ChatMessage], user_text: str, use_cache: bool
@@ -701,7 +601,7 @@ class LocalEngine(Engine):
         # A type-ahead prefill holding the lock stops within its current batch.
         self._ahead.turn_waiting.set()
         if self._ahead.running:
-            self._set_abort(True)
+            self._abort.set(True)
         if not self._lock_for(turn):
             self._ahead.turn_waiting.clear()
             busy_with = self._preparing
@@ -718,7 +618,7 @@ class LocalEngine(Engine):
             if turn.cancelled:
                 turn.stopped_waiting("stopped before the engine started it")
                 return
-            self._set_abort(False)
+            self._abort.set(False)
             self._running = turn
             try:
                 yield from self._run_turn(turn, persona, history, user_text, use_cache)
@@ -728,7 +628,7 @@ class LocalEngine(Engine):
                 # llama_decode returned 2: the prefill was aborted by cancel().
             finally:
                 self._running = None
-                self._set_abort(False)
+                self._abort.set(False)
             if turn.cancelled and not turn.metrics.stop_reason:
                 turn.metrics.stop_reason = StopReason.CANCELLED
         finally:
@@ -868,9 +768,3 @@ class LocalEngine(Engine):
                 self.llm.close()
                 self.llm = None
 
-
-def _gpu_name() -> str:
-    from chatterm.core.gpu_telemetry import gpu_status
-
-    status = gpu_status()
-    return status.name if status is not None else "GPU (llama.cpp offload)"

@@ -1,0 +1,157 @@
+"""Opening a GGUF model in llama.cpp, and the abort flag that lets a cancel stop a prefill.
+
+Contract:
+- `open_model(spec, progress)` checks that the file is a readable GGUF (else a
+  one-line ChattermError naming the path), routes llama.cpp's log into Python
+  logging, plans the GPU offload (`chatterm.core.offload`) and loads with
+  llama.cpp's progress callback (0..0.9 of `progress`; a False from it stops
+  the load), falling back to fewer GPU layers when the planned load fails. A
+  load that fails for good is one ChattermError carrying llama.cpp's first
+  error, the specific one. The device name (a GPU probe or /proc/cpuinfo) is
+  worked out here, once.
+- `AbortFlag` is llama.cpp's abort callback for one context: `set(True)`
+  makes the decode in progress stop at its next graph node (CPU backend), and
+  the decode raises RuntimeError; `set(False)` before the next decode.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import llama_cpp
+
+from chatterm.core import llama_log, offload
+from chatterm.core.engine import Progress
+from chatterm.core.errors import ChattermError
+from chatterm.core.machine import cpu_name
+from chatterm.core.models import ModelSpec
+
+# llama-cpp-python reads llama_model_default_params() inside Llama.__init__ and
+# offers no way to pass a progress callback; we swap the function for the
+# duration of one load, under this lock.
+_params_patch_lock = threading.Lock()
+
+
+@dataclass(frozen=True)
+class OpenedModel:
+    llm: llama_cpp.Llama
+    plan: offload.OffloadPlan
+    """The offload plan that loaded (after any fallback)."""
+    notes: tuple[str, ...]
+    """What the fallback changed, for the user."""
+    device_name: str
+
+
+def open_model(spec: ModelSpec, progress: Progress | None = None) -> OpenedModel:
+    path = spec.model_path()
+    _check_gguf(path)
+    llama_log.install()
+    plan = offload.plan_offload(spec, llama_cpp.llama_supports_gpu_offload())
+
+    def try_load(n_gpu_layers: int, flash_attn: bool) -> llama_cpp.Llama:
+        with _load_progress(progress):
+            return llama_cpp.Llama(
+                str(path),
+                n_ctx=spec.n_ctx,
+                n_gpu_layers=n_gpu_layers,
+                flash_attn=flash_attn,
+                type_k=plan.type_k,
+                type_v=plan.type_v,
+                n_threads=spec.n_threads,
+                verbose=False,
+            )
+
+    with llama_log.capture_errors() as errors:
+        try:
+            llm, loaded_plan, notes = offload.load_with_fallback(plan, try_load, offload.gguf_block_count(path))
+        except (ValueError, RuntimeError, MemoryError) as exc:
+            # llama.cpp's first error is the specific one ("tensor ... not
+            # within the file bounds"); later ones just say the load failed.
+            reason = errors[0].strip() if errors else str(exc)
+            raise ChattermError(f"{path}: llama.cpp could not load the model: {reason}") from None
+    on_gpu = bool(loaded_plan.layers_offloaded(llama_cpp.llama_model_n_layer(llm.model)))
+    return OpenedModel(llm, loaded_plan, tuple(notes), _gpu_name() if on_gpu else cpu_name())
+
+
+class AbortFlag:
+    """Let a cancel interrupt a long prefill (CPU backend only).
+
+    llama.cpp calls the abort callback from its compute thread before every
+    graph node. A Python callback would take the GIL ~1,000 times per decode,
+    and wait up to the 5 ms switch interval each time the UI thread holds it.
+    So the callback is libc's `strlen`, pointed at a two-byte buffer: it
+    returns 1 (true) once byte 0 is set, 0 otherwise, with no Python involved.
+    """
+
+    def __init__(self) -> None:
+        self._buffer = ctypes.create_string_buffer(2)
+        self._callback = None  # kept referenced: llama.cpp holds the pointer
+
+    def install(self, llm: llama_cpp.Llama) -> None:
+        try:
+            strlen = ctypes.CDLL(None).strlen
+        except (OSError, AttributeError):  # no libc symbols (e.g. Windows): cancel waits for the prefill
+            return
+        self._callback = llama_cpp.ggml_abort_callback(ctypes.cast(strlen, ctypes.c_void_p).value)
+        llama_cpp.llama_set_abort_callback(llm.ctx, self._callback, ctypes.cast(self._buffer, ctypes.c_void_p))
+
+    def set(self, on: bool) -> None:
+        self._buffer[0] = b"\x01" if on else b"\x00"
+
+    @property
+    def is_set(self) -> bool:
+        return self._buffer[0] == b"\x01"
+
+
+@contextlib.contextmanager
+def _load_progress(progress: Progress | None):
+    if progress is None:
+        yield
+        return
+
+    @llama_cpp.llama_progress_callback
+    def on_progress(value: float, _user_data) -> bool:
+        try:
+            # False from the caller (the app is quitting) makes llama.cpp stop loading.
+            return progress(min(max(float(value), 0.0), 1.0) * 0.9) is not False
+        except Exception:  # noqa: BLE001 - never raise into C
+            return True
+
+    original = llama_cpp.llama_cpp.llama_model_default_params
+
+    def with_callback():
+        params = original()
+        params.progress_callback = on_progress
+        return params
+
+    with _params_patch_lock:
+        llama_cpp.llama_cpp.llama_model_default_params = with_callback
+        try:
+            yield
+        finally:
+            llama_cpp.llama_cpp.llama_model_default_params = original
+
+
+def _check_gguf(path: Path) -> None:
+    if not path.exists():
+        raise ChattermError(f"{path}: model file not found")
+    if not path.is_file():
+        raise ChattermError(f"{path}: not a file")
+    try:
+        with open(path, "rb") as fh:
+            magic = fh.read(4)
+    except OSError as exc:
+        raise ChattermError(f"{path}: cannot read model file: {exc.strerror}") from None
+    if magic != b"GGUF":
+        raise ChattermError(f"{path}: not a GGUF model file (bad magic {magic!r})")
+
+
+def _gpu_name() -> str:
+    from chatterm.core.gpu_telemetry import gpu_status
+
+    status = gpu_status()
+    return status.name if status is not None else "GPU (llama.cpp offload)"
