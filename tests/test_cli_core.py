@@ -83,6 +83,9 @@ def test_bench_json_end_to_end(tmp_path):
         assert data[key] is not None and data[key] > 0, key
     assert data["state_file_bytes"] <= 1.01 * data["state_bytes"]
     assert "TTFT restored from disk" in result.stdout
+    warm = data["ratios"]["memory_over_baseline_warm"]
+    assert warm == data["ttft_memory_ms"] / data["baseline_ttft_warm_ms"]
+    assert f"{warm:.2f}x" in result.stdout.split("in memory / library warm")[1].splitlines()[0]
     # The machine it ran on is part of the result, and stderr (not a terminal
     # here) got a line per step instead of a spinner it cannot show.
     host = data["host"]

@@ -95,6 +95,7 @@ def run(args: argparse.Namespace) -> int:
             ("decode (llama.cpp perf counters)", fmt_tok_s(result["decode_tok_s_llama_perf"])),
             ("baseline create_chat_completion cold", fmt_ms(result["baseline_ttft_cold_ms"])),
             ("baseline create_chat_completion warm", fmt_ms(result["baseline_ttft_warm_ms"])),
+            ("in memory / library warm (<= 1.05x)", _fmt_ratio(r["memory_over_baseline_warm"], 2)),
         ]
         if "resume" in result:
             resume = result["resume"]

@@ -237,6 +237,7 @@ def _bench_local(engine, persona: Persona, runs: int, say: Report) -> dict[str, 
             "restore_over_read": _ratio(_median(restore_ms), _median(read_ms)),
             "cold_speedup": _ratio(cold_ttft, restored_ttft),
             "baseline_cold_over_restored": _ratio(baseline["cold"], restored_ttft),
+            "memory_over_baseline_warm": _ratio(memory_ttft, baseline["warm"]),
         },
         "runs_ms": {
             label: [m.ttft_ms for m in series[label]] for label in series
