@@ -512,6 +512,28 @@ def test_prefill_the_turn_waited_for_is_not_counted_as_saved(ws, tmp_path):
         engine.close()
 
 
+def test_a_slow_rate_stored_with_a_state_does_not_inflate_a_fresh_process_estimate(ws, tmp_path):
+    persona = greedy(ws.personas.get("assistant"))
+    kv_dir = tmp_path / "kv"
+    first = make_engine(ws, kv_dir=kv_dir)
+    # As if the persona had been prefilled while another process kept the CPU busy.
+    first._note_rate = lambda ms, tokens: first._adopt_rate(10_000.0)
+    try:
+        run_turn(first, persona, "Name a color.")
+        first.wait_for_saves()
+    finally:
+        first.close()
+    fresh = make_engine(ws, kv_dir=kv_dir)
+    try:
+        turn, _ = run_turn(fresh, persona, "Name a color that you like, and say why in one short sentence.")
+    finally:
+        fresh.close()
+    m = turn.metrics
+    assert m.cache_outcome == "restored" and m.prefilled_tokens >= 8, m.cache_detail
+    # This turn's own prefill rate (prefill_ms runs to the first token, so it is an upper bound).
+    assert 0 < m.saved_prefill_ms <= m.cached_tokens * m.prefill_ms / m.prefilled_tokens
+
+
 def test_a_fresh_process_estimates_saved_prefill_from_the_restored_state(ws, tmp_path):
     persona = greedy(ws.personas.get("assistant"))  # a short prefix: no long prefill to measure
     kv_dir = tmp_path / "kv"

@@ -9,6 +9,13 @@ Contract:
   load that fails for good is one ChattermError carrying llama.cpp's first
   error, the specific one. The device name (a GPU probe or /proc/cpuinfo) is
   worked out here, once.
+- `BatchThreads` picks how many threads llama.cpp prefills with, before each
+  prefill: the models.toml `n_threads_batch` when set, else llama-cpp-python's
+  default (every core) less the cores other processes keep busy (`OtherLoad`).
+  llama.cpp's threads meet at a spinning barrier after every graph node, so a
+  thread that has to share its core with another process stalls all of them:
+  measured on 2 cores with one busy process, a 2-thread prefill is 2-3x slower
+  than a 1-thread one (docs/engine.md, benchmarks/prefill_threads.py).
 - `AbortFlag` is llama.cpp's abort callback for one context: `set(True)`
   makes the decode in progress stop at its next graph node (CPU backend), and
   the decode raises RuntimeError; `set(False)` before the next decode.
@@ -18,6 +25,8 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import logging
+import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,8 +36,10 @@ import llama_cpp
 from chatterm.core import llama_log, offload
 from chatterm.core.engine import Progress
 from chatterm.core.errors import ChattermError
-from chatterm.core.machine import cpu_name
+from chatterm.core.machine import OtherLoad, cpu_name
 from chatterm.core.models import ModelSpec
+
+log = logging.getLogger(__name__)
 
 # llama-cpp-python reads llama_model_default_params() inside Llama.__init__ and
 # offers no way to pass a progress callback; we swap the function for the
@@ -62,6 +73,7 @@ def open_model(spec: ModelSpec, progress: Progress | None = None) -> OpenedModel
                 type_k=plan.type_k,
                 type_v=plan.type_v,
                 n_threads=spec.n_threads,
+                n_threads_batch=spec.n_threads_batch,
                 verbose=False,
             )
 
@@ -75,6 +87,37 @@ def open_model(spec: ModelSpec, progress: Progress | None = None) -> OpenedModel
             raise ChattermError(f"{path}: llama.cpp could not load the model: {reason}") from None
     on_gpu = bool(loaded_plan.layers_offloaded(llama_cpp.llama_model_n_layer(llm.model)))
     return OpenedModel(llm, loaded_plan, tuple(notes), _gpu_name() if on_gpu else cpu_name())
+
+
+class BatchThreads:
+    """The prefill thread count of one context (see the module docstring)."""
+
+    def __init__(self, llm: llama_cpp.Llama, fixed: int | None = None):
+        self._llm = llm
+        self._most = llm.n_threads_batch
+        self.current = llm.n_threads_batch
+        try:
+            self._cores = len(os.sched_getaffinity(0))
+        except (AttributeError, OSError):
+            self._cores = os.cpu_count() or 1
+        self._load = OtherLoad().start() if fixed is None and self._most > 1 else None
+
+    def apply(self) -> int:
+        """Set the thread count for the next prefill; returns it."""
+        wanted = self._most
+        others = self._load.cores if self._load is not None else None
+        if others is not None:
+            # A core another process keeps busy at least half the time is taken.
+            wanted = max(1, min(self._most, self._cores - int(others + 0.5)))
+        if wanted != self.current:
+            log.debug("prefill threads %d -> %d (other processes busy: %.1f cores)", self.current, wanted, others)
+            llama_cpp.llama_set_n_threads(self._llm.ctx, self._llm.n_threads, wanted)
+            self.current = wanted
+        return wanted
+
+    def close(self) -> None:
+        if self._load is not None:
+            self._load.stop()
 
 
 class AbortFlag:

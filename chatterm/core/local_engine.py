@@ -30,8 +30,11 @@ Contract (beyond chatterm.core.engine):
   waited for goes on (a persona prefill is the persona's work: the next turn
   reuses it). Such a turn reused and prefilled nothing: `CacheOutcome.NONE`.
 - "Saved" prefill time is the reused tokens at the fastest prefill rate known
-  (measured here, or stored with a restored state), net of what the turn spent
-  getting them: its restore and the time it waited (`wait_ms`).
+  (measured here, this turn's own prefill included, or stored with a restored
+  state), net of what the turn spent getting them: its restore and the time it
+  waited (`wait_ms`).
+- Each prefill runs on the threads `llama_model.BatchThreads` picks: fewer
+  while other processes keep cores busy.
 - Metrics are exact: TTFT from submit to the first sampled token; decode
   tokens/s from first to last token; llama.cpp's own perf counters for the
   turn are kept in `Turn.perf` (tests compare the two).
@@ -72,7 +75,7 @@ from chatterm.core.engine import (
 )
 from chatterm.core.errors import ChattermError
 from chatterm.core.file_identity import sha256_of_file
-from chatterm.core.llama_model import AbortFlag, open_model
+from chatterm.core.llama_model import AbortFlag, BatchThreads, open_model
 from chatterm.core.metrics import CacheOutcome, StopReason, TurnMetrics
 from chatterm.core.models import ModelSpec, PriceProfile
 from chatterm.core.personas import Persona
@@ -188,6 +191,7 @@ class LocalEngine(Engine):
         self._vocab = llama_cpp.llama_model_get_vocab(self.llm.model)
         self._piece = ctypes.create_string_buffer(64)
         self._abort.install(self.llm)
+        self._threads = BatchThreads(self.llm, self.spec.n_threads_batch)
         self._warm_up()
         if progress is not None:
             progress(1.0)
@@ -394,6 +398,7 @@ class LocalEngine(Engine):
             if report is not None:
                 report(progress)
 
+        self._threads.apply()
         result = kv_state.prefill(llm, tokens, on_progress, _StopFlag(turn) if turn is not None else None)
         self._note_rate(result.ms, result.done)
         return result
@@ -573,6 +578,7 @@ class LocalEngine(Engine):
         target, total = self._ahead_tokens(persona, history, draft)
         if target[: len(prefix)] != prefix:
             return None  # the template does not start with the persona prefix
+        self._threads.apply()
         return self._ahead.prefill(llm, live, target, total, progress, epoch)
 
     def _ahead_tokens(
@@ -685,18 +691,6 @@ class LocalEngine(Engine):
         credit = self._ahead.take(m.cached_tokens if reuse.source == "live" else 0)
         if credit is not None:
             m.ahead_tokens, m.ahead_ms = credit
-        # Saved = reused tokens at the fastest known prefill rate, net of what the
-        # turn spent getting them: its restore, and the time it waited (a persona
-        # prefill the user waited for was not saved). A restore at the switch is
-        # either waited for (in wait_ms) or was done before: counted once.
-        # Tokens prefilled ahead were paid for while the user typed.
-        rate = self._prefill_ms_per_token
-        if rate and m.cached_tokens >= MIN_REUSE:
-            reused = m.cached_tokens - m.ahead_tokens
-            restore = m.restore_ms or 0.0
-            spent = max(m.wait_ms, restore) if m.restore_at_switch else m.wait_ms + restore
-            m.saved_prefill_ms = max(reused * rate - spent, 0.0)
-
         m.cache_detail = "; ".join(d for d in details if d)
         # Prefill what is left, saving the persona prefix on the way when this turn
         # computes it; generate() then samples from the last batch's logits.
@@ -714,6 +708,20 @@ class LocalEngine(Engine):
         rest = self._prefill(tokens[llm.n_tokens :], turn, todo - (len(tokens) - llm.n_tokens), todo, t_prefill)
         if rest.aborted:
             return
+        # Saved = reused tokens at the fastest known prefill rate, net of what the
+        # turn spent getting them: its restore, and the time it waited (a persona
+        # prefill the user waited for was not saved). A restore at the switch is
+        # either waited for (in wait_ms) or was done before: counted once.
+        # Tokens prefilled ahead were paid for while the user typed. Worked out
+        # after this turn's own prefill, whose rate counts: a fresh process would
+        # otherwise have only the rate stored with the restored state, which may
+        # have been measured while the machine was busy.
+        rate = self._prefill_ms_per_token
+        if rate and m.cached_tokens >= MIN_REUSE:
+            reused = m.cached_tokens - m.ahead_tokens
+            restore = m.restore_ms or 0.0
+            spent = max(m.wait_ms, restore) if m.restore_at_switch else m.wait_ms + restore
+            m.saved_prefill_ms = max(reused * rate - spent, 0.0)
         notice = self.cache_notice()
         if notice:
             turn.notices.append(notice)
@@ -765,6 +773,7 @@ class LocalEngine(Engine):
         self.wait_for_saves()  # every kept state reaches the disk before exit
         with self._lock:  # never free the model under a running turn
             if self.llm is not None:
+                self._threads.close()
                 self.llm.close()
                 self.llm = None
 

@@ -11,11 +11,16 @@ Contract:
   where /proc/stat cannot be read. Ratios measured within one run survive a
   steady load, not a load that comes and goes, so benchmarks warn above
   `BUSY_WARNING`.
+- `OtherLoad`: how many of this process's CPUs other processes keep busy,
+  sampled by a daemon thread (what llama.cpp's prefill threads will compete
+  with; see `chatterm.core.llama_model.BatchThreads`).
 """
 
 from __future__ import annotations
 
+import os
 import platform
+import threading
 import time
 import timeit
 
@@ -58,3 +63,60 @@ def busy_fraction(seconds: float = 0.5) -> float | None:
         return None
     idle, total = after[0] - before[0], after[1] - before[1]
     return min(max(1.0 - idle / total, 0.0), 1.0)
+
+
+class OtherLoad:
+    """CPU cores (of this process's CPU set) that other processes kept busy,
+    measured every `interval_s` from /proc/stat minus this process's own CPU
+    time. `cores` is the larger of the last two windows, so one quiet half
+    second inside a steady load does not count as idle; None until two
+    samples exist, and always where /proc/stat cannot be read."""
+
+    def __init__(self, interval_s: float = 0.5):
+        self.interval_s = interval_s
+        self.cores: float | None = None
+        try:
+            self._cpus = {f"cpu{n}" for n in os.sched_getaffinity(0)}
+        except (AttributeError, OSError):
+            self._cpus = None
+        self._tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> "OtherLoad":
+        if self._cpus is not None and self._sample() is not None:
+            self._thread = threading.Thread(target=self._run, name="chatterm-other-load", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _sample(self) -> tuple[float, float, float] | None:
+        """(wall s, busy CPU s of our CPUs, own CPU s)."""
+        busy = 0
+        try:
+            with open("/proc/stat", encoding="ascii") as fh:
+                for line in fh:
+                    name, _, rest = line.partition(" ")
+                    if name in self._cpus:
+                        values = [int(v) for v in rest.split()[:8]]
+                        busy += sum(values) - values[3] - values[4]  # all but idle and iowait
+        except (OSError, ValueError, IndexError):
+            return None
+        own = os.times()
+        return time.monotonic(), busy / self._tick, own.user + own.system
+
+    def _run(self) -> None:
+        last = self._sample()
+        previous_window = None
+        while last is not None and not self._stop.wait(self.interval_s):
+            now = self._sample()
+            if now is None:
+                break
+            wall = now[0] - last[0]
+            window = max((now[1] - last[1]) - (now[2] - last[2]), 0.0) / wall if wall > 0 else 0.0
+            if previous_window is not None:
+                self.cores = max(window, previous_window)
+            previous_window, last = window, now
+        self.cores = None

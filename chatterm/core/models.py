@@ -84,6 +84,9 @@ class ModelSpec:
     """"auto": on when layers are offloaded or the KV type is quantized."""
     n_threads: int | None = key(None, check=integer(1))
     """CPU threads for decoding; None lets llama-cpp-python choose."""
+    n_threads_batch: int | None = key(None, check=integer(1))
+    """CPU threads for prefill; None: every core less those other processes keep
+    busy, chosen before each prefill (`chatterm.core.llama_model.BatchThreads`)."""
     chat_template: str | None = key(None, check=non_empty_text)
     """Local: the chat template when the GGUF has none or a wrong one: a Jinja
     string, a file path, or the name of a llama-cpp-python chat format."""

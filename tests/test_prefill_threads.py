@@ -1,0 +1,81 @@
+"""Prefill threads follow the load of other processes (BatchThreads over OtherLoad),
+measured on the real machine with real busy processes and the real default model."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from chatterm.core.llama_model import BatchThreads, open_model
+from chatterm.core.machine import OtherLoad
+from chatterm.core.models import load_catalog
+
+pytestmark = pytest.mark.skipif(
+    not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2 or not os.path.exists("/proc/stat"),
+    reason="needs Linux /proc/stat and at least 2 cores",
+)
+
+SETTLE_S = 1.6  # OtherLoad keeps the larger of two 0.5 s windows
+
+
+def settled(load: OtherLoad) -> float:
+    time.sleep(SETTLE_S)
+    assert load.cores is not None
+    return load.cores
+
+
+def test_other_processes_count_and_this_process_does_not():
+    load = OtherLoad().start()
+    try:
+        stop = threading.Event()
+
+        def spin() -> None:
+            while not stop.is_set():
+                pass
+
+        spinner = threading.Thread(target=spin)
+        spinner.start()  # a core kept busy by this process
+        try:
+            own_busy = settled(load)
+        finally:
+            stop.set()
+            spinner.join()
+        hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        try:
+            other_busy = settled(load)
+        finally:
+            hog.kill()
+            hog.wait()
+    finally:
+        load.stop()
+    assert other_busy >= 0.6
+    assert own_busy <= other_busy - 0.5
+
+
+def test_prefill_gives_a_busy_core_back_and_a_fixed_count_stays():
+    llm = open_model(load_catalog(None).get(None)).llm
+    adaptive = BatchThreads(llm)
+    most = llm.n_threads_batch
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(SETTLE_S)
+        threads = adaptive.apply()
+        assert 1 <= threads <= min(most, len(os.sched_getaffinity(0)) - 1) and threads == adaptive.current
+    finally:
+        hog.kill()
+        hog.wait()
+        adaptive.close()
+    fixed = BatchThreads(llm, fixed=most)
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(SETTLE_S)
+        assert fixed.apply() == most  # models.toml n_threads_batch: never adapted
+    finally:
+        hog.kill()
+        hog.wait()
+        llm.close()
