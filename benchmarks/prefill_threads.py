@@ -68,12 +68,12 @@ def main(argv: list[str] | None = None) -> int:
     busy = f"{busy_before:.0%}" if busy_before is not None else "unknown"
     print(f"CPU: {cpu_name()} ({cores} cores); calibration {calib_before:.1f} ms; other processes busy {busy}")
     spec = load_catalog(None).get(None)
-    fixed_llm = open_model(spec).llm
-    adaptive_llm = open_model(spec).llm
-    contexts = {
-        "fixed": (fixed_llm, BatchThreads(fixed_llm, fixed=fixed_llm.n_threads_batch)),
-        "adaptive": (adaptive_llm, BatchThreads(adaptive_llm)),
-    }
+    contexts = {}
+    for name, threads in (("fixed", BatchThreads(fixed=cores)), ("adaptive", BatchThreads())):
+        llm = open_model(spec).llm  # llama-cpp-python's default: one prefill thread per core
+        threads.bind(llm)
+        contexts[name] = (llm, threads)
+    fixed_llm = contexts["fixed"][0]
     tokens = fixed_llm.tokenize(TEXT.encode(), add_bos=True)[: max(SIZES)]
     for llm, threads in contexts.values():  # warm up: the first decode carries a one-time cost
         prefill_ms(llm, threads, tokens[:8])

@@ -90,20 +90,26 @@ def open_model(spec: ModelSpec, progress: Progress | None = None) -> OpenedModel
 
 
 class BatchThreads:
-    """The prefill thread count of one context (see the module docstring)."""
+    """The prefill thread count of one context (see the module docstring).
+    Made before the model loads, so that the load of other processes is
+    already known at the first prefill; `bind()` it to the loaded model."""
 
-    def __init__(self, llm: llama_cpp.Llama, fixed: int | None = None):
-        self._llm = llm
-        self._most = llm.n_threads_batch
-        self.current = llm.n_threads_batch
+    def __init__(self, fixed: int | None = None):
+        self._llm: llama_cpp.Llama | None = None
+        self._most = self.current = 1
         try:
             self._cores = len(os.sched_getaffinity(0))
         except (AttributeError, OSError):
             self._cores = os.cpu_count() or 1
-        self._load = OtherLoad().start() if fixed is None and self._most > 1 else None
+        self._load = OtherLoad().start() if fixed is None and self._cores > 1 else None
+
+    def bind(self, llm: llama_cpp.Llama) -> None:
+        self._llm = llm
+        self._most = self.current = llm.n_threads_batch
 
     def apply(self) -> int:
         """Set the thread count for the next prefill; returns it."""
+        assert self._llm is not None, "bind() the loaded model first"
         wanted = self._most
         others = self._load.cores if self._load is not None else None
         if others is not None:

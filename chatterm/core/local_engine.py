@@ -176,7 +176,14 @@ class LocalEngine(Engine):
     # -- loading ---------------------------------------------------------
     def load(self, progress: Progress | None = None) -> None:
         path = self.spec.model_path()
-        opened = open_model(self.spec, progress)
+        threads = BatchThreads(self.spec.n_threads_batch)  # samples other processes during the load
+        try:
+            opened = open_model(self.spec, progress)
+        except BaseException:
+            threads.close()
+            raise
+        threads.bind(opened.llm)
+        self._threads = threads
         self.llm, self.plan, self._device_name = opened.llm, opened.plan, opened.device_name
         self.load_notes = list(opened.notes)
         self._model_sha256 = sha256_of_file(path)
@@ -185,13 +192,13 @@ class LocalEngine(Engine):
         try:
             self.template = templates.template_for(self.llm, self.spec.id, self.spec.chat_template, base_dir)
         except ChattermError:
+            threads.close()
             self.llm.close()
             self.llm = None
             raise
         self._vocab = llama_cpp.llama_model_get_vocab(self.llm.model)
         self._piece = ctypes.create_string_buffer(64)
         self._abort.install(self.llm)
-        self._threads = BatchThreads(self.llm, self.spec.n_threads_batch)
         self._warm_up()
         if progress is not None:
             progress(1.0)

@@ -67,30 +67,45 @@ def busy_fraction(seconds: float = 0.5) -> float | None:
 
 class OtherLoad:
     """CPU cores (of this process's CPU set) that other processes kept busy,
-    measured every `interval_s` from /proc/stat minus this process's own CPU
-    time. `cores` is the larger of the last two windows, so one quiet half
-    second inside a steady load does not count as idle; None until two
-    samples exist, and always where /proc/stat cannot be read."""
+    from /proc/stat minus this process's own CPU time. A daemon thread measures
+    a window every `interval_s`; `cores` is the larger of the last two windows,
+    so one quiet half second inside a steady load does not count as idle.
+    Before the first window ends, `cores` measures from `start()` to now (at
+    least `FIRST_WINDOW_S`): a command that prefills right after loading its
+    model still sees the load. None where /proc/stat cannot be read."""
+
+    FIRST_WINDOW_S = 0.1
 
     def __init__(self, interval_s: float = 0.5):
         self.interval_s = interval_s
-        self.cores: float | None = None
         try:
             self._cpus = {f"cpu{n}" for n in os.sched_getaffinity(0)}
         except (AttributeError, OSError):
             self._cpus = None
         self._tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+        self._first: tuple[float, float, float] | None = None
+        self._windows: tuple[float, ...] = ()
         self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
     def start(self) -> "OtherLoad":
-        if self._cpus is not None and self._sample() is not None:
-            self._thread = threading.Thread(target=self._run, name="chatterm-other-load", daemon=True)
-            self._thread.start()
+        self._first = self._sample() if self._cpus is not None else None
+        if self._first is not None:
+            threading.Thread(target=self._run, name="chatterm-other-load", daemon=True).start()
         return self
 
     def stop(self) -> None:
         self._stop.set()
+
+    @property
+    def cores(self) -> float | None:
+        if self._windows:
+            return max(self._windows)
+        if self._first is None or self._stop.is_set():
+            return None
+        now = self._sample()
+        if now is None or now[0] - self._first[0] < self.FIRST_WINDOW_S:
+            return None
+        return self._busy(self._first, now)
 
     def _sample(self) -> tuple[float, float, float] | None:
         """(wall s, busy CPU s of our CPUs, own CPU s)."""
@@ -107,16 +122,16 @@ class OtherLoad:
         own = os.times()
         return time.monotonic(), busy / self._tick, own.user + own.system
 
+    @staticmethod
+    def _busy(before: tuple[float, float, float], after: tuple[float, float, float]) -> float:
+        wall = after[0] - before[0]
+        return max((after[1] - before[1]) - (after[2] - before[2]), 0.0) / wall if wall > 0 else 0.0
+
     def _run(self) -> None:
-        last = self._sample()
-        previous_window = None
+        last = self._first
         while last is not None and not self._stop.wait(self.interval_s):
             now = self._sample()
-            if now is None:
-                break
-            wall = now[0] - last[0]
-            window = max((now[1] - last[1]) - (now[2] - last[2]), 0.0) / wall if wall > 0 else 0.0
-            if previous_window is not None:
-                self.cores = max(window, previous_window)
-            previous_window, last = window, now
-        self.cores = None
+            if now is not None:
+                self._windows = (*self._windows[-1:], self._busy(last, now))
+            last = now
+        self._windows = ()
