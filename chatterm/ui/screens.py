@@ -28,27 +28,35 @@ from chatterm.ui.rows import Rows
 
 HELP_KEYS: tuple[tuple[str, str], ...] = (
     ("Enter", "send the message"),
-    ("Ctrl+J", "new line in the message (also Shift+Enter / Alt+Enter where the terminal reports them)"),
-    ("Esc", "stop the reply that is streaming (the partial text is kept, marked stopped); in an empty prompt, "
-            "drop the type-ahead prefill"),
+    ("Ctrl+J", "new line (Shift+Enter / Alt+Enter too, where the terminal reports them)"),
+    ("Esc", "stop the streaming reply (its partial text is kept); in an empty prompt, drop the type-ahead prefill"),
     ("F1 or ?", "this help (? when the prompt is not focused)"),
-    ("F2", "persona picker: switch persona (starts a new conversation)"),
+    ("F2", "persona picker (switching starts a new conversation)"),
     ("F3", "past sessions: open one to continue it"),
     ("F4", "show / hide the latency dashboard"),
-    ("F5", "latency screen: TTFT, decode rate and cost charts, turns, what-if pricing"),
+    ("F5", "latency screen: TTFT, decode and cost charts, turns, what-if pricing"),
     ("F8", "the last turn: its timeline, per-token costs and cost"),
-    ("Ctrl+S", "export this session as a Markdown report (data folder, path shown)"),
+    ("Ctrl+S", "export as a Markdown report (data folder, path shown)"),
     ("Ctrl+N", "new conversation with the same persona"),
-    ("Ctrl+P", "command palette: personas, themes, sessions, export formats"),
+    ("Ctrl+P", "command palette: personas, themes, sessions, exports"),
     ("Tab / Shift+Tab", "move focus between the prompt and the conversation"),
     ("Ctrl+Q", "quit (also mid-reply and while the model loads)"),
 )
-"""Every key the app answers to; docs/tui.md has the same table."""
+"""Every key the app answers to; docs/tui.md has the same table, in more words.
+Each description fits two lines at 80x24, so the whole list fits there."""
 
 
 class HelpScreen(ModalScreen[None]):
     BINDINGS = [Binding("escape,f1,q,question_mark", "dismiss", "Close")]
-    AUTO_FOCUS = None
+    # The keys scroll with ↑ ↓ PgUp PgDn Home End from the start: on a short
+    # terminal they are the only way to reach the last keys without a mouse.
+    AUTO_FOCUS = "#help-scroll"
+    # Below 36 rows the box drops its blank rows and takes the whole width
+    # (chatterm.tcss), so every key fits at 80x24; the breakpoint is where the
+    # roomy layout stops fitting at 80 columns.
+    VERTICAL_BREAKPOINTS = [(0, "-short"), (36, "-tall")]
+
+    CLOSE = "Esc closes this help."
 
     def compose(self):
         # A grid, so a wrapped description stays in its column (80x24 included).
@@ -61,7 +69,32 @@ class HelpScreen(ModalScreen[None]):
             yield Static(Content("chatterm — keys"), classes="modal-title")
             with VerticalScroll(id="help-scroll"):
                 yield Static(grid, id="help-keys")
-            yield Static(Content("Esc closes this help."), classes="modal-hint")
+            yield Static(Content(self.CLOSE), id="help-hint", classes="modal-hint")
+
+    def on_mount(self) -> None:
+        # A scrollbar thumb alone is easy to miss: the hint says when keys are
+        # hidden below, following the scrollbar and the scroll position.
+        scroll = self.query_one("#help-scroll", VerticalScroll)
+        self.watch(scroll, "show_vertical_scrollbar", self._show_hint)
+        self.watch(scroll, "scroll_y", self._show_hint)
+
+    def on_resize(self) -> None:
+        # A resize can move the end of the list without moving the scroll
+        # position; the new layout is known after the refresh.
+        self.call_after_refresh(self._show_hint)
+
+    def _show_hint(self) -> None:
+        scroll = self.query_one("#help-scroll", VerticalScroll)
+        hint = self.query_one("#help-hint", Static)
+        more = scroll.show_vertical_scrollbar and not scroll.is_vertical_scroll_end
+        if more:
+            text = f"▼ More keys below: ↓ PgDn End scroll · {self.CLOSE}"
+        elif scroll.show_vertical_scrollbar:
+            text = f"▲ ↑ PgUp Home scroll back · {self.CLOSE}"
+        else:
+            text = self.CLOSE
+        hint.update(Content(text))
+        hint.set_class(more, "-more")
 
 
 class PersonaPicker(ModalScreen[str | None]):

@@ -366,7 +366,7 @@ async def test_help_screen_lists_every_binding(build):
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("f1")
         assert isinstance(app.screen, HelpScreen)
-        text = rendered(app.screen.query_one("#help-keys"))
+        text = " ".join(rendered(app.screen.query_one("#help-keys")).split())  # wrapped lines rejoined
         documented = " ".join(key for key, _ in HELP_KEYS).lower()
         for binding in ChatApp.BINDINGS:
             for key in binding.key.split(","):
@@ -382,6 +382,43 @@ async def test_help_screen_lists_every_binding(build):
         app.query_one("#conversation").focus()
         await pilot.press("question_mark")
         assert isinstance(app.screen, HelpScreen)
+
+
+def visible_help(screen) -> str:
+    """The help's key rows inside its scroll's viewport (what the user sees)."""
+    scroll = screen.query_one("#help-scroll")
+    assert screen.region.contains_region(scroll.region)
+    lines = rendered(screen.query_one("#help-keys")).splitlines()
+    top = round(scroll.scroll_y)
+    return "\n".join(lines[top:top + scroll.scrollable_content_region.height])
+
+
+async def test_help_shows_every_key_at_80x24_and_scrolls_with_the_keys_when_shorter(build):
+    app, _ = build()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("f1")
+        await pilot.pause()
+        screen = app.screen
+        # At 80 columns the footer drops F8, Ctrl+S and Ctrl+N: the help is where
+        # they are found, so every key is on screen without scrolling.
+        shown = visible_help(screen)
+        for key, _ in HELP_KEYS:
+            assert key in shown, key
+        scroll, hint = screen.query_one("#help-scroll"), screen.query_one("#help-hint", Static)
+        assert scroll.max_scroll_y == 0 and rendered(hint).strip() == "Esc closes this help."
+        # The keys have the focus, so ↓ PgDn End scroll at once (no Tab first),
+        # and the hint says when keys are hidden below.
+        assert app.focused is scroll
+        await pilot.resize_terminal(80, 16)
+        await wait_for(pilot, lambda: scroll.max_scroll_y > 0 and hint.has_class("-more"), what="overflow")
+        assert "More keys below" in rendered(hint) and "Ctrl+Q" not in visible_help(screen)
+        await pilot.press("down")
+        await wait_for(pilot, lambda: scroll.scroll_y >= 1, what="a scroll down")
+        await pilot.press("end")
+        await wait_for(pilot, lambda: scroll.is_vertical_scroll_end, what="the end of the keys")
+        assert "Ctrl+Q" in visible_help(screen)
+        await wait_for(pilot, lambda: "scroll back" in rendered(hint) and not hint.has_class("-more"),
+                       what="the hint to follow the scroll")
 
 
 def _stored_session(store: SessionStore) -> int:
