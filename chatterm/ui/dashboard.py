@@ -26,7 +26,7 @@ from chatterm.core.breakdown import PART_GLYPHS, PARTS, session_token_costs, tim
 from chatterm.core.format import cache_label, fmt_int, fmt_ms, fmt_tok_s, fmt_usd
 from chatterm.core.metrics import SessionSummary, StopReason, TurnMetrics
 from chatterm.core.whatif import cost_split
-from chatterm.ui.rows import LABEL_WIDTH, Rows
+from chatterm.ui.rows import LABEL_WIDTH, Fitted, Rows
 from chatterm.ui.timeline import STYLES, fmt_share, shown, timeline_bar, token_cost_line
 
 if TYPE_CHECKING:
@@ -34,13 +34,15 @@ if TYPE_CHECKING:
     from chatterm.core.gpu_telemetry import GpuStatus
 
 BAR_WIDTH = 30
-"""Cells of the turn's timeline bar (the panel is 48 columns wide)."""
+"""Cells of the turn's timeline bar where the panel has them (48 columns wide);
+narrower (at 80 columns it is 40), the bar shrinks to its column."""
 NA = "n/a"
 
 
-def timeline_rows(m: TurnMetrics) -> list[tuple[str, Content]]:
+def timeline_rows(m: TurnMetrics) -> list[tuple[str, Content | Fitted]]:
     """The turn's bar to scale and a compact legend: `┄ 900 ▒ 21 █ 61 ▓ 6 ░ 96 ms`
-    (waiting and restore only when they took time)."""
+    (waiting and restore only when they took time). The bar is `Fitted` to its
+    column: wrapped, it would no longer be to scale."""
     tl = timeline(m)
     if not tl.reached_first_token:
         return []
@@ -48,7 +50,7 @@ def timeline_rows(m: TurnMetrics) -> list[tuple[str, Content]]:
         Content.assemble((PART_GLYPHS[p], STYLES[p]), f" {tl.ms(p):,.0f}")
         for p in PARTS if shown(tl, p)
     )
-    return [("timeline", timeline_bar(tl, BAR_WIDTH)), ("", legend + Content(" ms"))]
+    return [("timeline", lambda width: timeline_bar(tl, min(width, BAR_WIDTH))), ("", legend + Content(" ms"))]
 
 
 def turn_state(m: TurnMetrics, running: bool) -> str:

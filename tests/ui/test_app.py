@@ -15,6 +15,7 @@ from conftest import loaded, send, wait_for, wait_for_palette_hit
 from textual.geometry import Region
 from textual.widgets import DataTable, Markdown, OptionList, Static
 
+from chatterm.core.breakdown import PART_GLYPHS
 from chatterm.core.engine import EngineCapabilities
 from chatterm.core.errors import ChattermError
 from chatterm.core.metrics import TurnMetrics
@@ -22,7 +23,8 @@ from chatterm.core.store import SessionStore
 from chatterm.ui.app import ChatApp
 from chatterm.ui.chat_view import TurnPhase
 from chatterm.ui.conversation import AssistantReply, Notice, UserMessage
-from chatterm.ui.dashboard import Dashboard
+from chatterm.ui.dashboard import BAR_WIDTH, Dashboard
+from chatterm.ui.rows import LABEL_WIDTH
 from chatterm.ui.screens import HELP_KEYS, HelpScreen, PersonaPicker, SessionsScreen
 
 SIZE = (120, 40)
@@ -359,6 +361,32 @@ async def test_small_terminal_hides_the_dashboard_and_f4_toggles_it(build):
         await pilot.resize_terminal(140, 40)
         await pilot.pause(0.05)
         assert not dashboard.display  # the user's choice holds after a resize
+
+
+async def test_timeline_bar_fits_the_dashboard_on_one_line_at_80_columns(build):
+    app, _ = build(["Fine."])
+    async with app.run_test(size=(80, 24)) as pilot:
+        await loaded(pilot)
+        await pilot.press("f4")
+        await send(pilot, "Hi")
+        await pilot.pause()
+        turn = app.query_one("#dash-turn", Static)
+
+        def bar_and_next() -> tuple[str, str]:
+            lines = rendered(turn).splitlines()
+            row = next(i for i, line in enumerate(lines) if line.startswith("timeline"))
+            return lines[row][LABEL_WIDTH:].rstrip(), lines[row + 1].strip()
+
+        # The panel is 40 columns here: the bar shrinks to its column instead of
+        # wrapping its last cells onto a second line, which would not be to scale.
+        bar, after = bar_and_next()
+        assert set(bar) <= set(PART_GLYPHS.values())
+        assert len(bar) == turn.content_size.width - LABEL_WIDTH < BAR_WIDTH
+        assert after.endswith(" ms") and after[0] in PART_GLYPHS.values()  # the legend
+        # Where the panel has room, the bar has its full width again.
+        await pilot.resize_terminal(120, 40)
+        await pilot.pause()
+        assert len(bar_and_next()[0]) == BAR_WIDTH
 
 
 async def test_help_screen_lists_every_binding(build):
