@@ -18,7 +18,7 @@ from textual.widgets import DataTable, Markdown, OptionList, Static
 from chatterm.core.breakdown import PART_GLYPHS
 from chatterm.core.engine import EngineCapabilities
 from chatterm.core.errors import ChattermError
-from chatterm.core.metrics import TurnMetrics
+from chatterm.core.metrics import SessionSummary, TurnMetrics
 from chatterm.core.store import SessionStore
 from chatterm.ui.app import ChatApp
 from chatterm.ui.chat_view import TurnPhase
@@ -107,6 +107,26 @@ async def test_dashboard_values_wrap_under_the_value_and_are_never_cut(build):
         shown = rendered(dash.query_one("#dash-persona")).splitlines()[1:]
         assert shown[0].startswith("prefix      in 6.70 ms") and len(shown) > 1
         assert " ".join(line[label_width:].strip() for line in shown) == costs
+
+
+async def test_history_sparklines_are_to_scale_from_zero(build):
+    app, _ = build(store=None)
+    async with app.run_test(size=(150, 45)) as pilot:
+        await loaded(pilot)
+        # TTFTs 16 % apart and decode rates of 20, 30 and 40 tok/s.
+        turns = [TurnMetrics(engine="local", model_id="m", persona_id="assistant", submitted_at=1.7e9 + i,
+                             ttft_ms=ttft, generated_tokens=tokens, decode_ms=1000.0)
+                 for i, (ttft, tokens) in enumerate([(189.0, 21), (199.0, 41), (219.0, 31)])]
+        dash = app.query_one(Dashboard)
+        dash.show_session(SessionSummary.of(turns), turns)
+        await pilot.pause()
+        ttft = rendered(dash.query_one("#spark-ttft")).strip()
+        rate = rendered(dash.query_one("#spark-rate")).strip()
+        # Scaled from the lowest value these read ▁▃█ and ▁█▄: near-equal TTFTs
+        # looked tenfold apart. From zero, 189 and 199 ms are nearly full bars,
+        # and 20 tok/s is half the height of 40.
+        assert set(ttft) == {"▇", "█"} and ttft.startswith("▇") and ttft.endswith("█")
+        assert rate.startswith("▄") and "█" in rate and rate.endswith("▆") and "▁" not in rate
 
 
 async def test_turns_are_stored_and_exported_with_the_key(build, workspace, isolated_dirs):
