@@ -7,7 +7,9 @@ Contract:
   when the model failed (`no_model`); everything else happens here.
 - What happens when the user presses Enter, in order:
   1. `_submitted` (PromptArea.Submitted): refused with a notification unless the
-     phase is IDLE; otherwise the user message and an empty streaming reply are
+     phase is IDLE (while the model loads, the prompt is sent once `attach`
+     says it has loaded; it stays in the prompt and can be edited meanwhile);
+     otherwise the user message and an empty streaming reply are
      mounted, the phase becomes STREAMING, the collector's full passes stop
      (`gc_policy`), the timers start, `_run_turn` starts.
   2. `_run_turn` (thread worker): `Conversation.send` starts the engine's turn,
@@ -174,6 +176,8 @@ class ChatView(Vertical):
         self._conversation: Conversation | None = None
         self._phase = TurnPhase.NO_MODEL
         self._no_model_reason: str | None = None
+        self._send_when_ready = False
+        """Enter was pressed while the model loaded: send the prompt once it has."""
         self._unshown: deque[str] = deque()
         """Deltas the worker produced that are not on screen yet."""
         self._reply: AssistantReply | None = None
@@ -223,10 +227,16 @@ class ChatView(Vertical):
         self._conversation = conversation
         if self._phase is TurnPhase.NO_MODEL:
             self._phase = TurnPhase.IDLE
+        if self._send_when_ready and self._phase is TurnPhase.IDLE:
+            self._send_when_ready = False
+            prompt = self.query_one(PromptArea)
+            if prompt.text.strip():
+                prompt.post_message(PromptArea.Submitted(prompt, prompt.text))
 
     def no_model(self, reason: str) -> None:
         """The model failed to load: Enter says why instead of sending."""
         self._no_model_reason = reason
+        self._send_when_ready = False
 
     async def start_over(
         self,
@@ -280,7 +290,9 @@ class ChatView(Vertical):
             if self._no_model_reason:
                 self.notify(f"No model: {self._no_model_reason}", severity="error", markup=False)
             else:
-                self.notify("The model is still loading; your message is kept.", markup=False)
+                self._send_when_ready = True
+                self.notify("The model is still loading: your message is sent as soon as it is ready.",
+                            markup=False)
             return
         if self._phase is not TurnPhase.IDLE:
             self.notify("A reply is streaming: Esc stops it.", markup=False)

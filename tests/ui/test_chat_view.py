@@ -63,6 +63,25 @@ async def test_enter_walks_the_turn_through_its_phases(build):
         assert engines[0].received[1][2] == "next question"
 
 
+async def test_enter_while_the_model_loads_sends_once_it_has_loaded(build):
+    gate = threading.Event()
+    app, engines = build(["bonjour"], load_gate=gate)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: engines and engines[0].loading.is_set(), what="the load to start")
+        app.query_one("#prompt").insert("Hi there")
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: any("as soon as it is ready" in n.message for n in app._notifications),
+                       what="the notice")
+        assert app.query_one("#prompt").text == "Hi there" and not app.query(UserMessage)
+        app.query_one("#prompt").insert(", in French")  # still editable meanwhile
+        gate.set()
+        await loaded(pilot)
+        await wait_for(pilot, lambda: len(app.conversation.turns) == 1 and app.chat.phase is TurnPhase.IDLE,
+                       what="the queued turn")
+        assert engines[0].received[0][2] == "Hi there, in French"
+        assert app.query_one("#prompt").text == ""
+
+
 async def test_markdown_renders_while_streaming_and_stays_the_same_once_finished(build):
     app, engines = build([LONG_MARKDOWN])
     async with app.run_test(size=SIZE) as pilot:
