@@ -261,6 +261,7 @@ def env(tmp_path, monkeypatch):
     for name in ("CONFIG", "DATA", "CACHE"):
         monkeypatch.setenv(f"CHATTERM_{name}_DIR", str(tmp_path / name.lower()))
     db = tmp_path / "data" / "chatterm.db"
+    db.parent.mkdir()  # a named database's folder must exist
     monkeypatch.setenv("CHATTERM_DB", str(db))
     return db
 
@@ -333,7 +334,6 @@ def test_export_command_without_sessions(env, capsys):
 
 
 def test_export_command_refuses_bad_databases(env, capsys):
-    env.parent.mkdir(parents=True)
     env.write_bytes(b"\x00garbage" * 64)
     assert main(["export", "--all"]) == 2
     line = one_line_error(capsys)

@@ -357,6 +357,7 @@ def test_several_sessions_share_the_same_charts(sample):
 @pytest.fixture
 def env(tmp_path, monkeypatch):
     db = tmp_path / "data" / "chatterm.db"
+    db.parent.mkdir()  # a named database's folder must exist
     monkeypatch.setenv("CHATTERM_DB", str(db))
     return db
 

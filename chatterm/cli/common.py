@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
+from chatterm.core import paths
+from chatterm.core.errors import ChattermError
 from chatterm.core.format import printable
 from chatterm.core.workspace import Workspace
 
@@ -19,6 +22,24 @@ def workspace(args: argparse.Namespace) -> Workspace:
         if error != wanted:
             print(f"chatterm: warning: skipped: {printable(error)}", file=sys.stderr)
     return ws
+
+
+def db_path(args: argparse.Namespace) -> Path:
+    """The session database for a command that opens it: --db, else $CHATTERM_DB,
+    else the data folder's. A database the user named must be in a folder that
+    exists: the store creates missing folders, which for a mistyped path would
+    leave a new folder tree with an empty database in it (or, read-only, list
+    "no sessions" where the user expects theirs). The data folder is created on
+    first use."""
+    named, source = (args.db, "--db") if args.db is not None else (paths.named_db_path(), "$CHATTERM_DB")
+    if named is None:
+        return paths.default_db_path()
+    folder = named.parent
+    if not folder.is_dir():
+        if folder.exists():
+            raise ChattermError(f"{source} {named}: {folder} is not a folder; choose another path")
+        raise ChattermError(f"{source} {named}: folder {folder} does not exist; create it first or choose another path")
+    return named
 
 
 def add_model_persona_options(parser: argparse.ArgumentParser) -> None:

@@ -15,7 +15,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from chatterm.core import paths
+from chatterm.cli.common import db_path
 from chatterm.core.errors import ChattermError
 from chatterm.core.export import FORMATS, REPORT_FORMATS, export_chunks, sessions_to_export, write_atomic
 from chatterm.core.models import load_catalog
@@ -57,7 +57,7 @@ def register(sub, common) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    db = args.db or paths.default_db_path()
+    db = db_path(args)
     # "-" is stdout, as for most Unix tools (not a file named "-").
     output = Path(args.output) if args.output and args.output != "-" else None
     fmt = args.format or (_SUFFIX_FORMATS.get(output.suffix.lower(), "jsonl") if output else "jsonl")

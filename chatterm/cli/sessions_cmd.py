@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from chatterm.core import paths
+from chatterm.cli.common import db_path
 from chatterm.core.format import fmt_ms, fmt_usd, printable
 from chatterm.core.store import SessionStore
 
@@ -33,7 +33,7 @@ def register(sub, common) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    db = args.db or paths.default_db_path()
+    db = db_path(args)
     with SessionStore(db, readonly=True) as store:
         sessions = store.sessions()
     console = Console()
