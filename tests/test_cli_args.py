@@ -7,19 +7,11 @@ from __future__ import annotations
 import pytest
 
 from chatterm.cli import main
+from tests.test_export import build_sample, one_line_error
 
 # Every command that opens the database; `launch --resume` gets to the store
 # without a terminal, which a plain `launch` needs first.
 DB_COMMANDS = [["sessions"], ["export"], ["ask", "hi"], ["launch"], ["launch", "--resume"]]
-
-
-def one_line_error(capsys) -> str:
-    captured = capsys.readouterr()
-    assert captured.out == ""
-    lines = captured.err.strip().splitlines()
-    assert len(lines) == 1, captured.err
-    assert "Traceback" not in captured.err
-    return lines[0]
 
 
 # -- --db and $CHATTERM_DB ------------------------------------------------------------
@@ -61,3 +53,25 @@ def test_a_directory_as_database_is_the_same_line_for_every_command(tmp_path, ca
         f"pass --db {folder / 'chatterm.db'} to keep the database in it"
     }
     assert list(folder.iterdir()) == []
+
+
+# -- export -o FILE -------------------------------------------------------------------
+def test_an_export_suffix_that_names_no_format_is_an_error_and_writes_nothing(tmp_path, capsys):
+    db = tmp_path / "s.db"
+    first, _ = build_sample(db)
+    out = tmp_path / "out"
+    out.mkdir()
+    assert main(["--db", str(db), "export", str(first), "-o", str(out / "r.pdf")]) == 2
+    assert one_line_error(capsys) == (
+        f"chatterm: error: {out / 'r.pdf'}: '.pdf' is not an export suffix (.jsonl .json .csv .md .html .htm); "
+        "pass --format jsonl|csv|md|html to write it anyway"
+    )
+    assert list(out.iterdir()) == []
+    # --format says what the file holds, whatever its name.
+    assert main(["--db", str(db), "export", str(first), "--format", "md", "-o", str(out / "r.pdf")]) == 0
+    assert (out / "r.pdf").read_text(encoding="utf-8").startswith("# ")
+    # No suffix is JSONL; a known suffix counts in any case.
+    assert main(["--db", str(db), "export", str(first), "-o", str(out / "r")]) == 0
+    assert (out / "r").read_text().startswith('{"session_id":')
+    assert main(["--db", str(db), "export", str(first), "-o", str(out / "R.HTM")]) == 0
+    assert (out / "R.HTM").read_text(encoding="utf-8").startswith("<!DOCTYPE html>")

@@ -4,9 +4,11 @@
 Reads the database read-only (export never changes it). Several ids put several
 sessions in one file (the reports chart them together). Reports price the
 sessions under every profile of the model catalog (`--models` or bundled + user
-models.toml). Output goes to stdout (also `-o -`), or atomically to `-o FILE`: an unknown id,
-a session without turns, a broken catalog or an unwritable path is one line on
-stderr, exit status 2, and no file left behind.
+models.toml). Output goes to stdout (also `-o -`), or atomically to `-o FILE`,
+in the format its suffix names (JSONL without a suffix): an unknown id, a
+session without turns, a broken catalog, a suffix that names no format (without
+--format) or an unwritable path is one line on stderr, exit status 2, and no
+file left behind.
 """
 
 from __future__ import annotations
@@ -47,7 +49,8 @@ def register(sub, common) -> None:
         "-f",
         "--format",
         choices=FORMATS,
-        help="output format (default: from the -o suffix .jsonl/.csv/.md/.html, else jsonl)",
+        help="output format (default: from the -o suffix, .jsonl .json .csv .md .html .htm; "
+        "jsonl for stdout or a file without a suffix)",
     )
     p.add_argument(
         "-o", "--output", metavar="FILE",
@@ -56,11 +59,25 @@ def register(sub, common) -> None:
     p.set_defaults(func=run)
 
 
+def _format_of(output: Path | None) -> str:
+    """The format an output path's suffix names. An unknown suffix is an error,
+    not JSONL: `-o r.pdf` must not leave JSON in a file named like a PDF."""
+    if output is None or not output.suffix:
+        return "jsonl"
+    try:
+        return _SUFFIX_FORMATS[output.suffix.lower()]
+    except KeyError:
+        raise ChattermError(
+            f"{output}: {output.suffix!r} is not an export suffix ({' '.join(_SUFFIX_FORMATS)}); "
+            f"pass --format {'|'.join(FORMATS)} to write it anyway"
+        ) from None
+
+
 def run(args: argparse.Namespace) -> int:
     db = db_path(args)
     # "-" is stdout, as for most Unix tools (not a file named "-").
     output = Path(args.output) if args.output and args.output != "-" else None
-    fmt = args.format or (_SUFFIX_FORMATS.get(output.suffix.lower(), "jsonl") if output else "jsonl")
+    fmt = args.format or _format_of(output)
     # The catalog first: a broken models.toml fails before anything is read.
     prices = load_catalog(args.models).prices if fmt in REPORT_FORMATS else None
     with SessionStore(db, readonly=True) as store:
