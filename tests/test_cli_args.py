@@ -75,3 +75,20 @@ def test_an_export_suffix_that_names_no_format_is_an_error_and_writes_nothing(tm
     assert (out / "r").read_text().startswith('{"session_id":')
     assert main(["--db", str(db), "export", str(first), "-o", str(out / "R.HTM")]) == 0
     assert (out / "R.HTM").read_text(encoding="utf-8").startswith("<!DOCTYPE html>")
+
+
+# -- counts ---------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (["sessions", "-n", "0"], "--limit must be at least 1 (got 0)"),
+        (["sessions", "--limit", "-1"], "--limit must be at least 1 (got -1)"),
+        (["bench", "--runs", "0"], "--runs must be at least 1 (got 0)"),
+        (["bench", "--max-tokens", "-2"], "--max-tokens must be at least 1 (got -2)"),
+    ],
+)
+def test_a_count_below_1_is_an_error_not_everything(tmp_path, capsys, args, line):
+    db = tmp_path / "s.db"
+    build_sample(db)
+    assert main([*args, "--db", str(db)]) == 2
+    assert one_line_error(capsys) == f"chatterm: error: {line}"

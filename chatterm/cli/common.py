@@ -42,6 +42,13 @@ def db_path(args: argparse.Namespace) -> Path:
     return named
 
 
+def require_positive(option: str, value: int) -> None:
+    """A count option (--runs, --limit) must be 1 or more: 0 or a negative
+    number would otherwise quietly mean "all" or "none"."""
+    if value < 1:
+        raise ChattermError(f"{option} must be at least 1 (got {value})")
+
+
 def add_model_persona_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", metavar="ID", help="model id from models.toml (default: the catalog default)")
     parser.add_argument("--persona", metavar="NAME", help="persona id (default: assistant)")

@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from chatterm.cli.common import db_path
+from chatterm.cli.common import db_path, require_positive
 from chatterm.core.format import fmt_ms, fmt_usd, printable
 from chatterm.core.store import SessionStore
 
@@ -33,6 +33,8 @@ def register(sub, common) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.limit is not None:
+        require_positive("--limit", args.limit)
     db = db_path(args)
     with SessionStore(db, readonly=True) as store:
         sessions = store.sessions()
@@ -40,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
     if not sessions:
         console.print(Text(f"No sessions yet in {db}. Start one with `chatterm launch`."))
         return 0
-    shown = sessions[: args.limit] if args.limit and args.limit > 0 else sessions
+    shown = sessions[: args.limit] if args.limit else sessions
     table = Table(title=Text(f"Sessions in {db}"), title_justify="left")
     table.add_column("ID", justify="right")
     table.add_column("Date")
