@@ -92,3 +92,34 @@ def test_a_count_below_1_is_an_error_not_everything(tmp_path, capsys, args, line
     build_sample(db)
     assert main([*args, "--db", str(db)]) == 2
     assert one_line_error(capsys) == f"chatterm: error: {line}"
+
+
+# -- --models FILE --------------------------------------------------------------------
+@pytest.mark.parametrize("command", [["sessions"], ["export", "--all"], ["export", "--all", "--format", "csv"]],
+                         ids=" ".join)
+def test_a_named_models_file_that_is_missing_or_broken_is_an_error_for_the_database_readers(
+    tmp_path, capsys, command
+):
+    db = tmp_path / "s.db"
+    build_sample(db)
+    missing = tmp_path / "nonexist.toml"
+    assert main(["--models", str(missing), *command, "--db", str(db)]) == 2
+    assert one_line_error(capsys) == f"chatterm: error: {missing}: file not found"
+    broken = tmp_path / "broken.toml"
+    broken.write_text("[models.x\n")
+    assert main(["--models", str(broken), *command, "--db", str(db)]) == 2
+    assert f"{broken}: invalid TOML" in one_line_error(capsys)
+
+
+def test_sessions_warns_about_a_named_models_files_skipped_entries_like_every_command(tmp_path, capsys):
+    db = tmp_path / "s.db"
+    build_sample(db)
+    models = tmp_path / "models.toml"
+    models.write_text(
+        '[defaults]\nmodel = "m"\n[prices.p]\ninput = 1.0\noutput = 2.0\nas_of = "2025-01-01"\n'
+        '[models.m]\nsource = "m.gguf"\nprice_profile = "p"\n'
+        '[models.bad]\nsource = "b.gguf"\nprice_profile = "p"\nn_ctx = "big"\n'
+    )
+    assert main(["--models", str(models), "sessions", "--db", str(db)]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("chatterm: warning: skipped: ") and "[models.bad] n_ctx" in err[0]

@@ -9,6 +9,7 @@ from pathlib import Path
 from chatterm.core import paths
 from chatterm.core.errors import ChattermError
 from chatterm.core.format import printable
+from chatterm.core.models import ModelCatalog, load_catalog
 from chatterm.core.workspace import Workspace
 
 
@@ -18,10 +19,26 @@ def workspace(args: argparse.Namespace) -> Workspace:
     entry it will ask for: asking for it fails with that same line as the error."""
     ws = Workspace.load(models_file=args.models, db_path=args.db)
     wanted = ws.catalog.broken.get(args.model or ws.catalog.default_model) if hasattr(args, "model") else None
-    for error in ws.catalog.errors:
-        if error != wanted:
-            print(f"chatterm: warning: skipped: {printable(error)}", file=sys.stderr)
+    _warn_skipped(ws.catalog.errors, wanted)
     return ws
+
+
+def catalog(args: argparse.Namespace) -> ModelCatalog:
+    """The model catalog alone (--models FILE, else bundled + user), with the
+    same warnings as `workspace`, for commands that read only the database:
+    `export` prices its reports with it, and `sessions` and `export` call it
+    for an --models FILE the user named (it is read although it is not
+    needed, so a missing or broken one is the same error as for every other
+    command)."""
+    models = load_catalog(args.models)
+    _warn_skipped(models.errors)
+    return models
+
+
+def _warn_skipped(errors: list[str], leave_out: str | None = None) -> None:
+    for error in errors:
+        if error != leave_out:
+            print(f"chatterm: warning: skipped: {printable(error)}", file=sys.stderr)
 
 
 def db_path(args: argparse.Namespace) -> Path:

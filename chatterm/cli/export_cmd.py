@@ -4,11 +4,11 @@
 Reads the database read-only (export never changes it). Several ids put several
 sessions in one file (the reports chart them together). Reports price the
 sessions under every profile of the model catalog (`--models` or bundled + user
-models.toml). Output goes to stdout (also `-o -`), or atomically to `-o FILE`,
-in the format its suffix names (JSONL without a suffix): an unknown id, a
-session without turns, a broken catalog, a suffix that names no format (without
---format) or an unwritable path is one line on stderr, exit status 2, and no
-file left behind.
+models.toml); JSONL and CSV read only an `--models` FILE the user named. Output
+goes to stdout (also `-o -`), or atomically to `-o FILE`, in the format its
+suffix names (JSONL without a suffix): an unknown id, a session without turns,
+a broken catalog, a suffix that names no format (without --format) or an
+unwritable path is one line on stderr, exit status 2, and no file left behind.
 """
 
 from __future__ import annotations
@@ -17,10 +17,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from chatterm.cli.common import db_path
+from chatterm.cli.common import catalog, db_path
 from chatterm.core.errors import ChattermError
 from chatterm.core.export import FORMATS, REPORT_FORMATS, export_chunks, sessions_to_export, write_atomic
-from chatterm.core.models import load_catalog
 from chatterm.core.store import SessionStore
 
 _SUFFIX_FORMATS = {
@@ -79,7 +78,9 @@ def run(args: argparse.Namespace) -> int:
     output = Path(args.output) if args.output and args.output != "-" else None
     fmt = args.format or _format_of(output)
     # The catalog first: a broken models.toml fails before anything is read.
-    prices = load_catalog(args.models).prices if fmt in REPORT_FORMATS else None
+    # JSONL and CSV need none, but an --models FILE the user named is checked.
+    models = catalog(args) if fmt in REPORT_FORMATS or args.models is not None else None
+    prices = models.prices if fmt in REPORT_FORMATS else None
     with SessionStore(db, readonly=True) as store:
         known = None
         if args.all:

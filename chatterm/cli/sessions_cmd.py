@@ -1,7 +1,9 @@
 """`chatterm sessions`: list the stored sessions, newest first.
 
 Reads the database without creating or changing it; a missing or empty one
-gives a single friendly line. Personas and models are shown literally (rich
+gives a single friendly line. The model catalog is not needed: only an
+--models FILE the user named is read (a missing or broken one is an error,
+as for every command). Personas and models are shown literally (rich
 `Text`, never markup; control characters made visible); figures use the same
 formatting as the TUI (`chatterm.core.format`).
 """
@@ -15,7 +17,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from chatterm.cli.common import db_path, require_positive
+from chatterm.cli.common import catalog, db_path, require_positive
 from chatterm.core.format import fmt_ms, fmt_usd, printable
 from chatterm.core.store import SessionStore
 
@@ -35,6 +37,8 @@ def register(sub, common) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.limit is not None:
         require_positive("--limit", args.limit)
+    if args.models is not None:
+        catalog(args)
     db = db_path(args)
     with SessionStore(db, readonly=True) as store:
         sessions = store.sessions()

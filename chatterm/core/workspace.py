@@ -7,7 +7,8 @@ everywhere. The commands that open the database (`launch`, `ask`, `sessions`,
 `export`) take its path from `chatterm.cli.common.db_path`: the same path as
 `db_path` here, once a database the user named is known to have a folder.
 `sessions` and `export` read only the database, so a broken user models.toml
-never stops a user from listing or exporting what is stored. Nothing here
+never stops a user from listing or exporting what is stored (an `--models`
+FILE the user named is still read, and its errors are errors everywhere). Nothing here
 loads a model or opens a file until asked.
 """
 
