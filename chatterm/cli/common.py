@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Iterable
 
 from chatterm.core import paths
 from chatterm.core.errors import ChattermError
@@ -64,6 +65,18 @@ def require_positive(option: str, value: int) -> None:
     number would otherwise quietly mean "all" or "none"."""
     if value < 1:
         raise ChattermError(f"{option} must be at least 1 (got {value})")
+
+
+def write_stdout(chunks: Iterable[bytes]) -> None:
+    """UTF-8 bytes to stdout as they are (the text layer might re-encode them)."""
+    sys.stdout.flush()
+    out = getattr(sys.stdout, "buffer", None)  # a StringIO stand-in has none
+    for chunk in chunks:
+        if out is not None:
+            out.write(chunk)
+        else:
+            sys.stdout.write(chunk.decode("utf-8"))
+    sys.stdout.flush()
 
 
 def add_model_persona_options(parser: argparse.ArgumentParser) -> None:

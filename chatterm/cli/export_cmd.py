@@ -17,7 +17,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from chatterm.cli.common import catalog, db_path
+from chatterm.cli.common import catalog, db_path, write_stdout
 from chatterm.core.errors import ChattermError
 from chatterm.core.export import FORMATS, REPORT_FORMATS, export_chunks, sessions_to_export, write_atomic
 from chatterm.core.store import SessionStore
@@ -96,14 +96,7 @@ def run(args: argparse.Namespace) -> int:
         sessions = sessions_to_export(store, ids, skip_empty=args.all, infos=known)
         chunks = export_chunks(store, sessions, fmt, prices)
         if output is None:
-            sys.stdout.flush()
-            out = getattr(sys.stdout, "buffer", None)  # a StringIO stand-in has none
-            for chunk in chunks:
-                if out is not None:
-                    out.write(chunk)
-                else:
-                    sys.stdout.write(chunk.decode("utf-8"))
-            sys.stdout.flush()
+            write_stdout(chunks)
         else:
             write_atomic(output, chunks)
     if output is not None:
