@@ -280,10 +280,12 @@ def export_session(
 
 def write_atomic(path: Path, chunks: Iterable[bytes]) -> None:
     """Replace `path` with `chunks` all at once, or raise ChattermError and
-    leave nothing behind. A new file is private (0600): it holds conversations;
-    an existing file keeps its mode."""
+    leave nothing behind. A new file gets a new file's usual mode (0666 less
+    the umask, as the database): an export is made to be shared, and a user
+    who keeps conversations private sets a umask for that. An existing file
+    keeps its mode."""
     try:
-        mode = path.stat().st_mode & 0o777 if path.is_file() else 0o600
+        mode = path.stat().st_mode & 0o777 if path.is_file() else None
         atomic_write_chunks(path, chunks, mode)
     except OSError as exc:
         raise ChattermError(f"cannot write {path}: {exc.strerror or exc}") from None
