@@ -123,3 +123,39 @@ def test_sessions_warns_about_a_named_models_files_skipped_entries_like_every_co
     assert main(["--models", str(models), "sessions", "--db", str(db)]) == 0
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("chatterm: warning: skipped: ") and "[models.bad] n_ctx" in err[0]
+
+
+# -- skipped persona files -----------------------------------------------------------
+@pytest.fixture
+def broken_personas(isolated_dirs):
+    """Two broken persona files: invalid TOML, and a wrong type."""
+    folder = isolated_dirs["CHATTERM_CONFIG_DIR"] / "personas"
+    folder.mkdir(parents=True)
+    (folder / "unclosed.toml").write_text('name = "Unclosed"\nsystem_prompt = """never closed\n')
+    (folder / "typed.toml").write_text('system_prompt = "You help."\n[sampling]\ntemperature = "hot"\n')
+    return folder
+
+
+def warnings_of(err: str) -> list[str]:
+    return [line for line in err.splitlines() if line.startswith("chatterm: warning: skipped: ")]
+
+
+def test_skipped_persona_files_are_warned_about_once_by_commands_that_load_personas(broken_personas, capsys):
+    unclosed, typed = broken_personas / "unclosed.toml", broken_personas / "typed.toml"
+    # ask with the default persona: it ends at the empty message, after loading the personas.
+    assert main(["ask", ""]) == 2
+    err = capsys.readouterr().err
+    warned = warnings_of(err)
+    assert len(warned) == 2 and len(err.splitlines()) == 3
+    assert f"{typed}: " in warned[0] and "temperature" in warned[0]
+    assert f"{unclosed}: invalid TOML" in warned[1] and "line" in warned[1]
+    # Asking for a skipped persona: its line is the error, not also a warning.
+    assert main(["ask", "--persona", "typed", "hi"]) == 2
+    err = capsys.readouterr().err
+    assert err.count(str(typed)) == 1 and err.splitlines()[-1].startswith(f"chatterm: error: {typed}: ")
+    assert [str(unclosed) in line for line in warnings_of(err)] == [True]
+    # paths lists what it loaded and warns like the others (on stderr, not also on stdout).
+    assert main(["paths"]) == 0
+    captured = capsys.readouterr()
+    assert len(warnings_of(captured.err)) == 2
+    assert "unclosed.toml" not in captured.out and "typed.toml" not in captured.out

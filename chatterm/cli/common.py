@@ -11,16 +11,21 @@ from chatterm.core import paths
 from chatterm.core.errors import ChattermError
 from chatterm.core.format import printable
 from chatterm.core.models import ModelCatalog, load_catalog
+from chatterm.core.personas import DEFAULT_PERSONA
 from chatterm.core.workspace import Workspace
 
 
 def workspace(args: argparse.Namespace) -> Workspace:
-    """The workspace, with one warning per skipped models.toml entry (the rest
-    still works). A command that loads a model (it has --model) leaves out the
-    entry it will ask for: asking for it fails with that same line as the error."""
+    """The workspace, with one warning per skipped models.toml entry and per
+    skipped persona file (the rest still works). A command that loads a model
+    (it has --model) leaves out the entry it will ask for, and one that uses a
+    persona (it has --persona) the file of the persona it will ask for: asking
+    for either fails with that same line as the error."""
     ws = Workspace.load(models_file=args.models, db_path=args.db)
     wanted = ws.catalog.broken.get(args.model or ws.catalog.default_model) if hasattr(args, "model") else None
     _warn_skipped(ws.catalog.errors, wanted)
+    wanted = ws.personas.broken.get(args.persona or DEFAULT_PERSONA) if hasattr(args, "persona") else None
+    _warn_skipped(ws.personas.errors, wanted)
     return ws
 
 
