@@ -116,6 +116,20 @@ def sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def new_file_mode() -> int:
+    """What a new file's mode is under this process's umask: 0666 less it."""
+    umask = os.umask(0)  # the only way to read it
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+@pytest.fixture
+def umask_027():
+    old = os.umask(0o027)
+    yield 0o640
+    os.umask(old)
+
+
 @pytest.mark.parametrize("fmt", ["jsonl", "csv", "md", "html"])
 def test_golden(sample, fmt):
     db, ids = sample
@@ -213,14 +227,14 @@ def test_export_never_changes_the_database(sample):
     assert not wal.exists() or wal.stat().st_size == 0
 
 
-def test_export_session_writes_the_default_path(sample, tmp_path, monkeypatch):
+def test_export_session_writes_the_default_path(sample, tmp_path, monkeypatch, umask_027):
     monkeypatch.setenv("CHATTERM_DATA_DIR", str(tmp_path / "data"))
     db, (first, _) = sample
     with SessionStore(db) as store:
         path = export.export_session(store, first, "md")
         assert path == tmp_path / "data" / "exports" / f"session-{first}.md"
         assert path.read_text(encoding="utf-8") == export_text(store, [first], "md")
-        assert path.stat().st_mode & 0o777 == 0o600
+        assert path.stat().st_mode & 0o777 == umask_027  # a new file's mode, not the temp file's 0600
         with pytest.raises(ChattermError, match="unknown session 99"):
             export.export_session(store, 99, "csv")
     assert sorted(p.name for p in path.parent.iterdir()) == [path.name]
@@ -255,12 +269,28 @@ def test_failed_replace_keeps_the_old_file(tmp_path, monkeypatch):
     assert target.read_text() == "new report" and target.stat().st_mode & 0o777 == 0o644
 
 
+def test_a_new_export_gets_a_new_files_mode_and_a_replaced_one_keeps_its_own(sample, tmp_path, umask_027):
+    db, (first, _) = sample
+    new, old = tmp_path / "new.csv", tmp_path / "old.csv"
+    old.write_text("old")
+    old.chmod(0o604)
+    for target in (new, old):
+        assert main(["--db", str(db), "export", str(first), "-o", str(target)]) == 0
+    assert new.stat().st_mode & 0o777 == umask_027 and old.stat().st_mode & 0o777 == 0o604
+    assert new.read_bytes() == old.read_bytes() != b"old"
+    # What should stay private still does: the atomic writer's default is 0600.
+    atomic.atomic_write_bytes(tmp_path / "state", b"x")
+    assert (tmp_path / "state").stat().st_mode & 0o777 == 0o600
+    assert list(tmp_path.glob(".*.tmp")) == []
+
+
 # -- chatterm export ---------------------------------------------------------------
 @pytest.fixture
 def env(tmp_path, monkeypatch):
     for name in ("CONFIG", "DATA", "CACHE"):
         monkeypatch.setenv(f"CHATTERM_{name}_DIR", str(tmp_path / name.lower()))
     db = tmp_path / "data" / "chatterm.db"
+    db.parent.mkdir()  # a named database's folder must exist
     monkeypatch.setenv("CHATTERM_DB", str(db))
     return db
 
@@ -333,7 +363,6 @@ def test_export_command_without_sessions(env, capsys):
 
 
 def test_export_command_refuses_bad_databases(env, capsys):
-    env.parent.mkdir(parents=True)
     env.write_bytes(b"\x00garbage" * 64)
     assert main(["export", "--all"]) == 2
     line = one_line_error(capsys)

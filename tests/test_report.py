@@ -23,7 +23,7 @@ from chatterm.core.export import collect, render_report, sessions_to_export
 from chatterm.core.metrics import TurnMetrics
 from chatterm.core.store import SessionStore
 from chatterm.core.whatif import cost_split, what_if
-from tests.test_export import PRICES, build_sample, one_line_error
+from tests.test_export import PRICES, build_sample, new_file_mode, one_line_error
 
 
 class Page(HTMLParser):
@@ -357,6 +357,7 @@ def test_several_sessions_share_the_same_charts(sample):
 @pytest.fixture
 def env(tmp_path, monkeypatch):
     db = tmp_path / "data" / "chatterm.db"
+    db.parent.mkdir()  # a named database's folder must exist
     monkeypatch.setenv("CHATTERM_DB", str(db))
     return db
 
@@ -368,7 +369,7 @@ def test_export_html_and_comparison_files(env, tmp_path, capsys):
     assert "wrote 2 session(s)" in capsys.readouterr().err
     page = Page(out.read_text(encoding="utf-8"))
     assert {a["data-session"] for a in page.marks("bar")} == {"S1", "S2"}
-    assert out.stat().st_mode & 0o777 == 0o600
+    assert out.stat().st_mode & 0o777 == new_file_mode()
     assert main(["export", str(second), str(first), "--format", "md"]) == 0
     md = capsys.readouterr().out
     assert md.index(f"## Session {second}") < md.index(f"## Session {first}")

@@ -3,7 +3,9 @@ read-only use, threads, and the `chatterm sessions` command."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import json
 import sqlite3
 import threading
 from pathlib import Path
@@ -279,8 +281,9 @@ def test_unopenable_path_is_named(tmp_path):
     blocker.write_text("x")
     with pytest.raises(ChattermError, match="cannot open .*a-file"):
         SessionStore(blocker / "chatterm.db")
-    with pytest.raises(ChattermError, match="not a usable chatterm database"):
-        SessionStore(tmp_path, readonly=True)  # a folder, not a file
+    for readonly in (True, False):  # a folder, not a file: SQLite's words differ by mode, ours do not
+        with pytest.raises(ChattermError, match=f"^{tmp_path} is a directory, not a database file"):
+            SessionStore(tmp_path, readonly=readonly)
 
 
 def test_numbers_from_c_libraries_are_stored(tmp_path):
@@ -341,9 +344,11 @@ def test_worker_threads_share_one_store(tmp_path):
 def env(tmp_path, monkeypatch):
     for name in ("CONFIG", "DATA", "CACHE"):
         monkeypatch.setenv(f"CHATTERM_{name}_DIR", str(tmp_path / name.lower()))
-    monkeypatch.setenv("CHATTERM_DB", str(tmp_path / "data" / "chatterm.db"))
+    db = tmp_path / "data" / "chatterm.db"
+    db.parent.mkdir()  # a named database's folder must exist
+    monkeypatch.setenv("CHATTERM_DB", str(db))
     monkeypatch.setenv("COLUMNS", "160")
-    return tmp_path / "data" / "chatterm.db"
+    return db
 
 
 def test_sessions_command_on_missing_database(env, capsys):
@@ -364,7 +369,7 @@ def test_sessions_command_lists_sessions(env, capsys):
     out = capsys.readouterr().out
     lines = out.splitlines()
     row_first = next(line for line in lines if "terse-coder" in line)
-    assert row_first.split()[1] == str(first)
+    assert row_first.split()[0] == str(first)  # no border: the id comes first
     assert "smollm2-135m" in row_first and " 3 " in row_first and "50 ms" in row_first
     assert "$0.0051" in row_first  # 3 x 0.00169
     # Persona ids are shown literally, newest first.
@@ -377,8 +382,57 @@ def test_sessions_command_lists_sessions(env, capsys):
 
 
 def test_sessions_command_on_corrupt_database(env, capsys):
-    env.parent.mkdir(parents=True)
     env.write_bytes(b"garbage" * 100)
     assert main(["sessions"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and str(env) in err and "--db" in err
+
+
+def test_sessions_table_never_cuts_an_id_or_wraps_a_date(env, capsys, monkeypatch):
+    """Piped at 80 columns (and narrower than the table, as in a small
+    terminal): every session is one whole line."""
+    long_model = "smollm2-135m-q8kv-" + "x" * 40
+    with SessionStore(env) as store:
+        for i, (model, persona) in enumerate(((long_model, "a-persona-with-a-long-name"),
+                                              ("smollm2-135m-q8kv", "shop-support"), ("smollm2-135m", "assistant"))):
+            sid = store.create_session(model_id=model, model_identity="m", engine="local", device="CPU",
+                                       persona_id=persona, started_at=1_700_000_000.0 + i)
+            store.record_turn(sid, "q", "a", full_metrics())
+    for columns in ("80", "40"):
+        monkeypatch.setenv("COLUMNS", columns)
+        assert main(["sessions"]) == 0
+        lines = capsys.readouterr().out.splitlines()
+        rows = [line.split() for line in lines if "2023-11-14" in line]
+        assert len(rows) == 3 and "…" not in "".join(lines)
+        # id, date, time, persona, model, ...: nothing cut, nothing wrapped.
+        assert [row[3:5] for row in rows] == [["assistant", "smollm2-135m"],
+                                              ["shop-support", "smollm2-135m-q8kv"],
+                                              ["a-persona-with-a-long-name", long_model]]
+    # The usual ids fit 80 columns (the two newest sessions).
+    monkeypatch.setenv("COLUMNS", "80")
+    assert main(["sessions", "-n", "2"]) == 0
+    title, *table = capsys.readouterr().out.splitlines()
+    assert title == f"Sessions in {env}"  # whole, however long the path
+    assert len(table) == 5 and max(len(line) for line in table) <= 80
+
+
+def test_sessions_json_is_one_session_info_per_line(env, capsys):
+    assert main(["sessions", "--json"]) == 0
+    assert capsys.readouterr().out == ""  # no sessions: no line to parse
+    with SessionStore(env) as store:
+        first = new_session(store, "terse-coder", started_at=1000.5)
+        for i in range(3):
+            store.record_turn(first, "q", "a", full_metrics(i))
+        second = new_session(store, "odd\x1b[31m\u202e", started_at=2000.0)
+    assert main(["sessions", "--json"]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\u202e" not in out  # escaped, as export's JSONL
+    rows = [json.loads(line) for line in out.splitlines()]
+    with SessionStore(env, readonly=True) as store:
+        assert rows == [dataclasses.asdict(info) for info in store.sessions()]
+    assert [r["id"] for r in rows] == [second, first]
+    assert rows[0]["persona_id"] == "odd\x1b[31m\u202e" and rows[0]["ttft_p50_ms"] is None
+    assert rows[1]["started_at"] == 1000.5 and rows[1]["turns"] == 3
+    assert rows[1]["ttft_p50_ms"] == 50.0 and rows[1]["cost_usd"] == pytest.approx(0.00507)
+    assert main(["sessions", "--json", "-n", "1"]) == 0
+    assert [json.loads(line)["id"] for line in capsys.readouterr().out.splitlines()] == [second]

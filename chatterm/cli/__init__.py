@@ -29,7 +29,8 @@ def _common_options() -> argparse.ArgumentParser:
         "--models", type=Path, metavar="FILE", help="use this models.toml instead of the bundled + user ones"
     )
     common.add_argument(
-        "--db", type=Path, metavar="FILE", help="session database (default: the data folder, or $CHATTERM_DB)"
+        "--db", type=Path, metavar="FILE",
+        help="session database, in a folder that exists (default: $CHATTERM_DB, else the data folder's)",
     )
     common.add_argument("-v", "--verbose", action="store_true", help="log debug detail to stderr")
     return common

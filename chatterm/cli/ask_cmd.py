@@ -15,7 +15,7 @@ import sys
 import threading
 from typing import Callable
 
-from chatterm.cli.common import add_model_persona_options, workspace
+from chatterm.cli.common import add_model_persona_options, db_path, workspace
 from chatterm.core.conversation import Conversation
 from chatterm.core.errors import ChattermError
 from chatterm.core.format import footer_line, prefill_progress_line, printable
@@ -84,7 +84,7 @@ def _show_progress(turn) -> Callable[[], None]:
 def run(args: argparse.Namespace) -> int:
     ws = workspace(args)
     text = _message(args)
-    store = None if args.no_store else SessionStore(ws.db_path)
+    store = None if args.no_store else SessionStore(db_path(args))
     try:
         plan = None
         if args.session is not None:

@@ -9,7 +9,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from chatterm.cli.common import workspace
+from chatterm.cli.common import require_positive, workspace
 from chatterm.core.bench import run_bench, write_json
 from chatterm.core.errors import ChattermError
 from chatterm.core.format import fmt_ms, fmt_tok_s
@@ -40,10 +40,8 @@ def _fmt_ratio(value: float | None, digits: int = 3) -> str:
 
 def run(args: argparse.Namespace) -> int:
     err = Console(stderr=True)
-    if args.runs < 1:
-        raise ChattermError(f"--runs must be at least 1 (got {args.runs})")
-    if args.max_tokens < 1:
-        raise ChattermError(f"--max-tokens must be at least 1 (got {args.max_tokens})")
+    require_positive("--runs", args.runs)
+    require_positive("--max-tokens", args.max_tokens)
     if args.json is not None and not args.json.parent.is_dir():
         raise ChattermError(f"{args.json}: folder {args.json.parent} does not exist")
     ws = workspace(args)

@@ -4,21 +4,84 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
+from typing import Iterable
 
+from chatterm.core import paths
+from chatterm.core.errors import ChattermError
 from chatterm.core.format import printable
+from chatterm.core.models import ModelCatalog, load_catalog
+from chatterm.core.personas import DEFAULT_PERSONA
 from chatterm.core.workspace import Workspace
 
 
 def workspace(args: argparse.Namespace) -> Workspace:
-    """The workspace, with one warning per skipped models.toml entry (the rest
-    still works). A command that loads a model (it has --model) leaves out the
-    entry it will ask for: asking for it fails with that same line as the error."""
+    """The workspace, with one warning per skipped models.toml entry and per
+    skipped persona file (the rest still works). A command that loads a model
+    (it has --model) leaves out the entry it will ask for, and one that uses a
+    persona (it has --persona) the file of the persona it will ask for: asking
+    for either fails with that same line as the error."""
     ws = Workspace.load(models_file=args.models, db_path=args.db)
     wanted = ws.catalog.broken.get(args.model or ws.catalog.default_model) if hasattr(args, "model") else None
-    for error in ws.catalog.errors:
-        if error != wanted:
-            print(f"chatterm: warning: skipped: {printable(error)}", file=sys.stderr)
+    _warn_skipped(ws.catalog.errors, wanted)
+    wanted = ws.personas.broken.get(args.persona or DEFAULT_PERSONA) if hasattr(args, "persona") else None
+    _warn_skipped(ws.personas.errors, wanted)
     return ws
+
+
+def catalog(args: argparse.Namespace) -> ModelCatalog:
+    """The model catalog alone (--models FILE, else bundled + user), with the
+    same warnings as `workspace`, for commands that read only the database:
+    `export` prices its reports with it, and `sessions` and `export` call it
+    for an --models FILE the user named (it is read although it is not
+    needed, so a missing or broken one is the same error as for every other
+    command)."""
+    models = load_catalog(args.models)
+    _warn_skipped(models.errors)
+    return models
+
+
+def _warn_skipped(errors: list[str], leave_out: str | None = None) -> None:
+    for error in errors:
+        if error != leave_out:
+            print(f"chatterm: warning: skipped: {printable(error)}", file=sys.stderr)
+
+
+def db_path(args: argparse.Namespace) -> Path:
+    """The session database for a command that opens it: --db, else $CHATTERM_DB,
+    else the data folder's. A database the user named must be in a folder that
+    exists: the store creates missing folders, which for a mistyped path would
+    leave a new folder tree with an empty database in it (or, read-only, list
+    "no sessions" where the user expects theirs). The data folder is created on
+    first use."""
+    named, source = (args.db, "--db") if args.db is not None else (paths.named_db_path(), "$CHATTERM_DB")
+    if named is None:
+        return paths.default_db_path()
+    folder = named.parent
+    if not folder.is_dir():
+        if folder.exists():
+            raise ChattermError(f"{source} {named}: {folder} is not a folder; choose another path")
+        raise ChattermError(f"{source} {named}: folder {folder} does not exist; create it first or choose another path")
+    return named
+
+
+def require_positive(option: str, value: int) -> None:
+    """A count option (--runs, --limit) must be 1 or more: 0 or a negative
+    number would otherwise quietly mean "all" or "none"."""
+    if value < 1:
+        raise ChattermError(f"{option} must be at least 1 (got {value})")
+
+
+def write_stdout(chunks: Iterable[bytes]) -> None:
+    """UTF-8 bytes to stdout as they are (the text layer might re-encode them)."""
+    sys.stdout.flush()
+    out = getattr(sys.stdout, "buffer", None)  # a StringIO stand-in has none
+    for chunk in chunks:
+        if out is not None:
+            out.write(chunk)
+        else:
+            sys.stdout.write(chunk.decode("utf-8"))
+    sys.stdout.flush()
 
 
 def add_model_persona_options(parser: argparse.ArgumentParser) -> None:

@@ -4,9 +4,11 @@
 Reads the database read-only (export never changes it). Several ids put several
 sessions in one file (the reports chart them together). Reports price the
 sessions under every profile of the model catalog (`--models` or bundled + user
-models.toml). Output goes to stdout (also `-o -`), or atomically to `-o FILE`: an unknown id,
-a session without turns, a broken catalog or an unwritable path is one line on
-stderr, exit status 2, and no file left behind.
+models.toml); JSONL and CSV read only an `--models` FILE the user named. Output
+goes to stdout (also `-o -`), or atomically to `-o FILE`, in the format its
+suffix names (JSONL without a suffix): an unknown id, a session without turns,
+a broken catalog, a suffix that names no format (without --format) or an
+unwritable path is one line on stderr, exit status 2, and no file left behind.
 """
 
 from __future__ import annotations
@@ -15,10 +17,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from chatterm.core import paths
+from chatterm.cli.common import catalog, db_path, write_stdout
 from chatterm.core.errors import ChattermError
 from chatterm.core.export import FORMATS, REPORT_FORMATS, export_chunks, sessions_to_export, write_atomic
-from chatterm.core.models import load_catalog
 from chatterm.core.store import SessionStore
 
 _SUFFIX_FORMATS = {
@@ -47,7 +48,8 @@ def register(sub, common) -> None:
         "-f",
         "--format",
         choices=FORMATS,
-        help="output format (default: from the -o suffix .jsonl/.csv/.md/.html, else jsonl)",
+        help="output format (default: from the -o suffix, .jsonl .json .csv .md .html .htm; "
+        "jsonl for stdout or a file without a suffix)",
     )
     p.add_argument(
         "-o", "--output", metavar="FILE",
@@ -56,13 +58,29 @@ def register(sub, common) -> None:
     p.set_defaults(func=run)
 
 
+def _format_of(output: Path | None) -> str:
+    """The format an output path's suffix names. An unknown suffix is an error,
+    not JSONL: `-o r.pdf` must not leave JSON in a file named like a PDF."""
+    if output is None or not output.suffix:
+        return "jsonl"
+    try:
+        return _SUFFIX_FORMATS[output.suffix.lower()]
+    except KeyError:
+        raise ChattermError(
+            f"{output}: {output.suffix!r} is not an export suffix ({' '.join(_SUFFIX_FORMATS)}); "
+            f"pass --format {'|'.join(FORMATS)} to write it anyway"
+        ) from None
+
+
 def run(args: argparse.Namespace) -> int:
-    db = args.db or paths.default_db_path()
+    db = db_path(args)
     # "-" is stdout, as for most Unix tools (not a file named "-").
     output = Path(args.output) if args.output and args.output != "-" else None
-    fmt = args.format or (_SUFFIX_FORMATS.get(output.suffix.lower(), "jsonl") if output else "jsonl")
+    fmt = args.format or _format_of(output)
     # The catalog first: a broken models.toml fails before anything is read.
-    prices = load_catalog(args.models).prices if fmt in REPORT_FORMATS else None
+    # JSONL and CSV need none, but an --models FILE the user named is checked.
+    models = catalog(args) if fmt in REPORT_FORMATS or args.models is not None else None
+    prices = models.prices if fmt in REPORT_FORMATS else None
     with SessionStore(db, readonly=True) as store:
         known = None
         if args.all:
@@ -78,14 +96,7 @@ def run(args: argparse.Namespace) -> int:
         sessions = sessions_to_export(store, ids, skip_empty=args.all, infos=known)
         chunks = export_chunks(store, sessions, fmt, prices)
         if output is None:
-            sys.stdout.flush()
-            out = getattr(sys.stdout, "buffer", None)  # a StringIO stand-in has none
-            for chunk in chunks:
-                if out is not None:
-                    out.write(chunk)
-                else:
-                    sys.stdout.write(chunk.decode("utf-8"))
-            sys.stdout.flush()
+            write_stdout(chunks)
         else:
             write_atomic(output, chunks)
     if output is not None:

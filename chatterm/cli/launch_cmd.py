@@ -16,7 +16,7 @@ import os
 import sys
 from typing import Iterator
 
-from chatterm.cli.common import add_model_persona_options, workspace
+from chatterm.cli.common import add_model_persona_options, db_path, workspace
 from chatterm.core import paths
 from chatterm.core.errors import ChattermError
 
@@ -99,16 +99,17 @@ def run(args: argparse.Namespace) -> int:
     from chatterm.ui.launch import make_app, require_theme
 
     ws = workspace(args)
+    db = db_path(args)
     # Bad input must not leave an empty database behind: check what can be
     # checked before the store creates its file.
     if args.resume is None:
         ws.resolve(args.model, args.persona)
-    elif not ws.db_path.exists():
-        raise ChattermError(f"no stored session to resume: {ws.db_path} does not exist yet")
+    elif not db.exists():
+        raise ChattermError(f"no stored session to resume: {db} does not exist yet")
     require_theme(args.theme)
     if args.resume is None:
         _require_terminal()  # before the store creates its file
-    store = SessionStore(ws.db_path)
+    store = SessionStore(db)
     try:
         app = make_app(
             ws,

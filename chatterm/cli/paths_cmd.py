@@ -1,4 +1,6 @@
-"""`chatterm paths`: where chatterm reads and writes its files, and what it loaded."""
+"""`chatterm paths`: where chatterm reads and writes its files, and what it loaded
+(skipped models.toml entries and persona files are warned about on stderr, as
+by every command that loads them)."""
 
 from __future__ import annotations
 
@@ -46,6 +48,4 @@ def run(args: argparse.Namespace) -> int:
     width = max(len(name) for name, _ in rows)
     for name, value in rows:
         print(f"{name:<{width}}  {value}")
-    for error in ws.personas.errors:
-        print(f"warning: persona skipped: {error}")
     return 0

@@ -5,8 +5,9 @@ Contract (the field list with units is docs/export-format.md):
   CSV: session fields, `turn_index` (from 1), every `TURN_FIELDS` metric, and
   `user_chars` / `reply_chars`. `engine`, `model_id` and `persona_id` are the
   turn's own values (chatterm keeps them equal to the session's).
-- JSONL also carries the texts (`user_text`, `reply`) and is exact: JSON escapes
-  control characters, so it is safe to print on a terminal; timestamps (`_at`)
+- JSONL also carries the texts (`user_text`, `reply`) and is exact: control
+  characters are escaped (`chatterm.core.inert.json_line`), so it is safe to
+  print on a terminal; timestamps (`_at`)
   are Unix seconds. CSV carries no conversation text: it is made for
   spreadsheets, so timestamps are ISO 8601 UTC and text cells that start like a
   formula are neutralized (`chatterm.core.inert.csv_cell`).
@@ -34,20 +35,17 @@ import math
 import multiprocessing
 import operator
 import os
-import re
 import tempfile
 from dataclasses import fields
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Iterable, Iterator, Mapping, Sequence
 
-import orjson
-
 from chatterm.core import paths
 from chatterm.core.atomic import atomic_write_chunks
 from chatterm.core.errors import ChattermError
 from chatterm.core.html_report import render_html
-from chatterm.core.inert import BIDI_CONTROLS, FORMULA_STARTS, csv_cell
+from chatterm.core.inert import FORMULA_STARTS, csv_cell, json_line
 from chatterm.core.md_report import render_markdown
 from chatterm.core.metrics import TURN_FIELDS, TurnMetrics
 from chatterm.core.models import PriceProfile
@@ -65,12 +63,6 @@ ROW_FIELDS: tuple[str, ...] = (
 """The CSV columns, and the JSONL keys before `TEXT_FIELDS`."""
 TEXT_FIELDS = ("user_text", "reply")
 """JSONL only."""
-
-# What JSON leaves raw but must not reach a terminal or a line reader as is: DEL
-# and C1 controls (0x9b is an 8-bit CSI some terminals obey), line separators
-# many readers split on, and bidi controls that reorder the text around them.
-_JSON_RAW = re.compile("[\x7f-\x9f\u2028\u2029" + "".join(chr(c) for c in sorted(BIDI_CONTROLS)) + "]")
-
 
 # -- choosing sessions ----------------------------------------------------------
 def sessions_to_export(
@@ -199,9 +191,7 @@ _BOOL_KEYS = tuple(TURN_FIELDS[i - 1] for i in _BOOLS)
 
 
 def _jsonl_chunks(store: SessionStore, sessions: Sequence[SessionInfo], header: bool = True) -> Iterator[bytes]:
-    # orjson writes compact UTF-8, escapes C0 controls, " and \ as JSON requires,
-    # and writes NaN and infinities as null (JSON has none), as documented.
-    dumps, option, keys = orjson.dumps, orjson.OPT_APPEND_NEWLINE, _JSONL_KEYS
+    keys = _JSONL_KEYS
     for info in sessions:
         head = (info.id, info.started_at, info.model_identity, info.device)
         lines = []
@@ -210,20 +200,8 @@ def _jsonl_chunks(store: SessionStore, sessions: Sequence[SessionInfo], header: 
             row = dict(zip(keys, head + turn[:-2] + (len(user_text), len(reply), user_text, reply)))
             for key in _BOOL_KEYS:
                 row[key] = bool(row[key])
-            line = dumps(row, default=_plain, option=option)
-            # isascii is a fast C scan; DEL is the one ASCII character to escape.
-            if not line.isascii() or b"\x7f" in line:
-                text = line.decode()
-                if _JSON_RAW.search(text):
-                    line = _JSON_RAW.sub(lambda m: f"\\u{ord(m.group()):04x}", text).encode()
-            lines.append(line)
+            lines.append(json_line(row))
         yield b"".join(lines)
-
-
-def _plain(value: object) -> str:
-    """JSON for what SQLite can hold but chatterm never writes (a BLOB in an
-    edited database): hex for bytes, text for anything else."""
-    return value.hex() if isinstance(value, bytes) else str(value)
 
 
 _PLAIN_NUMBERS = {int, float, type(None)}
@@ -302,10 +280,12 @@ def export_session(
 
 def write_atomic(path: Path, chunks: Iterable[bytes]) -> None:
     """Replace `path` with `chunks` all at once, or raise ChattermError and
-    leave nothing behind. A new file is private (0600): it holds conversations;
-    an existing file keeps its mode."""
+    leave nothing behind. A new file gets a new file's usual mode (0666 less
+    the umask, as the database): an export is made to be shared, and a user
+    who keeps conversations private sets a umask for that. An existing file
+    keeps its mode."""
     try:
-        mode = path.stat().st_mode & 0o777 if path.is_file() else 0o600
+        mode = path.stat().st_mode & 0o777 if path.is_file() else None
         atomic_write_chunks(path, chunks, mode)
     except OSError as exc:
         raise ChattermError(f"cannot write {path}: {exc.strerror or exc}") from None

@@ -10,6 +10,9 @@ Contract (every string that reaches an export goes through one of these):
   (pipes included), so a table cell renders literally and stays one cell.
 - `html_text`: `one_line`, then `html.escape` (quotes too): safe in element text
   and in attribute values.
+- `json_line`: a value as one exact JSON line (JSONL) that is safe to print:
+  JSON's own escapes, plus DEL, C1 controls, line separators and bidi controls
+  as `\\uXXXX`; NaN and infinities are null, bytes hex.
 - `csv_cell`: a value as a CSV cell. Numbers stay numbers (a negative number is a
   number, never prefixed); a text cell that starts like a spreadsheet formula
   (`=`, `+`, `-`, `@`, tab, carriage return) gets a leading `'`, the
@@ -20,6 +23,9 @@ from __future__ import annotations
 
 import html
 import math
+import re
+
+import orjson
 
 _MD_ESCAPED = set("\\`*_[]<>|&~$#!")
 BIDI_CONTROLS = frozenset(
@@ -28,6 +34,10 @@ BIDI_CONTROLS = frozenset(
 """Characters that change the display order of the text around them."""
 _LINE_BREAKS = {"\n", "\r", "\v", "\f", "\x85", "\u2028", "\u2029"}
 FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+# What JSON leaves raw but must not reach a terminal or a line reader as is: DEL
+# and C1 controls (0x9b is an 8-bit CSI some terminals obey), line separators
+# many readers split on, and bidi controls that reorder the text around them.
+_JSON_RAW = re.compile("[\x7f-\x9f\u2028\u2029" + "".join(chr(c) for c in sorted(BIDI_CONTROLS)) + "]")
 
 
 def one_line(text: str, limit: int | None = None) -> str:
@@ -84,3 +94,22 @@ def csv_cell(value) -> str:
     if text.startswith(FORMULA_STARTS) and not _is_number(text):
         return "'" + text  # keep spreadsheets from evaluating it
     return text
+
+
+def json_line(value) -> bytes:
+    """`value` as one line of JSON, newline included (see the contract)."""
+    # orjson writes compact UTF-8, escapes C0 controls, " and \ as JSON requires,
+    # and writes NaN and infinities as null (JSON has none).
+    line = orjson.dumps(value, default=_plain, option=orjson.OPT_APPEND_NEWLINE)
+    # isascii is a fast C scan; DEL is the one ASCII character to escape.
+    if not line.isascii() or b"\x7f" in line:
+        text = line.decode()
+        if _JSON_RAW.search(text):
+            line = _JSON_RAW.sub(lambda m: f"\\u{ord(m.group()):04x}", text).encode()
+    return line
+
+
+def _plain(value: object) -> str:
+    """JSON for what SQLite can hold but chatterm never writes (a BLOB in an
+    edited database): hex for bytes, text for anything else."""
+    return value.hex() if isinstance(value, bytes) else str(value)

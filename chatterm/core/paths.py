@@ -45,9 +45,14 @@ def model_hash_cache_file() -> Path:
     return cache_dir() / "model-hashes.json"
 
 
-def default_db_path() -> Path:
+def named_db_path() -> Path | None:
+    """$CHATTERM_DB: a database the user named (like --db), or None."""
     value = os.environ.get("CHATTERM_DB")
-    return Path(value).expanduser() if value else data_dir() / "chatterm.db"
+    return Path(value).expanduser() if value else None
+
+
+def default_db_path() -> Path:
+    return named_db_path() or data_dir() / "chatterm.db"
 
 
 def exports_dir() -> Path:

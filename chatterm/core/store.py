@@ -24,7 +24,8 @@ Contract:
 - The schema is versioned with `PRAGMA user_version`; `_MIGRATIONS[n]` brings a
   database from version n to n + 1 and runs in one transaction. A database
   from a newer chatterm, one that is not a chatterm database, or a corrupt file
-  is refused with a `ChattermError` naming the file, and left untouched.
+  is refused with a `ChattermError` naming the file, and left untouched; so is
+  a path that is a directory (one message, whatever the mode).
 - Turns have one column per `TURN_FIELDS` name (derived `decode_tok_s` and
   `cost_usd` included, so SQL queries need no formulas). Reading tolerates an
   older schema opened read-only: a missing column reads as the field's default.
@@ -244,6 +245,13 @@ class SessionStore:
         self.write_error: str | None = None
         """Why the first refused write failed (None while every write succeeded)."""
         self._notice_given = False
+        if self.path.is_dir():
+            # Checked first: SQLite's words for a folder depend on the mode
+            # ("disk I/O error" read-only, "unable to open database file" else).
+            raise ChattermError(
+                f"{self.path} is a directory, not a database file; pass --db {self.path / 'chatterm.db'} "
+                "to keep the database in it"
+            )
         if readonly and not self.path.exists():
             return  # nothing stored yet; reading gives empty results
         try:
@@ -252,7 +260,7 @@ class SessionStore:
         except sqlite3.Error as exc:
             self.close()
             name = getattr(exc, "sqlite_errorname", "")
-            if name.startswith(_ENVIRONMENT_ERRORS) and not self.path.is_dir():
+            if name.startswith(_ENVIRONMENT_ERRORS):
                 # The file may be fine: the disk or the folder is the problem.
                 raise ChattermError(
                     f"cannot open {self.path}: {exc} (is the disk full, or the file or its folder read-only?)"

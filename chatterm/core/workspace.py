@@ -3,10 +3,13 @@
 The commands that chat (`launch`, `ask`, `bench`) and the TUI get their catalog,
 personas, database path and engine from one `Workspace`, so `--models`, `--db`
 and the environment overrides in `chatterm.core.paths` mean the same thing
-everywhere. `sessions` and `export` read only the database: they resolve its
-path with the same `paths.default_db_path()`, so a broken models.toml never
-stops a user from listing or exporting what is stored. Nothing here loads a
-model or opens a file until asked.
+everywhere. The commands that open the database (`launch`, `ask`, `sessions`,
+`export`) take its path from `chatterm.cli.common.db_path`: the same path as
+`db_path` here, once a database the user named is known to have a folder.
+`sessions` and `export` read only the database, so a broken user models.toml
+never stops a user from listing or exporting what is stored (an `--models`
+FILE the user named is still read, and its errors are errors everywhere). Nothing here
+loads a model or opens a file until asked.
 """
 
 from __future__ import annotations

@@ -257,6 +257,25 @@ async def test_broken_theme_file_is_reported_once_and_skipped(build, isolated_di
         build(theme="bad")
 
 
+async def test_broken_persona_file_is_reported_once_and_skipped(isolated_dirs, tmp_path):
+    from fake_engine import FakeEngine
+
+    from chatterm.core.workspace import Workspace
+    from chatterm.ui.launch import make_app
+
+    folder = isolated_dirs["CHATTERM_CONFIG_DIR"] / "personas"
+    folder.mkdir(parents=True)
+    (folder / "broken.toml").write_text('system_prompt = "x"\n[sampling]\ntemperature = "hot"\n')
+    ws = Workspace.load(db_path=tmp_path / "db.sqlite")
+    app = make_app(ws, gpu_status=lambda: None,
+                   engine_factory=lambda spec: FakeEngine(spec, ws.catalog.price(spec.price_profile)))
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause(0.1)
+        messages = [n.message for n in app._notifications]
+        assert sum("broken.toml" in m and "temperature" in m for m in messages) == 1
+        assert "broken" not in ws.personas.personas and "assistant" in ws.personas.personas
+
+
 MARKUP = (
     "[bold]not bold[/] and [/] and [link=https://example.com]not a link[/link] "
     "[@click=app.quit]quit[/] \x1b[31mnot red\x1b[0m end"
