@@ -89,7 +89,7 @@ WORK=$(mktemp -d "${TMPDIR:-/tmp}/chatterm-gpu-bench.XXXXXX")
 trap 'rm -rf "$WORK"' EXIT
 export CHATTERM_CONFIG_DIR="$WORK/config" CHATTERM_DATA_DIR="$WORK/data"
 export CHATTERM_CACHE_DIR="$WORK/cache" CHATTERM_DB="$WORK/data/chatterm.db"
-mkdir -p "$WORK/results"
+mkdir -p "$WORK/results" "$WORK/data"  # an explicit CHATTERM_DB must name an existing folder
 
 if [ -d "$WHEELS/cuda-libs" ]; then
     export LD_LIBRARY_PATH="$WHEELS/cuda-libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"

@@ -76,6 +76,7 @@ def flat(text: str) -> str:
 
 def test_launch_answers_a_question_in_tmux(tmp_path):
     db = tmp_path / "data" / "chatterm.db"
+    db.parent.mkdir()  # an explicit --db must name an existing folder
     env = {
         "CHATTERM_CONFIG_DIR": str(tmp_path / "config"),
         "CHATTERM_DATA_DIR": str(tmp_path / "data"),
