@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"CPU: {cpu_name()} ({cores} cores); calibration {calib_before:.1f} ms; other processes busy {busy}")
     spec = load_catalog(None).get(None)
     contexts = {}
-    for name, threads in (("fixed", BatchThreads(fixed=cores)), ("adaptive", BatchThreads())):
+    for name, threads in (("fixed", BatchThreads(adaptive=False)), ("adaptive", BatchThreads())):
         llm = open_model(spec).llm  # llama-cpp-python's default: one prefill thread per core
         threads.bind(llm)
         contexts[name] = (llm, threads)

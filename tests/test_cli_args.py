@@ -28,6 +28,18 @@ def test_a_named_database_in_a_missing_folder_is_an_error_that_creates_nothing(t
     assert not db.parent.exists()
 
 
+def test_a_named_database_in_the_data_folder_works_before_the_folder_exists(tmp_path, monkeypatch, capsys):
+    db = tmp_path / "data" / "chatterm.db"  # the autouse fixture's CHATTERM_DATA_DIR, not created yet
+    assert not db.parent.exists()
+    monkeypatch.setenv("CHATTERM_DB", str(db))
+    assert main(["sessions"]) == 0
+    assert "No sessions yet" in capsys.readouterr().out
+    monkeypatch.delenv("CHATTERM_DB")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert main(["sessions", "--db=~/data/chatterm.db"]) == 0  # ~ expanded, as for $CHATTERM_DB
+    assert f"No sessions yet in {db}" in capsys.readouterr().out
+
+
 def test_a_named_database_under_a_file_says_the_file_is_not_a_folder(tmp_path, capsys):
     (tmp_path / "notes").write_text("a file")
     assert main(["sessions", "--db", str(tmp_path / "notes" / "x.db")]) == 2
@@ -159,3 +171,6 @@ def test_skipped_persona_files_are_warned_about_once_by_commands_that_load_perso
     captured = capsys.readouterr()
     assert len(warnings_of(captured.err)) == 2
     assert "unclosed.toml" not in captured.out and "typed.toml" not in captured.out
+    # cache clear PERSONA loads no persona: every skipped file is warned about.
+    assert main(["cache", "clear", "typed"]) == 2  # nothing cached for it
+    assert len(warnings_of(capsys.readouterr().err)) == 2

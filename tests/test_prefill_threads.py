@@ -57,6 +57,21 @@ def test_other_processes_count_and_this_process_does_not():
     assert own_busy <= other_busy - 0.5, (own_busy, other_busy)
 
 
+def test_work_at_a_lower_priority_is_not_counted():
+    if os.getpriority(os.PRIO_PROCESS, 0) > 0:
+        pytest.skip("this test process is niced itself")
+    load = OtherLoad().start()
+    hog = subprocess.Popen([sys.executable, "-c", "import os; os.nice(19)\nwhile True: pass"])
+    try:
+        niced_busy = settled(load)
+    finally:
+        hog.kill()
+        hog.wait()
+        load.stop()
+    # It takes a whole idle core, yet yields to chatterm's threads whenever they run.
+    assert niced_busy < 0.5
+
+
 def test_prefill_gives_a_busy_core_back_and_a_fixed_count_stays():
     hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     time.sleep(0.2)  # the busy loop is running
@@ -71,7 +86,7 @@ def test_prefill_gives_a_busy_core_back_and_a_fixed_count_stays():
         hog.kill()
         hog.wait()
         adaptive.close()
-    fixed = BatchThreads(fixed=most)
+    fixed = BatchThreads(adaptive=False)
     fixed.bind(llm)
     hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:

@@ -27,7 +27,9 @@ def register(sub, common) -> None:
     ls = actions.add_parser("ls", parents=[common], help="list cached states (kind, model, tokens, bytes, tier)")
     ls.set_defaults(func=run_ls)
     clear = actions.add_parser("clear", parents=[common], help="delete cached states (all, a kind, a persona's, a session's)")
-    clear.add_argument("persona", nargs="?", help="only this persona's prefix state")
+    # Not dest "persona": that is how cli.common.workspace knows a command will
+    # load a persona (and leaves its file out of the skipped-file warnings).
+    clear.add_argument("persona_id", nargs="?", metavar="PERSONA", help="only this persona's prefix state")
     clear.add_argument("--kind", choices=KINDS, help="only persona prefixes, or only conversations")
     clear.add_argument("--session", metavar="ID", help="only this session's conversation state")
     clear.set_defaults(func=run_clear)
@@ -74,12 +76,12 @@ def run_ls(args: argparse.Namespace) -> int:
 def run_clear(args: argparse.Namespace) -> int:
     cache = _cache(args)
     kind, key = args.kind, None
-    if args.persona is not None and args.session is not None:
+    if args.persona_id is not None and args.session is not None:
         raise ChattermError("give a persona or --session, not both")
-    if args.persona is not None:
+    if args.persona_id is not None:
         if kind == "session":
-            raise ChattermError(f"--kind session does not go with persona {args.persona!r}")
-        kind, key = "persona", args.persona
+            raise ChattermError(f"--kind session does not go with persona {args.persona_id!r}")
+        kind, key = "persona", args.persona_id
     elif args.session is not None:
         if kind == "persona":
             raise ChattermError(f"--kind persona does not go with --session {args.session}")

@@ -53,12 +53,14 @@ def db_path(args: argparse.Namespace) -> Path:
     exists: the store creates missing folders, which for a mistyped path would
     leave a new folder tree with an empty database in it (or, read-only, list
     "no sessions" where the user expects theirs). The data folder is created on
-    first use."""
+    first use, also when a database the user named is in it (a profile that
+    exports the default path must work on a new machine)."""
     named, source = (args.db, "--db") if args.db is not None else (paths.named_db_path(), "$CHATTERM_DB")
     if named is None:
         return paths.default_db_path()
+    named = named.expanduser()  # --db=~/x.db: the shell leaves a ~ after "=" alone
     folder = named.parent
-    if not folder.is_dir():
+    if not folder.is_dir() and folder.resolve() != paths.data_dir().resolve():
         if folder.exists():
             raise ChattermError(f"{source} {named}: {folder} is not a folder; choose another path")
         raise ChattermError(f"{source} {named}: folder {folder} does not exist; create it first or choose another path")

@@ -50,7 +50,7 @@ def _create_temp(path: Path, perms: int) -> tuple[int, str]:
     for _ in range(100):  # 32 random bits: one clash is rare, 100 in a row is no accident
         tmp = str(path.parent / f".{path.name}.{secrets.token_hex(4)}{TEMP_SUFFIX}")
         try:
-            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, perms), tmp
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), perms), tmp
         except FileExistsError:
             continue
     raise FileExistsError(f"no free temp file name beside {path}")

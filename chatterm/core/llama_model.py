@@ -10,12 +10,14 @@ Contract:
   error, the specific one. The device name (a GPU probe or /proc/cpuinfo) is
   worked out here, once.
 - `BatchThreads` picks how many threads llama.cpp prefills with, before each
-  prefill: the models.toml `n_threads_batch` when set, else llama-cpp-python's
-  default (every core) less the cores other processes keep busy (`OtherLoad`).
-  llama.cpp's threads meet at a spinning barrier after every graph node, so a
-  thread that has to share its core with another process stalls all of them:
-  measured on 2 cores with one busy process, a 2-thread prefill is 2-3x slower
-  than a 1-thread one (docs/engine.md, benchmarks/prefill_threads.py).
+  prefill: the models.toml `n_threads_batch` when set, else one per core this
+  process may run on (llama-cpp-python's default counts every core of the
+  machine, also those an affinity mask or a container leaves out) less the
+  cores other processes keep busy at normal priority (`OtherLoad`). llama.cpp's
+  threads meet at a spinning barrier after every graph node, so a thread that
+  has to share its core with another process stalls all of them: measured on
+  2 cores with one busy process, a 2-thread prefill is 1.3-3x slower than a
+  1-thread one (docs/engine.md, benchmarks/prefill_threads.py).
 - `AbortFlag` is llama.cpp's abort callback for one context: `set(True)`
   makes the decode in progress stop at its next graph node (CPU backend), and
   the decode raises RuntimeError; `set(False)` before the next decode.
@@ -94,18 +96,21 @@ class BatchThreads:
     Made before the model loads, so that the load of other processes is
     already known at the first prefill; `bind()` it to the loaded model."""
 
-    def __init__(self, fixed: int | None = None):
+    def __init__(self, adaptive: bool = True):
         self._llm: llama_cpp.Llama | None = None
+        self._adaptive = adaptive
         self._most = self.current = 1
         try:
             self._cores = len(os.sched_getaffinity(0))
         except (AttributeError, OSError):
             self._cores = os.cpu_count() or 1
-        self._load = OtherLoad().start() if fixed is None and self._cores > 1 else None
+        self._load = OtherLoad().start() if adaptive and self._cores > 1 else None
 
     def bind(self, llm: llama_cpp.Llama) -> None:
         self._llm = llm
         self._most = self.current = llm.n_threads_batch
+        if self._adaptive:
+            self._most = min(self._most, self._cores)
 
     def apply(self) -> int:
         """Set the thread count for the next prefill; returns it."""
@@ -116,7 +121,8 @@ class BatchThreads:
             # A core another process keeps busy at least half the time is taken.
             wanted = max(1, min(self._most, self._cores - int(others + 0.5)))
         if wanted != self.current:
-            log.debug("prefill threads %d -> %d (other processes busy: %.1f cores)", self.current, wanted, others)
+            log.debug("prefill threads %d -> %d (other processes busy: %s cores)", self.current, wanted,
+                      "?" if others is None else f"{others:.1f}")
             llama_cpp.llama_set_n_threads(self._llm.ctx, self._llm.n_threads, wanted)
             self.current = wanted
         return wanted

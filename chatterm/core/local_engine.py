@@ -32,7 +32,7 @@ Contract (beyond chatterm.core.engine):
 - "Saved" prefill time is the reused tokens at the fastest prefill rate known
   (measured here, this turn's own prefill included, or stored with a restored
   state), net of what the turn spent getting them: its restore and the time it
-  waited (`wait_ms`).
+  waited (`wait_ms`); 0 for a turn stopped before its prefill ended.
 - Each prefill runs on the threads `llama_model.BatchThreads` picks: fewer
   while other processes keep cores busy.
 - Metrics are exact: TTFT from submit to the first sampled token; decode
@@ -176,7 +176,8 @@ class LocalEngine(Engine):
     # -- loading ---------------------------------------------------------
     def load(self, progress: Progress | None = None) -> None:
         path = self.spec.model_path()
-        threads = BatchThreads(self.spec.n_threads_batch)  # samples other processes during the load
+        # Sampling other processes starts now, so the first prefill knows their load.
+        threads = BatchThreads(adaptive=self.spec.n_threads_batch is None)
         try:
             opened = open_model(self.spec, progress)
         except BaseException:

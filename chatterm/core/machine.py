@@ -1,4 +1,5 @@
-"""What a benchmark figure needs said about the machine it was measured on.
+"""The machine chatterm runs on: what a benchmark figure needs said about it,
+and how busy other processes keep it (for the engine's prefill threads).
 
 Contract:
 - `cpu_name()`: the CPU model (Linux /proc/cpuinfo; elsewhere what `platform`
@@ -11,9 +12,9 @@ Contract:
   where /proc/stat cannot be read. Ratios measured within one run survive a
   steady load, not a load that comes and goes, so benchmarks warn above
   `BUSY_WARNING`.
-- `OtherLoad`: how many of this process's CPUs other processes keep busy,
-  sampled by a daemon thread (what llama.cpp's prefill threads will compete
-  with; see `chatterm.core.llama_model.BatchThreads`).
+- `OtherLoad`: how many of this process's CPUs other processes keep busy at
+  normal priority, sampled by a daemon thread (what llama.cpp's prefill
+  threads will compete with; see `chatterm.core.llama_model.BatchThreads`).
 """
 
 from __future__ import annotations
@@ -43,45 +44,67 @@ def calibration_ms() -> float:
     return min(timeit.repeat("sum(range(10**6))", number=1, repeat=5)) * 1000.0
 
 
-def _cpu_times() -> tuple[int, int] | None:
-    """(idle, total) jiffies over all CPUs since boot."""
+def _cpu_jiffies(cpus: frozenset[str] = frozenset({"cpu"})) -> tuple[int, int, int] | None:
+    """(busy, nice, idle) jiffies since boot, summed over the /proc/stat lines
+    named in `cpus` ("cpu" is all CPUs together, "cpu0"... one each). busy is
+    user, system, irq, softirq and steal (guest time is inside user); nice is
+    apart, as work that yields to normal-priority work; idle includes iowait."""
+    busy = nice = idle = 0
+    found = False
     try:
         with open("/proc/stat", encoding="ascii") as fh:
-            values = [int(v) for v in fh.readline().split()[1:]]
+            for line in fh:
+                name, _, rest = line.partition(" ")
+                if name in cpus:
+                    v = [int(x) for x in rest.split()[:8]]
+                    if len(v) < 5:
+                        return None
+                    busy += v[0] + v[2] + sum(v[5:8])
+                    nice += v[1]
+                    idle += v[3] + v[4]
+                    found = True
     except (OSError, ValueError):
         return None
-    if len(values) < 5:
-        return None
-    return values[3] + values[4], sum(values[:8])  # idle + iowait; guest time is inside user
+    return (busy, nice, idle) if found else None
 
 
 def busy_fraction(seconds: float = 0.5) -> float | None:
-    before = _cpu_times()
+    before = _cpu_jiffies()
     time.sleep(seconds)
-    after = _cpu_times()
-    if before is None or after is None or after[1] <= before[1]:
+    after = _cpu_jiffies()
+    if before is None or after is None:
         return None
-    idle, total = after[0] - before[0], after[1] - before[1]
+    idle = after[2] - before[2]
+    total = sum(after) - sum(before)
+    if total <= 0:
+        return None
     return min(max(1.0 - idle / total, 0.0), 1.0)
 
 
 class OtherLoad:
     """CPU cores (of this process's CPU set) that other processes kept busy,
-    from /proc/stat minus this process's own CPU time. A daemon thread measures
-    a window every `interval_s`; `cores` is the larger of the last two windows,
-    so one quiet half second inside a steady load does not count as idle.
-    Before the first window ends, `cores` measures from `start()` to now (at
-    least `FIRST_WINDOW_S`): a command that prefills right after loading its
-    model still sees the load. None where /proc/stat cannot be read."""
+    from /proc/stat minus this process's own CPU time. Work at a lower
+    priority (nice) does not count: it yields to ours. A daemon thread
+    measures a window every `interval_s` (a failed read skips one);
+    `cores` is the larger of the last two windows, so one quiet half second
+    inside a steady load does not count as idle. Before the first window ends,
+    `cores` measures from `start()` to now (at least `FIRST_WINDOW_S`): a
+    command that prefills right after loading its model still sees the load.
+    None where /proc/stat cannot be read, and after `stop()`."""
 
     FIRST_WINDOW_S = 0.1
 
     def __init__(self, interval_s: float = 0.5):
         self.interval_s = interval_s
         try:
-            self._cpus = {f"cpu{n}" for n in os.sched_getaffinity(0)}
+            self._cpus: frozenset[str] | None = frozenset(f"cpu{n}" for n in os.sched_getaffinity(0))
         except (AttributeError, OSError):
             self._cpus = None
+        try:
+            # A niced chatterm's own time is in the nice column: keep it there to subtract it.
+            self._count_nice = os.getpriority(os.PRIO_PROCESS, 0) > 0
+        except (AttributeError, OSError):
+            self._count_nice = False
         self._tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
         self._first: tuple[float, float, float] | None = None
         self._windows: tuple[float, ...] = ()
@@ -98,9 +121,12 @@ class OtherLoad:
 
     @property
     def cores(self) -> float | None:
-        if self._windows:
-            return max(self._windows)
-        if self._first is None or self._stop.is_set():
+        if self._stop.is_set():
+            return None
+        windows = self._windows
+        if windows:
+            return max(windows)
+        if self._first is None:
             return None
         now = self._sample()
         if now is None or now[0] - self._first[0] < self.FIRST_WINDOW_S:
@@ -109,18 +135,12 @@ class OtherLoad:
 
     def _sample(self) -> tuple[float, float, float] | None:
         """(wall s, busy CPU s of our CPUs, own CPU s)."""
-        busy = 0
-        try:
-            with open("/proc/stat", encoding="ascii") as fh:
-                for line in fh:
-                    name, _, rest = line.partition(" ")
-                    if name in self._cpus:
-                        values = [int(v) for v in rest.split()[:8]]
-                        busy += sum(values) - values[3] - values[4]  # all but idle and iowait
-        except (OSError, ValueError, IndexError):
+        jiffies = _cpu_jiffies(self._cpus) if self._cpus is not None else None
+        if jiffies is None:
             return None
+        busy, nice, _idle = jiffies
         own = os.times()
-        return time.monotonic(), busy / self._tick, own.user + own.system
+        return time.monotonic(), (busy + (nice if self._count_nice else 0)) / self._tick, own.user + own.system
 
     @staticmethod
     def _busy(before: tuple[float, float, float], after: tuple[float, float, float]) -> float:
@@ -129,9 +149,10 @@ class OtherLoad:
 
     def _run(self) -> None:
         last = self._first
-        while last is not None and not self._stop.wait(self.interval_s):
+        while not self._stop.wait(self.interval_s):
             now = self._sample()
-            if now is not None:
-                self._windows = (*self._windows[-1:], self._busy(last, now))
+            if now is None or last is None:
+                last = now  # one failed read: the next window starts from the next good sample
+                continue
+            self._windows = (*self._windows[-1:], self._busy(last, now))
             last = now
-        self._windows = ()

@@ -84,13 +84,19 @@ class ZeroSparkline(Sparkline):
     """A `Sparkline` to scale from zero: TTFTs of 189, 199 and 219 ms draw as
     ▇▇█, not ▁▃█, which made a 16 % difference look like a tenfold one."""
 
-    def render(self) -> SparklineRenderable:
+    def render(self):
         stock = super().render()  # Textual's own, with the theme's colours resolved
-        assert isinstance(stock, SparklineRenderable)
-        return _FromZero(
-            stock.data, width=stock.width, height=stock.height, min_color=stock.min_color.color,
-            max_color=stock.max_color.color, summary_function=stock.summary_function,
-        )
+        # Another Textual (within the pinned range) may draw its sparkline
+        # differently: then its own scale, never a crash or a stray zero bar.
+        if not isinstance(stock, SparklineRenderable) or not hasattr(SparklineRenderable, "_buckets"):
+            return stock
+        try:
+            return _FromZero(
+                stock.data, width=stock.width, height=stock.height, min_color=stock.min_color.color,
+                max_color=stock.max_color.color, summary_function=stock.summary_function,
+            )
+        except (AttributeError, TypeError):
+            return stock
 
 
 class Dashboard(VerticalScroll):
