@@ -174,3 +174,21 @@ def test_skipped_persona_files_are_warned_about_once_by_commands_that_load_perso
     # cache clear PERSONA loads no persona: every skipped file is warned about.
     assert main(["cache", "clear", "typed"]) == 2  # nothing cached for it
     assert len(warnings_of(capsys.readouterr().err)) == 2
+
+
+def test_verbose_logs_chatterm_detail_without_markdown_it_s_rule_trace(tmp_path):
+    import subprocess
+    import sys
+
+    from tests.conftest import subprocess_env
+
+    code = (
+        "import contextlib, io, logging\n"
+        "from chatterm.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    main(['-v', 'paths'])\n"
+        "print(logging.getLogger('chatterm').isEnabledFor(logging.DEBUG),"
+        " logging.getLogger('markdown_it.rules_block.hr').isEnabledFor(logging.DEBUG))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=subprocess_env(tmp_path))
+    assert out.stdout.split() == ["True", "False"], out.stderr

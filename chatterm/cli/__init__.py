@@ -63,6 +63,9 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
     )
+    # -v is chatterm's and llama.cpp's detail: markdown-it logs every block rule
+    # it tries (thousands of lines per reply) at DEBUG.
+    logging.getLogger("markdown_it").setLevel(logging.WARNING)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
