@@ -717,19 +717,19 @@ class LocalEngine(Engine):
         if rest.aborted:
             return
         # Saved = reused tokens at the fastest known prefill rate, net of what the
-        # turn spent getting them: its restore, and the time it waited (a persona
-        # prefill the user waited for was not saved). A restore at the switch is
+        # turn spent getting them: its restore, and the time it waited (for a
+        # type-ahead batch; a persona prefilled at the switch is not reuse at
+        # all: CacheOutcome.SWITCH). A restore at the switch is
         # either waited for (in wait_ms) or was done before: counted once.
         # Tokens prefilled ahead were paid for while the user typed. Worked out
         # after this turn's own prefill, whose rate counts: a fresh process would
         # otherwise have only the rate stored with the restored state, which may
         # have been measured while the machine was busy.
         rate = self._prefill_ms_per_token
-        if rate and m.cached_tokens >= MIN_REUSE:
-            reused = m.cached_tokens - m.ahead_tokens
+        if rate and m.reused_tokens >= MIN_REUSE:
             restore = m.restore_ms or 0.0
             spent = max(m.wait_ms, restore) if m.restore_at_switch else m.wait_ms + restore
-            m.saved_prefill_ms = max(reused * rate - spent, 0.0)
+            m.saved_prefill_ms = max(m.reused_tokens * rate - spent, 0.0)
         notice = self.cache_notice()
         if notice:
             turn.notices.append(notice)

@@ -33,8 +33,11 @@ class CacheOutcome(StrEnum):
     """This turn prefilled the persona prefix itself (then saved it to disk)."""
     SWITCH = "switch"
     """The persona prefix was prefilled when the persona was switched to, before
-    this turn was started: the turn reused it, and the part of that prefill it
-    waited for (`wait_ms`) is not counted as saved."""
+    this turn was started. It is in the context (`cached_tokens`), but it was
+    computed for this turn, not reused from an earlier one: nothing is
+    `reused_tokens`, so it is charged at the input price and nothing is
+    "saved" (as an API charges the first request that writes its prompt cache).
+    The part of that prefill the turn waited for is in `wait_ms`."""
     SERVER = "server"
     """A remote server did (or did not) reuse its own prefix cache."""
     NONE = "none"
@@ -126,6 +129,8 @@ class TurnMetrics:
         what an API's prompt cache would serve. `ahead_tokens` are in
         `cached_tokens` too, but they are this turn's own new text, prefilled
         early: an API would charge them as uncached input."""
+        if self.cache_outcome == CacheOutcome.SWITCH:
+            return 0  # prefilled at the switch for this very turn: new work, not reuse
         return max(self.cached_tokens - self.ahead_tokens, 0)
 
     @property
