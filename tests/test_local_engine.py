@@ -294,6 +294,10 @@ def test_cancel_interrupts_a_long_prefill(ws):
         prefix = engine.prefix_tokens(persona)
         assert 512 <= engine.llm.n_tokens < len(prefix)  # aborted mid-prefill, not run to the end
         assert persona.id not in engine.cached_personas()  # a partial prefix is never saved
+        # The turn's figures are what the prefill did before it stopped.
+        m = turn.metrics
+        assert m.prefilled_tokens == engine.llm.n_tokens and m.prompt_tokens > m.prefilled_tokens
+        assert m.prefill_ms > 0 and m.saved_prefill_ms == 0
 
         small = greedy(ws.personas.get("terse-coder"))
         follow, reply = run_turn(engine, small)  # the context is usable afterwards

@@ -36,7 +36,8 @@ Contract (beyond chatterm.core.engine):
 - Each prefill runs on the threads `llama_model.BatchThreads` picks: fewer
   while other processes keep cores busy.
 - Metrics are exact: TTFT from submit to the first sampled token; decode
-  tokens/s from first to last token; llama.cpp's own perf counters for the
+  tokens/s from first to last token; a turn stopped during its prefill keeps
+  the time that prefill ran and the tokens it did; llama.cpp's own perf counters for the
   turn are kept in `Turn.perf` (tests compare the two).
 - When the prompt would not fit n_ctx (leaving room for the reply), the oldest
   history turns are dropped (never the persona) and the turn says how many;
@@ -705,16 +706,25 @@ class LocalEngine(Engine):
         t_prefill = time.perf_counter()
         todo = len(tokens) - llm.n_tokens
         prefix = pp.tokens
-        if (use_cache and self.kv_cache is not None and self.kv_cache.write_error is None and pp.helps
-                and len(prefix) >= MIN_REUSE and llm.n_tokens < len(prefix) < len(tokens)
-                and tokens[: len(prefix)] == prefix):
-            part = self._prefill(prefix[llm.n_tokens :], turn, 0, todo, t_prefill)
-            if part.aborted:
-                return
-            self._keep(Slot.persona(persona.id), {"prefill_ms": part.ms})
-            m.cache_detail = "; ".join(d for d in [*details, "persona prefix saved for next time"] if d)
-        rest = self._prefill(tokens[llm.n_tokens :], turn, todo - (len(tokens) - llm.n_tokens), todo, t_prefill)
-        if rest.aborted:
+        prefilled = False
+        try:
+            if (use_cache and self.kv_cache is not None and self.kv_cache.write_error is None and pp.helps
+                    and len(prefix) >= MIN_REUSE and llm.n_tokens < len(prefix) < len(tokens)
+                    and tokens[: len(prefix)] == prefix):
+                part = self._prefill(prefix[llm.n_tokens :], turn, 0, todo, t_prefill)
+                if part.aborted:
+                    return
+                self._keep(Slot.persona(persona.id), {"prefill_ms": part.ms})
+                m.cache_detail = "; ".join(d for d in [*details, "persona prefix saved for next time"] if d)
+            rest = self._prefill(tokens[llm.n_tokens :], turn, todo - (len(tokens) - llm.n_tokens), todo, t_prefill)
+            prefilled = not rest.aborted
+        finally:
+            if not prefilled:
+                # Stopped during the prefill (between batches, or inside one by
+                # the abort callback): the time it ran and the tokens it did.
+                m.prefill_ms = (time.perf_counter() - t_prefill) * 1000.0
+                m.prefilled_tokens = max(llm.n_tokens - m.cached_tokens, 0)
+        if not prefilled:
             return
         # Saved = reused tokens at the fastest known prefill rate, net of what the
         # turn spent getting them: its restore, and the time it waited (for a
