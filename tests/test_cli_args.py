@@ -192,3 +192,16 @@ def test_verbose_logs_chatterm_detail_without_markdown_it_s_rule_trace(tmp_path)
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=subprocess_env(tmp_path))
     assert out.stdout.split() == ["True", "False"], out.stderr
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["export", "abc"], "argument ID: invalid int value: 'abc' (see `chatterm export --help`)"),
+    (["ask", "--session", "x", "hi"], "argument --session: invalid int value: 'x'"),
+    (["bogus"], "invalid choice: 'bogus'"),
+])
+def test_a_usage_error_is_one_line_too(argv, words, capsys):
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("chatterm: error: ") and words in err

@@ -36,11 +36,20 @@ def _common_options() -> argparse.ArgumentParser:
     return common
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a usage error in one line like every other error (the
+    usage block it prints by default buries the line that matters). Its
+    subcommands' parsers are of this class too (argparse makes them so)."""
+
+    def error(self, message: str):
+        self.exit(2, f"chatterm: error: {message} (see `{self.prog} --help`)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     import importlib
 
     common = _common_options()
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="chatterm",
         description="Chat with local GGUF models and see (and control) every millisecond of latency.",
         parents=[common],
