@@ -100,7 +100,9 @@ class ZeroSparkline(Sparkline):
 
 
 class Dashboard(VerticalScroll):
-    can_focus = False
+    # Focusable (Tab) so the keyboard can scroll it: at 80x24 most of it is
+    # below the fold. It never takes the focus by itself.
+    can_focus = True
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)

@@ -39,7 +39,7 @@ HELP_KEYS: tuple[tuple[str, str], ...] = (
     ("Ctrl+S", "export as a Markdown report (data folder, path shown)"),
     ("Ctrl+N", "new conversation with the same persona"),
     ("Ctrl+P", "command palette: personas, themes, sessions, exports"),
-    ("Tab / Shift+Tab", "move focus between the prompt and the conversation"),
+    ("Tab / Shift+Tab", "move focus: prompt, conversation, dashboard (arrows and PgUp/PgDn scroll it)"),
     ("Ctrl+Q", "quit (also mid-reply and while the model loads)"),
 )
 """Every key the app answers to; docs/tui.md has the same table, in more words.

@@ -428,6 +428,26 @@ async def test_timeline_bar_fits_the_dashboard_on_one_line_at_80_columns(build):
         assert len(bar_and_next()[0]) == BAR_WIDTH
 
 
+async def test_the_dashboard_scrolls_from_the_keyboard_at_80x24(build):
+    from chatterm.ui.dashboard import Dashboard
+
+    app, _ = build(["Fine."])
+    async with app.run_test(size=(80, 24)) as pilot:
+        await loaded(pilot)
+        await pilot.press("f4")
+        await send(pilot, "Hi")
+        dashboard = app.query_one(Dashboard)
+        assert dashboard.max_scroll_y > 0  # most of it is below the fold here
+        for _ in range(3):  # prompt -> conversation -> dashboard
+            if app.focused is dashboard:
+                break
+            await pilot.press("tab")
+        assert app.focused is dashboard
+        await pilot.press("end")
+        await pilot.pause()
+        assert dashboard.scroll_y == dashboard.max_scroll_y > 0
+
+
 async def test_help_screen_lists_every_binding(build):
     app, _ = build()
     async with app.run_test(size=SIZE) as pilot:
