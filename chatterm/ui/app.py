@@ -317,8 +317,14 @@ class ChatApp(App[None]):
 
     @on(PersonaProgressed)
     def _persona_progressed(self, event: PersonaProgressed) -> None:
-        if event.persona.id == self.persona.id and self.chat.phase is TurnPhase.IDLE:
-            self.chat.set_status(f"{event.persona.name}: {prefill_progress_line(event.progress)}")
+        if event.persona.id != self.persona.id:
+            return
+        line = prefill_progress_line(event.progress)
+        if self.chat.phase is TurnPhase.IDLE:
+            self.chat.set_status(f"{event.persona.name}: {line}")
+        elif self.chat.phase is TurnPhase.STREAMING and self.chat.prefix_pending:
+            # A message sent meanwhile waits for this prefill: say how long.
+            self.chat.set_status(f"your message is next · {line}")
 
     @on(PersonaPrepared)
     def _persona_prepared(self, event: PersonaPrepared) -> None:

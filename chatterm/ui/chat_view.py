@@ -306,7 +306,7 @@ class ChatView(Vertical):
         self._turn = None
         self._phase = TurnPhase.STREAMING
         self.set_status(
-            "waiting for the persona prefix, then the first token…"
+            "waiting for the persona's prompt…"
             if self.prefix_pending
             else "waiting for the first token…"
         )

@@ -448,6 +448,30 @@ async def test_the_dashboard_scrolls_from_the_keyboard_at_80x24(build):
         assert dashboard.scroll_y == dashboard.max_scroll_y > 0
 
 
+async def test_a_message_waiting_for_the_persona_prefill_shows_its_progress(build):
+    from chatterm.core.engine import PrefillProgress
+    from chatterm.ui.engine_setup import PersonaProgressed
+
+    gate = threading.Event()
+    app, engines = build(["Fine."], engine_kwargs={"prepare_gate": gate})
+    try:
+        async with app.run_test(size=SIZE) as pilot:
+            await wait_for(pilot, lambda: app.conversation is not None and app.chat.prefix_pending,
+                           what="the persona prepare to hold the engine")
+            app.query_one("#prompt").insert("Hi")
+            await pilot.press("enter")
+            await wait_for(pilot, lambda: app.chat.phase is TurnPhase.STREAMING, what="the send")
+            app.post_message(PersonaProgressed(app.persona, PrefillProgress(512, 2365, 2.0)))
+            status = app.query_one("#status", Static)
+            await wait_for(pilot, lambda: "your message is next · prefilling 512 / 2,365 tokens"
+                           in str(status.content), what="the progress in the status")
+            gate.set()
+            await wait_for(pilot, lambda: len(app.conversation.turns) == 1 and app.chat.phase is TurnPhase.IDLE,
+                           what="the reply")
+    finally:
+        gate.set()
+
+
 async def test_help_screen_lists_every_binding(build):
     app, _ = build()
     async with app.run_test(size=SIZE) as pilot:
