@@ -63,6 +63,18 @@ class Tmux:
         subprocess.run(self._tmux("kill-server"), capture_output=True)
 
 
+def stty(tty: str) -> str:
+    return subprocess.run(["stty", "-a", "-F", tty], capture_output=True, text=True).stdout
+
+
+def wait_until(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.005)
+
+
 def title(screen: str) -> str:
     """The app's title bar (first line): it ends with the app's state."""
     lines = screen.splitlines()
@@ -91,7 +103,10 @@ def test_launch_answers_a_question_in_tmux(tmp_path):
     tmux = Tmux(f"chatterm-e2e-{os.getpid()}", tmp_path / "tmux.sock")
     try:
         tmux.run("new-session", "-d", "-s", tmux.target, "-x", "120", "-y", "40", command)
-        tmux.wait_for(lambda s: "· ready" in title(s), 90, "the model to load")
+        # Typed and sent as soon as launch has started, long before the app is
+        # on screen and the model loaded: the Enter must still send it.
+        pane_tty = tmux.run("display-message", "-p", "-t", tmux.target, "#{pane_tty}").strip()
+        wait_until(lambda: "-icrnl" in stty(pane_tty), 30, "launch to keep Enter as typed")
         tmux.run("send-keys", "-t", tmux.target, "-l", "What is the capital of France?")
         tmux.run("send-keys", "-t", tmux.target, "Enter")
         screen = tmux.wait_for(
@@ -102,6 +117,7 @@ def test_launch_answers_a_question_in_tmux(tmp_path):
         tmux.run("send-keys", "-t", tmux.target, "C-q")
         tmux.wait_for(lambda s: "CHATTERM-EXIT=" in s, 30, "the app to quit")
         assert "CHATTERM-EXIT=0" in tmux.screen()
+        assert " icrnl" in stty(pane_tty)  # the terminal's own settings are back
     finally:
         tmux.kill()
 
@@ -158,8 +174,10 @@ def test_quit_while_the_model_loads_ends_the_process_at_once(tmp_path):
         # The terminal is given back as it was: the sequences that restore it
         # reach it although the load has pointed fd 2 at /dev/null.
         modes = tmux.run("display", "-p", "-t", tmux.target, "#{alternate_on} #{cursor_flag}").split()
+        settings = stty(tmux.run("display-message", "-p", "-t", tmux.target, "#{pane_tty}").strip())
     finally:
         tmux.kill()
     assert "CHATTERM-EXIT=0" in screen
+    assert " icrnl" in settings  # the early-key setting is undone on this immediate exit too
     assert "Traceback" not in screen
     assert modes == ["0", "1"], f"alternate screen, cursor shown: {modes}"

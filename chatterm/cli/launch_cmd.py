@@ -16,6 +16,7 @@ import os
 import sys
 from typing import Iterator
 
+from chatterm.cli import early_keys
 from chatterm.cli.common import add_model_persona_options, db_path, workspace
 from chatterm.core import paths
 from chatterm.core.errors import ChattermError
@@ -132,5 +133,7 @@ def run(args: argparse.Namespace) -> int:
         # which must not run under a load in progress).
         sys.stdout.flush()
         sys.stderr.flush()
+        early_keys.restore()  # _exit runs no atexit handler
         os._exit(app.return_code or 0)
+    early_keys.restore()
     return app.return_code or 0

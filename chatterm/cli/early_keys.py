@@ -1,0 +1,52 @@
+"""Keys typed while `chatterm launch` starts reach the app as typed.
+
+Until Textual puts the terminal in raw mode (about half a second after the
+command starts), the terminal's line discipline translates Enter (CR) into a
+newline (LF), which the app then reads as Ctrl+J, "insert a new line": a
+message typed and sent before the first frame stayed in the prompt. So the
+first thing `launch` does (`hold`, before the slow imports) is turn that
+translation (ICRNL) off on a terminal stdin; what is typed meanwhile waits in
+the terminal and reaches the app with its Enter. Textual restores the settings
+it found, which are these, so `restore` puts the user's own back: at the end
+of launch, before an immediate exit, and at interpreter exit. Elsewhere (no
+terminal, no termios) both do nothing.
+"""
+
+from __future__ import annotations
+
+import atexit
+import sys
+
+_saved: tuple[int, list] | None = None
+
+
+def hold() -> None:
+    global _saved
+    try:
+        import termios
+
+        fd = sys.stdin.fileno()
+        if _saved is not None or not sys.stdin.isatty():
+            return
+        before = termios.tcgetattr(fd)
+        attrs = termios.tcgetattr(fd)
+        attrs[0] &= ~termios.ICRNL
+        termios.tcsetattr(fd, termios.TCSANOW, attrs)  # not TCSAFLUSH: that drops what was typed
+    except Exception:  # noqa: BLE001 - no termios, a closed stdin, a terminal that refuses: start as before
+        return
+    _saved = (fd, before)
+    atexit.register(restore)
+
+
+def restore() -> None:
+    global _saved
+    if _saved is None:
+        return
+    fd, before = _saved
+    _saved = None
+    try:
+        import termios
+
+        termios.tcsetattr(fd, termios.TCSANOW, before)
+    except Exception:  # noqa: BLE001 - the terminal is gone (hung up): nothing to restore
+        pass
