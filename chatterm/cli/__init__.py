@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 
 from chatterm import __version__
-from chatterm.cli import early_keys
 from chatterm.core.errors import ChattermError
 from chatterm.core.format import printable
 
@@ -64,8 +63,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    if "launch" in (sys.argv[1:] if argv is None else argv):
-        early_keys.hold()  # before the imports below: keys are typed while they run
     parser = build_parser()
     args = parser.parse_args(argv)
     for name, default in (("models", None), ("db", None), ("verbose", False)):

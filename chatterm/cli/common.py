@@ -21,7 +21,7 @@ def workspace(args: argparse.Namespace) -> Workspace:
     (it has --model) leaves out the entry it will ask for, and one that uses a
     persona (it has --persona) the file of the persona it will ask for: asking
     for either fails with that same line as the error."""
-    ws = Workspace.load(models_file=args.models, db_path=args.db)
+    ws = Workspace.load(models_file=args.models, db_path=_named_db(args)[0])
     wanted = ws.catalog.broken.get(args.model or ws.catalog.default_model) if hasattr(args, "model") else None
     _warn_skipped(ws.catalog.errors, wanted)
     wanted = ws.personas.broken.get(args.persona or DEFAULT_PERSONA) if hasattr(args, "persona") else None
@@ -55,16 +55,22 @@ def db_path(args: argparse.Namespace) -> Path:
     "no sessions" where the user expects theirs). The data folder is created on
     first use, also when a database the user named is in it (a profile that
     exports the default path must work on a new machine)."""
-    named, source = (args.db, "--db") if args.db is not None else (paths.named_db_path(), "$CHATTERM_DB")
+    named, source = _named_db(args)
     if named is None:
         return paths.default_db_path()
-    named = named.expanduser()  # --db=~/x.db: the shell leaves a ~ after "=" alone
     folder = named.parent
     if not folder.is_dir() and folder.resolve() != paths.data_dir().resolve():
         if folder.exists():
             raise ChattermError(f"{source} {named}: {folder} is not a folder; choose another path")
         raise ChattermError(f"{source} {named}: folder {folder} does not exist; create it first or choose another path")
     return named
+
+
+def _named_db(args: argparse.Namespace) -> tuple[Path | None, str]:
+    """The database the user named (None: the data folder's), and where they named it."""
+    if args.db is not None:
+        return args.db.expanduser(), "--db"  # --db=~/x.db: the shell leaves a ~ after "=" alone
+    return paths.named_db_path(), "$CHATTERM_DB"
 
 
 def require_positive(option: str, value: int) -> None:

@@ -4,9 +4,10 @@ Until Textual puts the terminal in raw mode (about half a second after the
 command starts), the terminal's line discipline translates Enter (CR) into a
 newline (LF), which the app then reads as Ctrl+J, "insert a new line": a
 message typed and sent before the first frame stayed in the prompt. So the
-first thing `launch` does (`hold`, before the slow imports) is turn that
-translation (ICRNL) off on a terminal stdin; what is typed meanwhile waits in
-the terminal and reaches the app with its Enter. Textual restores the settings
+first thing `launch` does (`hold`, a quarter second after the command starts,
+before the app's imports) is turn that translation (ICRNL) off on a terminal
+stdin. The translation happens as each key arrives, so an Enter pressed from
+then on waits in the terminal as typed and reaches the app as Enter. Textual restores the settings
 it found, which are these, so `restore` puts the user's own back: at the end
 of launch, before an immediate exit, and at interpreter exit. Elsewhere (no
 terminal, no termios) both do nothing.

@@ -96,6 +96,7 @@ def _require_terminal() -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    early_keys.hold()  # first: an Enter typed while the rest starts must stay an Enter
     from chatterm.core.store import SessionStore
     from chatterm.ui.launch import make_app, require_theme
 
