@@ -31,10 +31,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from chatterm.core import kv_state  # noqa: E402
-from chatterm.core.llama_model import BatchThreads, open_model  # noqa: E402
-from chatterm.core.machine import busy_fraction, calibration_ms, cpu_name  # noqa: E402
-from chatterm.core.models import load_catalog  # noqa: E402
+from chatterm.core.config.catalog import load_catalog  # noqa: E402
+from chatterm.core.engine.local import kv_state  # noqa: E402
+from chatterm.core.engine.local.model import BatchThreads, open_model  # noqa: E402
+from chatterm.core.system.machine import busy_fraction, calibration_ms, cpu_name  # noqa: E402
 
 LOADED_TARGET = 0.8
 IDLE_TARGET = 1.15

@@ -1,7 +1,7 @@
 """Resume targets of the prompt cache, from one `chatterm bench --resume` run.
 
 The next turn of a six-turn, 3,000+ token conversation, measured four ways in
-one process (see chatterm/core/bench.py `_bench_resume`):
+one process (see chatterm/core/bench/runner.py `_bench_resume`):
 
     conversation restored from disk  <= 0.1x  persona restored + history prefilled
     conversation restored from disk  <= 1.3x  conversation still in memory

@@ -37,9 +37,9 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from chatterm.cli import main as chatterm_main  # noqa: E402
-from chatterm.core.machine import calibration_ms, cpu_name  # noqa: E402
-from chatterm.core.metrics import TurnMetrics  # noqa: E402
-from chatterm.core.store import SessionStore  # noqa: E402
+from chatterm.core.metrics.turn_metrics import TurnMetrics  # noqa: E402
+from chatterm.core.store.session_store import SessionStore  # noqa: E402
+from chatterm.core.system.machine import calibration_ms, cpu_name  # noqa: E402
 
 TARGET_S = 2.0
 WORDS = ("the model **streams** tokens while the `cache` keeps a persona prefix; latency is measured "

@@ -77,8 +77,8 @@ def run(args: argparse.Namespace, tmp: Path) -> int:
 
     from textual import events
 
-    from chatterm.core import paths
-    from chatterm.core.machine import calibration_ms, cpu_name
+    from chatterm.core.config import paths
+    from chatterm.core.system.machine import calibration_ms, cpu_name
     from chatterm.core.workspace import Workspace
     from chatterm.ui.chat_view import TurnPhase
     from chatterm.ui.launch import make_app

@@ -54,7 +54,7 @@ def reply(i: int) -> str:
 
 
 def build_session(store, catalog_model: str, turns: int) -> int:
-    from chatterm.core.metrics import TurnMetrics
+    from chatterm.core.metrics.turn_metrics import TurnMetrics
 
     sid = store.create_session(model_id=catalog_model, model_identity="bench", engine="local",
                                device="CPU", persona_id="assistant")
@@ -73,10 +73,10 @@ def launch_figures(tmp: Path, sid: int, turns: int) -> tuple[float, float, float
 
 def scroll_figures(workspace, store, sid: int, pages: int) -> tuple[list[float], float, int]:
     """(ms per page of older turns, worst loop stall ms, turns mounted at the end)."""
-    from chatterm.core.engine import DeviceInfo, Engine, PrefixReport
-    from chatterm.core.metrics import CacheOutcome
+    from chatterm.core.engine.interface import DeviceInfo, Engine, PrefixReport
+    from chatterm.core.metrics.turn_metrics import CacheOutcome
     from chatterm.ui.launch import make_app
-    from chatterm.ui.conversation import ConversationView, UserMessage
+    from chatterm.ui.transcript import ConversationView, UserMessage
 
     class IdleEngine(Engine):
         kind = "synthetic"
@@ -144,7 +144,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name in ("CONFIG", "DATA", "CACHE"):
         os.environ[f"CHATTERM_{name}_DIR"] = str(tmp / name.lower())
     os.environ.pop("CHATTERM_DB", None)
-    from chatterm.core.store import SessionStore
+    from chatterm.core.store.session_store import SessionStore
     from chatterm.core.workspace import Workspace
 
     workspace = Workspace.load()

@@ -116,13 +116,14 @@ def run(args: argparse.Namespace) -> int:
         os.environ[f"CHATTERM_{name}_DIR"] = str(tmp / name.lower())
     os.environ.pop("CHATTERM_DB", None)
 
-    from chatterm.core.engine import DeviceInfo, Engine, PrefixReport, Turn
-    from chatterm.core.metrics import CacheOutcome, StopReason, TurnMetrics
-    from chatterm.core.store import SessionStore
-    from chatterm.core.workspace import Workspace
-    from chatterm.ui.launch import make_app
-    from chatterm.ui.chat_view import TurnPhase
     from textual import events
+
+    from chatterm.core.engine.interface import DeviceInfo, Engine, PrefixReport, Turn
+    from chatterm.core.metrics.turn_metrics import CacheOutcome, StopReason, TurnMetrics
+    from chatterm.core.store.session_store import SessionStore
+    from chatterm.core.workspace import Workspace
+    from chatterm.ui.chat_view import TurnPhase
+    from chatterm.ui.launch import make_app
 
     def paced(turn: Turn, tokens: list[str], rate: float, last: list[float]) -> Iterator[str]:
         """Yields `tokens` at `rate` per second on a fixed schedule (catching up if late)."""

@@ -44,10 +44,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.environ[f"CHATTERM_{name}_DIR"] = str(tmp / name.lower())
     os.environ.pop("CHATTERM_DB", None)
 
-    from chatterm.core.conversation import Conversation
+    from chatterm.core.engine.conversation import Conversation
     from chatterm.core.workspace import Workspace
-    from chatterm.ui.launch import make_app
     from chatterm.ui.chat_view import TurnPhase
+    from chatterm.ui.launch import make_app
 
     workspace = Workspace.load(db_path=tmp / "bench.db")
     base = workspace.personas.get(None)

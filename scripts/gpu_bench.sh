@@ -14,7 +14,7 @@
 #   --out FILE    default: gpu-bench-<UTC time>.json in the current folder.
 #   --wheels DIR  default: wheels/. Holds the CUDA wheel of llama-cpp-python
 #                 (and optionally cuda-libs/, see below).
-#   --tests       also run `pytest -m gpu tests/test_gpu_real.py`; the outcome
+#   --tests       also run `pytest -m gpu tests/core/system/test_gpu_real.py`; the outcome
 #                 goes into the JSON.
 #   --allow-cpu   run even when llama.cpp has no GPU offload (to check the script
 #                 itself on a CPU machine; the figures then mean nothing for GPUs).
@@ -138,7 +138,7 @@ if shutil.which("nvidia-smi"):
     except (subprocess.SubprocessError, OSError) as exc:
         info["nvidia_smi_error"] = str(exc)
 try:
-    from chatterm.core.gpu_telemetry import gpu_status
+    from chatterm.core.system.gpu import gpu_status
     status = gpu_status()
     info["torch_gpu_status"] = status.__dict__ if status is not None else None
 except Exception as exc:  # torch is optional here
@@ -153,8 +153,8 @@ say "GPU: $("$PY" -c 'import json,sys; d=json.load(open(sys.argv[1])); print((d.
 # -- 3. a temporary models.toml: the default model per KV type, and the larger one
 "$PY" - "$WORK/models.toml" "$LARGE" $KV_TYPES <<'EOF'
 import json, sys
-from chatterm.core import resources
-from chatterm.core.models import load_catalog
+from chatterm.core.config import resources
+from chatterm.core.config.catalog import load_catalog
 out, large, kv_types = sys.argv[1], sys.argv[2], sys.argv[3:]
 catalog = load_catalog(resources.bundled_models_file())
 default = catalog.get(None)
@@ -184,9 +184,9 @@ measures it. Median of runs after one warm-up run. VRAM from nvidia-smi."""
 import ctypes, json, shutil, statistics, subprocess, sys, time
 import llama_cpp
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
-from chatterm.core.bench import QUESTIONS
-from chatterm.core.offload import kv_type_to_ggml
-from chatterm.core.personas import load_personas
+from chatterm.core.bench.runner import QUESTIONS
+from chatterm.core.engine.local.offload import kv_type_to_ggml
+from chatterm.core.config.personas import load_personas
 
 path, kv, n_gen, runs, gpu_index = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
 
@@ -278,7 +278,7 @@ run_model() {  # id path kv
     fi
 }
 
-default_path=$("$PY" -c 'from chatterm.core import resources; from chatterm.core.models import load_catalog; print(load_catalog(resources.bundled_models_file()).get(None).model_path())')
+default_path=$("$PY" -c 'from chatterm.core.config import resources; from chatterm.core.config.catalog import load_catalog; print(load_catalog(resources.bundled_models_file()).get(None).model_path())')
 for kv in $KV_TYPES; do
     run_model "default-$kv" "$default_path" "$kv"
 done
@@ -288,8 +288,8 @@ fi
 
 # -- 5. the GPU tests ------------------------------------------------------------
 if [ "$RUN_TESTS" = 1 ]; then
-    say "pytest -m gpu tests/test_gpu_real.py"
-    (cd "$REPO" && "$PY" -m pytest -q -m gpu -rs tests/test_gpu_real.py) > "$WORK/results/tests.txt" 2>&1 || true
+    say "pytest -m gpu tests/core/system/test_gpu_real.py"
+    (cd "$REPO" && "$PY" -m pytest -q -m gpu -rs tests/core/system/test_gpu_real.py) > "$WORK/results/tests.txt" 2>&1 || true
 fi
 
 # -- 6. one JSON ------------------------------------------------------------------

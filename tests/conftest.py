@@ -47,7 +47,7 @@ def subprocess_env(tmp_path: Path, **extra: str) -> dict[str, str]:
 
 def export_text(store, session_ids, fmt, prices=None) -> str:
     """What `chatterm export ID... --format fmt` writes, as text."""
-    from chatterm.core.export import export_chunks, sessions_to_export
+    from chatterm.core.report.export import export_chunks, sessions_to_export
 
     chunks = export_chunks(store, sessions_to_export(store, session_ids), fmt, prices)
     return b"".join(chunks).decode("utf-8")

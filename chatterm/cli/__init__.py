@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 
 from chatterm import __version__
-from chatterm.core.errors import ChattermError
-from chatterm.core.format import printable
+from chatterm.core.metrics.format import printable
+from chatterm.errors import ChattermError
 
 # Subcommand modules, in the order `chatterm --help` lists them.
 COMMAND_MODULES = ("launch", "ask", "bench", "sessions", "export", "cache", "paths")

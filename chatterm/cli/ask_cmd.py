@@ -16,12 +16,12 @@ import threading
 from typing import Callable
 
 from chatterm.cli.common import add_model_persona_options, db_path, workspace
-from chatterm.core.conversation import Conversation
-from chatterm.core.errors import ChattermError
-from chatterm.core.format import footer_line, prefill_progress_line, printable
-from chatterm.core.metrics import StopReason
-from chatterm.core.sessions import plan_resume, resume_conversation
-from chatterm.core.store import SessionStore
+from chatterm.core.engine.conversation import Conversation
+from chatterm.core.metrics.format import footer_line, prefill_progress_line, printable
+from chatterm.core.metrics.turn_metrics import StopReason
+from chatterm.core.store.resume import plan_resume, resume_conversation
+from chatterm.core.store.session_store import SessionStore
+from chatterm.errors import ChattermError
 
 
 def register(sub, common) -> None:

@@ -10,9 +10,9 @@ from rich.console import Console
 from rich.table import Table
 
 from chatterm.cli.common import require_positive, workspace
-from chatterm.core.bench import run_bench, write_json
-from chatterm.core.errors import ChattermError
-from chatterm.core.format import fmt_ms, fmt_tok_s
+from chatterm.core.bench.runner import run_bench, write_json
+from chatterm.core.metrics.format import fmt_ms, fmt_tok_s
+from chatterm.errors import ChattermError
 
 LONG_PERSONA = "shop-support"
 

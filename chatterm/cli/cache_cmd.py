@@ -17,8 +17,8 @@ from rich.console import Console
 from rich.table import Table
 
 from chatterm.cli.common import workspace
-from chatterm.core.errors import ChattermError
-from chatterm.core.prompt_cache import KINDS, PromptCache
+from chatterm.core.cache.prompt_cache import KINDS, PromptCache
+from chatterm.errors import ChattermError
 
 
 def register(sub, common) -> None:

@@ -7,12 +7,12 @@ import sys
 from pathlib import Path
 from typing import Iterable
 
-from chatterm.core import paths
-from chatterm.core.errors import ChattermError
-from chatterm.core.format import printable
-from chatterm.core.models import ModelCatalog, load_catalog
-from chatterm.core.personas import DEFAULT_PERSONA
+from chatterm.core.config import paths
+from chatterm.core.config.catalog import ModelCatalog, load_catalog
+from chatterm.core.config.personas import DEFAULT_PERSONA
+from chatterm.core.metrics.format import printable
 from chatterm.core.workspace import Workspace
+from chatterm.errors import ChattermError
 
 
 def workspace(args: argparse.Namespace) -> Workspace:

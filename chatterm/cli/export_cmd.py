@@ -18,9 +18,9 @@ import sys
 from pathlib import Path
 
 from chatterm.cli.common import catalog, db_path, write_stdout
-from chatterm.core.errors import ChattermError
-from chatterm.core.export import FORMATS, REPORT_FORMATS, export_chunks, sessions_to_export, write_atomic
-from chatterm.core.store import SessionStore
+from chatterm.core.report.export import FORMATS, REPORT_FORMATS, export_chunks, sessions_to_export, write_atomic
+from chatterm.core.store.session_store import SessionStore
+from chatterm.errors import ChattermError
 
 _SUFFIX_FORMATS = {
     ".jsonl": "jsonl", ".json": "jsonl", ".csv": "csv", ".md": "md", ".html": "html", ".htm": "html",

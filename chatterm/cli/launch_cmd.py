@@ -18,8 +18,8 @@ from typing import Iterator
 
 from chatterm.cli import early_keys
 from chatterm.cli.common import add_model_persona_options, db_path, workspace
-from chatterm.core import paths
-from chatterm.core.errors import ChattermError
+from chatterm.core.config import paths
+from chatterm.errors import ChattermError
 
 
 def _session_id(value: str) -> int | str:
@@ -97,7 +97,7 @@ def _require_terminal() -> None:
 
 def run(args: argparse.Namespace) -> int:
     early_keys.hold()  # first: an Enter typed while the rest starts must stay an Enter
-    from chatterm.core.store import SessionStore
+    from chatterm.core.store.session_store import SessionStore
     from chatterm.ui.launch import make_app, require_theme
 
     ws = workspace(args)

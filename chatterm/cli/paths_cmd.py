@@ -7,8 +7,8 @@ from __future__ import annotations
 import argparse
 
 from chatterm.cli.common import workspace
-from chatterm.core import paths
-from chatterm.core.errors import ChattermError
+from chatterm.core.config import paths
+from chatterm.errors import ChattermError
 
 
 def register(sub, common) -> None:

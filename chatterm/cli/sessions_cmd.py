@@ -8,7 +8,7 @@ literally (rich `Text`, never markup; control characters made visible) and
 whole: no cell is ever cut, folded or wrapped, since an id cut short can read
 as another id ("smollm2-13…"); a table wider than the terminal is printed at
 its own width. Figures use the same formatting as the TUI
-(`chatterm.core.format`). --json prints each session's `SessionInfo` as one
+(`chatterm.core.metrics.format`). --json prints each session's `SessionInfo` as one
 JSON line instead (raw numbers, Unix seconds), the way export writes JSONL.
 """
 
@@ -24,9 +24,9 @@ from rich.table import Table
 from rich.text import Text
 
 from chatterm.cli.common import catalog, db_path, require_positive, write_stdout
-from chatterm.core.format import fmt_ms, fmt_usd, printable
-from chatterm.core.inert import json_line
-from chatterm.core.store import SessionInfo, SessionStore
+from chatterm.core.metrics.format import fmt_ms, fmt_usd, printable
+from chatterm.core.report.escape import json_line
+from chatterm.core.store.session_store import SessionInfo, SessionStore
 
 JSON_FIELDS = tuple(f.name for f in dataclasses.fields(SessionInfo))
 _UNBOUNDED = 1 << 16

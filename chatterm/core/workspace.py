@@ -2,7 +2,7 @@
 
 The commands that chat (`launch`, `ask`, `bench`) and the TUI get their catalog,
 personas, database path and engine from one `Workspace`, so `--models`, `--db`
-and the environment overrides in `chatterm.core.paths` mean the same thing
+and the environment overrides in `chatterm.core.config.paths` mean the same thing
 everywhere. The commands that open the database (`launch`, `ask`, `sessions`,
 `export`) take its path from `chatterm.cli.common.db_path`: the same path as
 `db_path` here, once a database the user named is known to have a folder.
@@ -18,14 +18,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from chatterm.core import paths
-from chatterm.core.models import ModelCatalog, load_catalog
-from chatterm.core.personas import Persona, PersonaSet, load_personas
+from chatterm.core.config import paths
+from chatterm.core.config.catalog import ModelCatalog, load_catalog
+from chatterm.core.config.personas import Persona, PersonaSet, load_personas
 
 if TYPE_CHECKING:
-    from chatterm.core.engine import Engine
-    from chatterm.core.prompt_cache import PromptCache
-    from chatterm.core.models import ModelSpec
+    from chatterm.core.cache.prompt_cache import PromptCache
+    from chatterm.core.config.catalog import ModelSpec
+    from chatterm.core.engine.interface import Engine
 
 
 @dataclass
@@ -51,7 +51,7 @@ class Workspace:
         return spec, persona
 
     def kv_cache(self) -> "PromptCache":
-        from chatterm.core.prompt_cache import PromptCache
+        from chatterm.core.cache.prompt_cache import PromptCache
 
         return PromptCache(
             self.kv_dir,
@@ -62,9 +62,9 @@ class Workspace:
     def make_engine(self, spec: "ModelSpec") -> "Engine":
         price = self.catalog.price(spec.price_profile)
         if spec.kind == "openai":
-            from chatterm.core.remote_engine import RemoteEngine
+            from chatterm.core.engine.remote import RemoteEngine
 
             return RemoteEngine(spec, price)
-        from chatterm.core.local_engine import LocalEngine
+        from chatterm.core.engine.local.engine import LocalEngine
 
         return LocalEngine(spec, price, kv_cache=self.kv_cache())

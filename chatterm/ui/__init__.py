@@ -3,6 +3,6 @@
 It shows and drives the headless core (`chatterm.core`): a `Conversation` on an
 `Engine`, the session store and the export. It never computes a metric itself;
 figures come from `TurnMetrics` / `SessionSummary` and are worded by
-`chatterm.core.format`. Build the app with `chatterm.ui.launch.make_app`, the one
+`chatterm.core.metrics.format`. Build the app with `chatterm.ui.launch.make_app`, the one
 factory the CLI and the tests share. Importing this package loads no model.
 """

@@ -40,16 +40,16 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Footer, Static
 
-from chatterm.core.conversation import Conversation, EnergyMeter
-from chatterm.core.engine import DeviceInfo, Engine
-from chatterm.core.errors import ChattermError
-from chatterm.core.format import SEP, prefill_progress_line, prefix_outcome_label, printable
-from chatterm.core.personas import Persona
+from chatterm.core.config.personas import Persona
+from chatterm.core.engine.conversation import Conversation, EnergyMeter
+from chatterm.core.engine.interface import DeviceInfo, Engine
+from chatterm.core.metrics.format import SEP, prefill_progress_line, prefix_outcome_label, printable
+from chatterm.core.store.resume import resume_conversation
+from chatterm.errors import ChattermError, describe
+from chatterm.ui import terminal
 from chatterm.ui.chat_view import ChatView, TurnPhase
-from chatterm.ui.conversation import OlderTurns
 from chatterm.ui.dashboard import Dashboard
 from chatterm.ui.engine_lease import EngineLease
-from chatterm.ui.latency_screen import LatencyScreen, TurnDetailScreen
 from chatterm.ui.engine_setup import (
     EngineFactory,
     EngineLoaded,
@@ -64,18 +64,18 @@ from chatterm.ui.engine_setup import (
     default_gpu_status,
     energy_meter_factory,
 )
-from chatterm.core.sessions import resume_conversation
-from chatterm.ui.resume import Resume, read_history, read_resume, resumed_notice
+from chatterm.ui.latency_screen import LatencyScreen, TurnDetailScreen
 from chatterm.ui.palette import chat_commands
+from chatterm.ui.resume import Resume, read_history, read_resume, resumed_notice
 from chatterm.ui.screens import HelpScreen, PersonaPicker, SessionsScreen
-from chatterm.ui import terminal
 from chatterm.ui.theme_memory import ThemeMemory
 from chatterm.ui.themes import DEFAULT_THEME, ThemeSet
+from chatterm.ui.transcript import OlderTurns
 
 if TYPE_CHECKING:
-    from chatterm.core.gpu_telemetry import GpuStatus
-    from chatterm.core.models import ModelSpec
-    from chatterm.core.store import SessionStore
+    from chatterm.core.config.catalog import ModelSpec
+    from chatterm.core.store.session_store import SessionStore
+    from chatterm.core.system.gpu import GpuStatus
     from chatterm.core.workspace import Workspace
 
 log = logging.getLogger(__name__)
@@ -381,7 +381,7 @@ class ChatApp(App[None]):
         self.query_one(Dashboard).show_persona(self.persona.name, self._persona_state)
 
     # -- resumed sessions (which sessions, models and personas may be resumed:
-    #    core/sessions.py; here only how a resumed session is shown and attached) ---
+    #    chatterm/core/store/resume.py; here only how a resumed session is shown and attached) ---
     def _attach_when_ready(self) -> None:
         """Give the chat its conversation once the engine is loaded and a
         resumed session's history is read (whichever comes last calls this)."""
@@ -401,7 +401,7 @@ class ChatApp(App[None]):
             self.post_message(self.HistoryRead(resume, str(exc)))
         except Exception as exc:  # noqa: BLE001 - shown to the user, never a traceback
             log.exception("reading the session failed")
-            self.post_message(self.HistoryRead(resume, f"{type(exc).__name__}: {exc}"))
+            self.post_message(self.HistoryRead(resume, describe(exc)))
         else:
             self.post_message(self.HistoryRead(resume))
 
@@ -535,7 +535,7 @@ class ChatApp(App[None]):
 
     @work(thread=True, group="export", exit_on_error=False)
     def _export_worker(self, session_id: int, fmt: str) -> None:
-        from chatterm.core.export import export_session
+        from chatterm.core.report.export import export_session
 
         try:
             path = export_session(self.store, session_id, fmt, prices=self.workspace.catalog.prices)
@@ -543,7 +543,7 @@ class ChatApp(App[None]):
             self.post_message(self.SessionExported(None, str(exc)))
         except Exception as exc:  # noqa: BLE001
             log.exception("export failed")
-            self.post_message(self.SessionExported(None, f"{type(exc).__name__}: {exc}"))
+            self.post_message(self.SessionExported(None, describe(exc)))
         else:
             self.post_message(self.SessionExported(path))
 

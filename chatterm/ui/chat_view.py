@@ -54,19 +54,20 @@ from textual.content import Content
 from textual.message import Message
 from textual.widgets import ProgressBar, Static
 
-from chatterm.core.conversation import Conversation
-from chatterm.core.format import SEP, fmt_ms, fmt_tok_s, prefill_progress_line, printable
-from chatterm.core.metrics import SessionSummary, StopReason, TurnMetrics
+from chatterm.core.engine.conversation import Conversation
+from chatterm.core.metrics.format import SEP, fmt_ms, fmt_tok_s, prefill_progress_line, printable
+from chatterm.core.metrics.turn_metrics import SessionSummary, StopReason, TurnMetrics
+from chatterm.errors import describe
 from chatterm.ui import gc_policy
-from chatterm.ui.conversation import AssistantReply, ConversationView, OlderTurns
 from chatterm.ui.engine_lease import EngineClosing, EngineLease
 from chatterm.ui.prompt import PromptArea
+from chatterm.ui.transcript import AssistantReply, ConversationView, OlderTurns
 
 if TYPE_CHECKING:
     from textual.timer import Timer
 
-    from chatterm.core.engine import Turn
-    from chatterm.core.store import TurnRecord
+    from chatterm.core.engine.interface import Turn
+    from chatterm.core.store.session_store import TurnRecord
     from chatterm.ui.dashboard import Dashboard
 
 log = logging.getLogger(__name__)
@@ -333,7 +334,7 @@ class ChatView(Vertical):
             return
         except Exception as exc:  # noqa: BLE001 - stream() never raises; send() might
             log.exception("turn failed to start")
-            self.post_message(self.TurnEnded(reply, turn, conversation, f"{type(exc).__name__}: {exc}"))
+            self.post_message(self.TurnEnded(reply, turn, conversation, describe(exc)))
             return
         self.post_message(self.TurnEnded(reply, turn, conversation))
 

@@ -8,9 +8,9 @@ Contract:
   get new data only when a turn ends.
 - It formats, it does not compute: every figure comes from `TurnMetrics`,
   `SessionSummary`, `DeviceInfo`, `PrefixReport`, `GpuStatus` or the core's
-  breakdowns (`chatterm.core.breakdown`: the turn's timeline drawn to scale and
-  per-token costs; `chatterm.core.whatif`: the input share) and is worded by
-  `chatterm.core.format` / `chatterm.ui.timeline`. Missing values (no GPU, no
+  breakdowns (`chatterm.core.metrics.timeline`: the turn's timeline drawn to scale and
+  per-token costs; `chatterm.core.metrics.whatif`: the input share) and is worded by
+  `chatterm.core.metrics.format` / `chatterm.ui.timeline`. Missing values (no GPU, no
   power reading, no turn yet, too few tokens) read "n/a", "–" or say why.
 """
 
@@ -23,16 +23,16 @@ from textual.content import Content
 from textual.renderables.sparkline import Sparkline as SparklineRenderable
 from textual.widgets import Sparkline, Static
 
-from chatterm.core.breakdown import PART_GLYPHS, PARTS, session_token_costs, timeline, token_costs
-from chatterm.core.format import cache_label, fmt_int, fmt_ms, fmt_tok_s, fmt_usd
-from chatterm.core.metrics import SessionSummary, StopReason, TurnMetrics
-from chatterm.core.whatif import cost_split
+from chatterm.core.metrics.format import cache_label, fmt_int, fmt_ms, fmt_tok_s, fmt_usd
+from chatterm.core.metrics.timeline import PART_GLYPHS, PARTS, session_token_costs, timeline, token_costs
+from chatterm.core.metrics.turn_metrics import SessionSummary, StopReason, TurnMetrics
+from chatterm.core.metrics.whatif import cost_split
 from chatterm.ui.rows import LABEL_WIDTH, Fitted, Rows
 from chatterm.ui.timeline import STYLES, fmt_share, shown, timeline_bar, token_cost_line
 
 if TYPE_CHECKING:
-    from chatterm.core.engine import DeviceInfo
-    from chatterm.core.gpu_telemetry import GpuStatus
+    from chatterm.core.engine.interface import DeviceInfo
+    from chatterm.core.system.gpu import GpuStatus
 
 BAR_WIDTH = 30
 """Cells of the turn's timeline bar where the panel has them (48 columns wide);

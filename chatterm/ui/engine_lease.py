@@ -14,7 +14,7 @@ import logging
 import threading
 from typing import Iterator
 
-from chatterm.core.engine import Engine
+from chatterm.core.engine.interface import Engine
 
 log = logging.getLogger(__name__)
 

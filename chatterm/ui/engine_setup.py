@@ -20,15 +20,15 @@ from typing import TYPE_CHECKING, Callable
 from textual.message import Message
 from textual.message_pump import MessagePump
 
-from chatterm.core.engine import DeviceInfo, Engine, PrefillProgress, PrefixReport
-from chatterm.core.errors import ChattermError
-from chatterm.core.personas import Persona
+from chatterm.core.config.personas import Persona
+from chatterm.core.engine.interface import DeviceInfo, Engine, PrefillProgress, PrefixReport
+from chatterm.errors import ChattermError, describe
 from chatterm.ui.engine_lease import EngineClosing, EngineLease
 
 if TYPE_CHECKING:
-    from chatterm.core.conversation import EnergyMeter
-    from chatterm.core.gpu_telemetry import GpuStatus
-    from chatterm.core.models import ModelSpec
+    from chatterm.core.config.catalog import ModelSpec
+    from chatterm.core.engine.conversation import EnergyMeter
+    from chatterm.core.system.gpu import GpuStatus
 
 log = logging.getLogger(__name__)
 
@@ -38,14 +38,14 @@ MeterFactory = Callable[[], "EnergyMeter | None"]
 
 
 def default_gpu_status() -> "GpuStatus | None":
-    from chatterm.core.gpu_telemetry import gpu_status
+    from chatterm.core.system.gpu import gpu_status
 
     return gpu_status()
 
 
 def energy_meter_factory(usd_per_kwh: float) -> MeterFactory:
     def make() -> "EnergyMeter | None":
-        from chatterm.core.gpu_telemetry import energy_meter_or_none, resolve_usd_per_kwh
+        from chatterm.core.system.gpu import energy_meter_or_none, resolve_usd_per_kwh
 
         return energy_meter_or_none(resolve_usd_per_kwh(usd_per_kwh))
 
@@ -121,7 +121,7 @@ class EngineSetup:
         except Exception as exc:  # noqa: BLE001 - shown to the user, never a traceback
             if not isinstance(exc, ChattermError):
                 log.exception("model load failed")
-            message = str(exc) if isinstance(exc, ChattermError) else f"{type(exc).__name__}: {exc}"
+            message = describe(exc)
             if engine is not None:
                 _close_quietly(engine)
             self.target.post_message(LoadFailed(message))
@@ -140,7 +140,7 @@ class EngineSetup:
             return
         except Exception as exc:  # noqa: BLE001
             log.exception("engine set-up failed")
-            self.target.post_message(LoadFailed(f"{type(exc).__name__}: {exc}"))
+            self.target.post_message(LoadFailed(describe(exc)))
 
     def prepare(self, persona: Persona) -> None:
         """Make `persona`'s prefix ready on the loaded engine (a thread worker)."""
@@ -182,7 +182,7 @@ class EngineSetup:
             self.target.post_message(PersonaPrepared(persona, None, str(exc)))
         except Exception as exc:  # noqa: BLE001
             log.exception("persona prepare failed")
-            self.target.post_message(PersonaPrepared(persona, None, f"{type(exc).__name__}: {exc}"))
+            self.target.post_message(PersonaPrepared(persona, None, describe(exc)))
         else:
             self.target.post_message(PersonaPrepared(persona, report))
 

@@ -23,7 +23,7 @@ Contract:
   text in the prompt) shows one turn's timeline to scale with the ms and share
   of each part, the measured per-token costs (or why not), tokens, cache and
   cost split. Stored text (errors, cache details) is shown literally.
-- Every figure comes from `chatterm.core.breakdown` / `whatif`; nothing is
+- Every figure comes from `chatterm.core.metrics.timeline` / `whatif`; nothing is
   computed here.
 """
 
@@ -45,12 +45,12 @@ from textual.widget import Widget
 from textual.widgets import DataTable, Footer, Static, TabbedContent, TabPane, Tabs
 from textual_plotext import PlotextPlot
 
-from chatterm.core.breakdown import PART_LABELS, TTFT_PARTS, Timeline, session_token_costs, timeline, token_costs
-from chatterm.core.format import SEP, cache_label, fmt_int, fmt_ms, fmt_tok_s, fmt_usd, printable
-from chatterm.core.metrics import TurnMetrics
-from chatterm.core.models import PriceProfile
-from chatterm.core.svg_charts import nice_ticks, tick_label
-from chatterm.core.whatif import cost_split, priced_with, what_if
+from chatterm.core.config.catalog import PriceProfile
+from chatterm.core.metrics.format import SEP, cache_label, fmt_int, fmt_ms, fmt_tok_s, fmt_usd, printable
+from chatterm.core.metrics.timeline import PART_LABELS, TTFT_PARTS, Timeline, session_token_costs, timeline, token_costs
+from chatterm.core.metrics.turn_metrics import TurnMetrics
+from chatterm.core.metrics.whatif import cost_split, priced_with, what_if
+from chatterm.core.report.svg_charts import nice_ticks, tick_label
 from chatterm.ui.timeline import STYLES, fmt_share, per_token, timeline_bar, timeline_legend, token_cost_line
 
 MARKS = {"error": "✕", "stopped": "■"}

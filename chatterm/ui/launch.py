@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 
 from textual.theme import BUILTIN_THEMES
 
-from chatterm.core import paths
-from chatterm.core.errors import ChattermError
+from chatterm.core.config import paths
+from chatterm.errors import ChattermError
 from chatterm.ui.app import ChatApp
 from chatterm.ui.engine_setup import EngineFactory, GpuProbe, MeterFactory, default_gpu_status
 from chatterm.ui.resume import read_resume
@@ -22,7 +22,7 @@ from chatterm.ui.settings import load_ui_settings
 from chatterm.ui.themes import DEFAULT_THEME, load_themes
 
 if TYPE_CHECKING:
-    from chatterm.core.store import SessionStore
+    from chatterm.core.store.session_store import SessionStore
     from chatterm.core.workspace import Workspace
 
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Iterable
 
 from textual.app import SystemCommand
 
-from chatterm.core.format import printable
+from chatterm.core.metrics.format import printable
 
 if TYPE_CHECKING:
     from chatterm.ui.app import ChatApp

@@ -19,10 +19,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from chatterm.core.sessions import Continuation, SessionPlan, plan_resume, read_continuation
+from chatterm.core.store.resume import Continuation, SessionPlan, plan_resume, read_continuation
 
 if TYPE_CHECKING:
-    from chatterm.core.store import SessionStore, TurnRecord
+    from chatterm.core.store.session_store import SessionStore, TurnRecord
     from chatterm.core.workspace import Workspace
 
 TAIL_TURNS = 6

@@ -24,7 +24,7 @@ from textual.strip import Strip
 from textual.style import Style
 from textual.visual import RenderOptions, Visual
 
-from chatterm.core.format import printable
+from chatterm.core.metrics.format import printable
 
 LABEL_WIDTH = 12
 """The dashboard's label column: its longest label (`input share`) and a space."""

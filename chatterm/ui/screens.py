@@ -21,9 +21,9 @@ from textual.screen import ModalScreen
 from textual.widgets import DataTable, OptionList, Static
 from textual.widgets.option_list import Option
 
-from chatterm.core.format import fmt_ms, fmt_usd, printable
-from chatterm.core.personas import Persona
-from chatterm.core.store import SessionInfo
+from chatterm.core.config.personas import Persona
+from chatterm.core.metrics.format import fmt_ms, fmt_usd, printable
+from chatterm.core.store.session_store import SessionInfo
 from chatterm.ui.rows import Rows
 
 HELP_KEYS: tuple[tuple[str, str], ...] = (

@@ -18,10 +18,10 @@ from pathlib import Path
 import tomlkit
 from tomlkit.exceptions import TOMLKitError
 
-from chatterm.core.atomic import atomic_write_bytes
-from chatterm.core.config_schema import boolean, from_table, key, text
-from chatterm.core.errors import ChattermError
-from chatterm.core.tomlfile import read_toml
+from chatterm.core.config.schema import boolean, from_table, key, text
+from chatterm.core.config.tomlfile import read_toml
+from chatterm.core.system.atomic import atomic_write_bytes
+from chatterm.errors import ChattermError
 
 SECTION = "tui"
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from textual.app import App
 from textual.timer import Timer
 
-from chatterm.core.errors import ChattermError
+from chatterm.errors import ChattermError
 from chatterm.ui.settings import remember_theme
 
 

@@ -25,9 +25,9 @@ from rich.style import Style
 from textual.color import Color, ColorParseError
 from textual.theme import Theme
 
-from chatterm.core import paths, resources
-from chatterm.core.errors import ChattermError
-from chatterm.core.tomlfile import read_toml
+from chatterm.core.config import paths, resources
+from chatterm.core.config.tomlfile import read_toml
+from chatterm.errors import ChattermError
 
 DEFAULT_THEME = "chatterm-dark"
 

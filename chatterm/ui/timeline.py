@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from textual.content import Content
 
-from chatterm.core.breakdown import PART_GLYPHS, PART_LABELS, PARTS, Timeline, TokenCosts, bar_cells
-from chatterm.core.format import SEP, fmt_ms
+from chatterm.core.metrics.format import SEP, fmt_ms
+from chatterm.core.metrics.timeline import PART_GLYPHS, PART_LABELS, PARTS, Timeline, TokenCosts, bar_cells
 
 STYLES = {"waiting": "$secondary", "restore": "$warning", "prefill": "$primary", "first_token": "$accent",
           "decode": "$success"}

@@ -9,8 +9,8 @@ import pytest
 from fake_engine import FakeEngine
 
 from chatterm.core.workspace import Workspace
-from chatterm.ui.launch import make_app
 from chatterm.ui.chat_view import TurnPhase
+from chatterm.ui.launch import make_app
 
 
 @pytest.fixture

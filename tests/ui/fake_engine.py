@@ -1,6 +1,6 @@
 """A scripted Engine for UI layout tests (the real model is used everywhere else).
 
-It implements the `chatterm.core.engine` contract with canned replies: each
+It implements the `chatterm.core.engine.interface` contract with canned replies: each
 token goes through `Turn.token_arrived`, so TTFT, decode rate and cost are
 computed by the core exactly as for a real engine. `gate` lets a test hold
 the stream after a given number of tokens (to press Esc mid-reply).
@@ -12,10 +12,10 @@ import threading
 import time
 from typing import Iterator, Sequence
 
-from chatterm.core.engine import ChatMessage, DeviceInfo, Engine, PrefixReport, Turn
-from chatterm.core.errors import ChattermError
-from chatterm.core.metrics import CacheOutcome, StopReason, TurnMetrics
-from chatterm.core.personas import Persona
+from chatterm.core.config.personas import Persona
+from chatterm.core.engine.interface import ChatMessage, DeviceInfo, Engine, PrefixReport, Turn
+from chatterm.core.metrics.turn_metrics import CacheOutcome, StopReason, TurnMetrics
+from chatterm.errors import ChattermError
 
 
 def tokens_of(text: str) -> list[str]:

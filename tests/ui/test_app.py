@@ -6,8 +6,8 @@ the theme files and the export are real files in tmp_path.
 
 from __future__ import annotations
 
-import sys
 import subprocess
+import sys
 import threading
 
 import pytest
@@ -15,17 +15,17 @@ from conftest import loaded, send, wait_for, wait_for_palette_hit
 from textual.geometry import Region
 from textual.widgets import DataTable, Markdown, OptionList, Static
 
-from chatterm.core.breakdown import PART_GLYPHS
-from chatterm.core.engine import EngineCapabilities
-from chatterm.core.errors import ChattermError
-from chatterm.core.metrics import SessionSummary, TurnMetrics
-from chatterm.core.store import SessionStore
+from chatterm.core.engine.interface import EngineCapabilities
+from chatterm.core.metrics.timeline import PART_GLYPHS
+from chatterm.core.metrics.turn_metrics import SessionSummary, TurnMetrics
+from chatterm.core.store.session_store import SessionStore
+from chatterm.errors import ChattermError
 from chatterm.ui.app import ChatApp
 from chatterm.ui.chat_view import TurnPhase
-from chatterm.ui.conversation import AssistantReply, Notice, UserMessage
 from chatterm.ui.dashboard import BAR_WIDTH, Dashboard
 from chatterm.ui.rows import LABEL_WIDTH
 from chatterm.ui.screens import HELP_KEYS, HelpScreen, PersonaPicker, SessionsScreen
+from chatterm.ui.transcript import AssistantReply, Notice, UserMessage
 
 SIZE = (120, 40)
 
@@ -449,7 +449,7 @@ async def test_the_dashboard_scrolls_from_the_keyboard_at_80x24(build):
 
 
 async def test_a_message_waiting_for_the_persona_prefill_shows_its_progress(build):
-    from chatterm.core.engine import PrefillProgress
+    from chatterm.core.engine.interface import PrefillProgress
     from chatterm.ui.engine_setup import PersonaProgressed
 
     gate = threading.Event()
@@ -676,7 +676,7 @@ class FixedMeter:
 
 
 async def test_gpu_fields_and_energy_come_from_telemetry(build):
-    from chatterm.core.gpu_telemetry import GpuStatus
+    from chatterm.core.system.gpu import GpuStatus
 
     status = GpuStatus(name="NVIDIA H200", memory_used_mb=1234.0, memory_total_mb=143771.0, power_w=215.0)
     app, _ = build(gpu_status=lambda: status, energy_meter=lambda: FixedMeter())

@@ -15,12 +15,12 @@ from fake_engine import tokens_of
 from test_app import reply_text
 from textual.geometry import Region
 
-from chatterm.core.errors import ChattermError
-from chatterm.core.metrics import TurnMetrics
-from chatterm.core.store import SessionStore
+from chatterm.core.metrics.turn_metrics import TurnMetrics
+from chatterm.core.store.session_store import SessionStore
+from chatterm.errors import ChattermError
 from chatterm.ui.chat_view import FrameBudget, TurnPhase
-from chatterm.ui.conversation import AssistantReply, ConversationView, UserMessage
 from chatterm.ui.resume import TAIL_TURNS
+from chatterm.ui.transcript import AssistantReply, ConversationView, UserMessage
 
 SIZE = (120, 40)
 

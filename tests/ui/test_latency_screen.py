@@ -1,6 +1,6 @@
 """Pilot tests of the latency screen (F5), the turn detail (F8 / Enter) and the
 dashboard's timeline, at 80x24 and 120x40, on the scripted engine (layout only:
-the figures themselves are tested on the real model in tests/test_report.py)."""
+the figures themselves are tested on the real model in tests/core/report/test_report.py)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from textual.color import Color
 from textual.widgets import DataTable, Static, TabbedContent
 from textual_plotext import PlotextPlot
 
-from chatterm.core.breakdown import PART_GLYPHS, timeline
-from chatterm.core.metrics import TurnMetrics
-from chatterm.core.store import SessionStore
+from chatterm.core.metrics.timeline import PART_GLYPHS, timeline
+from chatterm.core.metrics.turn_metrics import TurnMetrics
+from chatterm.core.store.session_store import SessionStore
 from chatterm.ui.latency_screen import POINT, LatencyScreen, TimelineBar, TurnDetailScreen
 from chatterm.ui.timeline import timeline_bar, timeline_legend
 

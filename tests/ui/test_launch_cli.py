@@ -33,7 +33,7 @@ def test_bad_input_is_one_line_and_status_2(args, message, isolated_dirs):
 
 
 def test_resume_of_an_unknown_session_names_it(isolated_dirs):
-    from chatterm.core.store import SessionStore
+    from chatterm.core.store.session_store import SessionStore
 
     db = isolated_dirs["CHATTERM_DATA_DIR"] / "chatterm.db"
     db.parent.mkdir(parents=True)

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import threading
 
-from chatterm.core.local_engine import LocalEngine
+from conftest import loaded, wait_for
+
+from chatterm.core.engine.local.engine import LocalEngine
 from chatterm.core.workspace import Workspace
 from chatterm.ui.chat_view import TurnPhase
-from chatterm.ui.conversation import AssistantReply
 from chatterm.ui.launch import make_app
-from conftest import loaded, wait_for
+from chatterm.ui.transcript import AssistantReply
 
 
 def gate_persona_prefill(monkeypatch) -> tuple[threading.Event, threading.Event]:

@@ -5,13 +5,13 @@ reply; Enter and Ctrl+Q during a long background prefill are not held up by it."
 from __future__ import annotations
 
 import pytest
+from conftest import loaded, wait_for
 
-from chatterm.core import paths
-from chatterm.core.metrics import StopReason
+from chatterm.core.config import paths
+from chatterm.core.metrics.turn_metrics import StopReason
 from chatterm.core.workspace import Workspace
 from chatterm.ui.chat_view import TurnPhase
 from chatterm.ui.launch import make_app
-from conftest import loaded, wait_for
 
 MESSAGE = "Name three rivers in Europe and say which one is longest."
 # Typed in bursts with pauses longer than the type-ahead delay; "rivres" is mistyped and

@@ -1,0 +1,609 @@
+"""The prompt cache: KV states identified by their exact token sequence, in RAM
+and on disk, and found by the longest token prefix they share with a prompt.
+
+Contract:
+- An entry is the KV state of a token sequence, plus the compatibility fields
+  it was computed under (`kv_state.compat_fields`: model file, llama.cpp build,
+  KV types, rope ...). It occupies a slot: ("persona", persona id) for a
+  persona's shareable prefix, ("session", session id) for a conversation. A
+  slot holds one entry per model; saving a slot replaces its entry.
+- Two tiers. RAM: entries kept as captured (no copy), least recently used
+  evicted beyond `ram_budget_bytes` (default 1 GiB). Disk: one state file per
+  (model, slot), `<folder>/<model>/<kind>-<key>.kvstate`, in the format of
+  `chatterm.core.cache.state_file` (magic, JSON header, raw payload; file bytes <=
+  1.01x the state), written atomically by one background writer, least
+  recently used files evicted beyond `disk_budget_bytes`. A failed write turns
+  disk saving off for the process and keeps the reason in `write_error`.
+- `lookup(model_id, compat, prompt)` returns every usable entry sharing at
+  least `min_shared` tokens with `prompt`, best first: most shared tokens,
+  then RAM before disk. `shared` is capped at len(prompt) - 1 (one prompt
+  token is always decoded, for its logits). The caller compares with its live
+  context first, restores the best candidate with `open()` +
+  `kv_state.restore`, trims it to `shared`, and on a failed restore
+  `discard()`s it and tries the next one.
+- A state file's JSON header is parsed once per version of the file (device,
+  inode, size, mtime): lookups and `open()` use that parse. A file saved again
+  since the lookup is a miss at `open()`, never a payload under another header.
+- Every miss has a reason in `Lookup.misses`: an expected slot with no entry
+  ("missing"), one whose tokens the prompt no longer starts with ("stale"),
+  a truncated, corrupt or unreadable file, a file from another model or
+  build (the first differing compat field is named). A disk entry's payload
+  is checked against the CRC-32s in its header while it is restored
+  (`OpenedState.verify`); `verify_files()` checks `payload_sha256` too.
+- Nothing here touches llama.cpp: the payload is bytes in, bytes out.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import mmap
+import os
+import queue
+import stat
+import threading
+import time
+import zlib
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from chatterm.core.cache.state_file import (
+    _PREAMBLE,
+    CHUNK_BYTES,
+    FORMAT_VERSION,
+    MAGIC,
+    SUFFIX,
+    chunk_crc32s,
+    read_header,
+)
+from chatterm.core.cache.tokens import common_prefix_len
+from chatterm.core.system.atomic import TEMP_SUFFIX, atomic_write_chunks, ensure_private_dir, sweep_temp_files
+
+log = logging.getLogger(__name__)
+
+KINDS = ("persona", "session")
+_STATE_TEMP_FILES = "*/.*" + TEMP_SUFFIX
+"""Temp files of state writers, in the per-model folders."""
+DEFAULT_RAM_BUDGET_BYTES = 1 << 30
+DEFAULT_DISK_BUDGET_BYTES = 2 << 30
+RAM, DISK = "ram", "disk"
+
+
+def _safe_name(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name) or "_"
+
+
+@dataclass(frozen=True)
+class Slot:
+    kind: str
+    """"persona" or "session"."""
+    key: str
+    """The persona id, or the session id as a string."""
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            # _shown: the kind may come from a damaged file's header (any JSON, any size).
+            raise ValueError(f"slot kind {_shown(self.kind)} is not one of {', '.join(KINDS)}")
+
+    @classmethod
+    def persona(cls, persona_id: str) -> "Slot":
+        return cls("persona", persona_id)
+
+    @classmethod
+    def session(cls, session_id: int | str) -> "Slot":
+        return cls("session", str(session_id))
+
+    @property
+    def label(self) -> str:
+        """"persona shop-support" or "session 12"."""
+        return f"{self.kind} {self.key}"
+
+    @property
+    def file_name(self) -> str:
+        return f"{self.kind}-{_safe_name(self.key)}{SUFFIX}"
+
+
+@dataclass
+class Entry:
+    slot: Slot
+    model_id: str
+    tokens: list[int]
+    nbytes: int
+    """Payload bytes (RAM) or file bytes (disk)."""
+    tier: str
+    last_used: float
+    compat: dict[str, Any]
+    info: dict[str, Any] = field(default_factory=dict)
+    """What the writer added: prefill_ms, state_size, ..."""
+    path: Path | None = None
+    payload: Any = None
+    """RAM only: the captured buffer."""
+    problem: str = ""
+    """Why this entry cannot be used (shown by `cache ls`); empty when fine."""
+
+
+@dataclass(frozen=True)
+class Candidate:
+    entry: Entry
+    shared: int
+    """Tokens of the prompt this entry provides (<= len(prompt) - 1)."""
+
+
+@dataclass
+class Lookup:
+    candidates: list[Candidate]
+    """Best first."""
+    misses: list[str]
+
+
+@dataclass
+class OpenedState:
+    tokens: list[int]
+    payload: Any
+    verify: Callable[[], bool] | None
+    """Checks the payload's digests (disk); None for RAM entries."""
+    _close: Callable[[], None] = lambda: None
+
+    def close(self) -> None:
+        """Release the mapping; every buffer made from `payload` must be gone."""
+        self._close()
+
+
+@dataclass(frozen=True)
+class Miss:
+    reason: str
+
+
+@dataclass(frozen=True)
+class FileCheck:
+    path: Path
+    label: str
+    ok: bool
+    detail: str
+
+
+def _shown(value: Any, limit: int = 40) -> str:
+    """A header key or value in a one-line reason, cut short (a corrupt file may hold megabytes)."""
+    if isinstance(value, str) and len(value) > 24:
+        value = value[:12] + "…"
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _first_difference(found: dict[str, Any], expected: dict[str, Any]) -> str | None:
+    for key in sorted(set(found) | set(expected), key=str):
+        if found.get(key) != expected.get(key):
+            name = key.replace("_", " ") if key.isidentifier() and len(key) <= 40 else _shown(key)
+            return f"{name} differs (file {_shown(found.get(key))}, now {_shown(expected.get(key))})"
+    return None
+
+
+def _open_regular(path: Path):
+    """Open for reading without blocking on a FIFO planted at `path`; ValueError
+    when it is not a regular file."""
+    fh = open(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb")
+    if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+        fh.close()
+        raise ValueError("not a regular file")
+    return fh
+
+
+def _compat_miss(label: str, difference: str) -> str:
+    what = "build" if "llama cpp" in difference else "model or settings"
+    return f"{label}: other {what}: {difference}"
+
+
+def _slot_of_file(path: Path) -> Slot:
+    """The slot a file name says (for files whose header cannot be read)."""
+    kind, _, key = path.stem.partition("-")
+    return Slot(kind, key) if kind in KINDS and key else Slot.persona(path.stem)
+
+
+def _stamp(st: os.stat_result) -> tuple[int, int, int, int]:
+    """Which file, in which version: a save replaces a file (a new inode), an
+    in-place write changes its size or mtime."""
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+@dataclass
+class _Indexed:
+    stamp: tuple[int, int, int, int]
+    """`_stamp` of the file whose header `entry` was parsed from."""
+    entry: Entry
+    payload_offset: int
+
+
+class PromptCache:
+    def __init__(
+        self,
+        folder: Path,
+        disk_budget_bytes: int = DEFAULT_DISK_BUDGET_BYTES,
+        ram_budget_bytes: int = DEFAULT_RAM_BUDGET_BYTES,
+    ):
+        self.folder = folder
+        self.disk_budget_bytes = disk_budget_bytes
+        self.ram_budget_bytes = ram_budget_bytes
+        self.write_error: str | None = None
+        self._lock = threading.Lock()
+        self._ram: OrderedDict[tuple[str, Slot], Entry] = OrderedDict()
+        self._index: dict[Path, _Indexed] = {}
+        self._queue: queue.Queue[tuple[str, Slot, list[int], Any, dict, dict] | None] = queue.Queue()
+        self._queued_seq: dict[tuple[str, Slot], int] = {}
+        self._writer: threading.Thread | None = None
+        self._seq = 0
+
+    # -- paths -----------------------------------------------------------
+    def path_for(self, model_id: str, slot: Slot) -> Path:
+        return self.folder / _safe_name(model_id) / slot.file_name
+
+    # -- storing ---------------------------------------------------------
+    def put(
+        self,
+        model_id: str,
+        slot: Slot,
+        tokens: Sequence[int],
+        payload: Any,
+        compat: dict[str, Any],
+        info: dict[str, Any] | None = None,
+        disk: bool = True,
+    ) -> None:
+        """Keep a captured state: in RAM now (no copy), on disk in the background.
+
+        `payload` must not change afterwards (`kv_state.capture` always returns
+        a new buffer)."""
+        tokens = list(tokens)
+        info = dict(info or {})
+        nbytes = memoryview(payload).nbytes
+        if nbytes <= self.ram_budget_bytes:
+            entry = Entry(slot, model_id, tokens, nbytes, RAM, time.time(), compat, info, payload=payload)
+            with self._lock:
+                self._ram.pop((model_id, slot), None)
+                self._ram[(model_id, slot)] = entry
+                self._evict_ram()
+        if disk and self.write_error is None:
+            with self._lock:
+                self._seq += 1
+                self._queued_seq[(model_id, slot)] = self._seq
+                self._queue.put((model_id, slot, tokens, payload, compat, info | {"_seq": self._seq}))
+                if self._writer is None or not self._writer.is_alive():
+                    self._writer = threading.Thread(target=self._write_loop, name="prompt-cache-writer",
+                                                    daemon=True)
+                    self._writer.start()
+
+    def _evict_ram(self) -> None:
+        total = sum(e.nbytes for e in self._ram.values())
+        while total > self.ram_budget_bytes and self._ram:
+            _, oldest = self._ram.popitem(last=False)
+            total -= oldest.nbytes
+
+    def _write_loop(self) -> None:
+        while True:
+            try:
+                job = self._queue.get(timeout=5.0)
+            except queue.Empty:
+                with self._lock:
+                    if self._queue.empty():
+                        self._writer = None
+                        return
+                continue
+            try:
+                model_id, slot, tokens, payload, compat, info = job
+                seq = info.pop("_seq")
+                with self._lock:
+                    newer = self._queued_seq.get((model_id, slot), seq) != seq
+                if not newer:  # a later save of the same slot supersedes this one
+                    self.save(model_id, slot, tokens, payload, compat, info)
+                with self._lock:
+                    if self._queued_seq.get((model_id, slot)) == seq:
+                        del self._queued_seq[(model_id, slot)]
+            except Exception:  # noqa: BLE001 - the writer must survive anything
+                log.warning("prompt cache write failed", exc_info=True)
+            finally:
+                self._queue.task_done()
+
+    def flush(self) -> None:
+        """Block until every queued disk write is done (CLI exit, tests)."""
+        self._queue.join()
+
+    def save(
+        self,
+        model_id: str,
+        slot: Slot,
+        tokens: Sequence[int],
+        payload: Any,
+        compat: dict[str, Any],
+        info: dict[str, Any] | None = None,
+    ) -> Path | None:
+        """Write a state file now (atomic); its path, or None when disk saving is off."""
+        if self.write_error is not None:
+            return None
+        view = memoryview(payload).cast("B")
+        header = {
+            **(info or {}),
+            "kind": slot.kind,
+            "key": slot.key,
+            "model_id": model_id,
+            "n_tokens": len(tokens),
+            "tokens": list(tokens),
+            "compat": compat,
+            "payload_len": view.nbytes,
+            "payload_sha256": hashlib.sha256(view).hexdigest(),
+            "chunk_bytes": CHUNK_BYTES,
+            "chunk_crc32": chunk_crc32s(view),
+            "created_at": time.time(),
+        }
+        blob = json.dumps(header, separators=(",", ":")).encode("utf-8")
+        path = self.path_for(model_id, slot)
+        try:
+            ensure_private_dir(self.folder)
+            ensure_private_dir(path.parent)
+            atomic_write_chunks(path, [_PREAMBLE.pack(MAGIC, FORMAT_VERSION, len(blob)), blob, view])
+        except OSError as exc:
+            self.write_error = f"cannot write {path}: {exc.strerror or exc}"
+            return None
+        self.evict_disk(keep=path)
+        return path
+
+    # -- reading ---------------------------------------------------------
+    def _read_file(self, path: Path) -> _Indexed:
+        """The file's entry (from the index while the file is the same version:
+        device, inode, size and mtime, `_stamp`)."""
+        st = path.stat()
+        stamp = _stamp(st)
+        with self._lock:
+            known = self._index.get(path)
+        if known is not None and known.stamp == stamp:
+            known.entry.last_used = st.st_mtime
+            return known
+        problem, offset = "", 0
+        model_id, slot, tokens, compat, info = path.parent.name, _slot_of_file(path), [], {}, {}
+        try:
+            if not stat.S_ISREG(st.st_mode):
+                raise ValueError("not a regular file")  # opening a FIFO would block
+            with _open_regular(path) as fh:
+                st = os.fstat(fh.fileno())  # the file read here, should a save replace it meanwhile
+                stamp = _stamp(st)
+                header = read_header(fh)
+                offset = fh.tell()
+            compat = header["compat"]
+            model_id = str(header.get("model_id", model_id))
+            if "kind" not in header:
+                slot = Slot.persona(str(header.get("persona_id", path.stem)))
+                tokens = list(compat.get("prefix_tokens") or [])
+                problem = "v0.1 persona state file (rebuilt on next use)"
+            else:
+                slot = Slot(str(header["kind"]), str(header["key"]))
+                tokens = header["tokens"]
+                size = header.get("payload_len")
+                if (not isinstance(tokens, list)
+                        or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens)
+                        or not isinstance(size, int) or isinstance(size, bool) or size <= 0
+                        or not isinstance(header.get("chunk_crc32"), list)):
+                    problem, tokens = "corrupt header (tokens, payload length or digests)", []
+                elif st.st_size < offset + size:
+                    problem = f"payload truncated ({st.st_size - offset:,} of {size:,} bytes)"
+                elif st.st_size > offset + size:
+                    problem = "corrupt (trailing bytes after the payload)"
+            info = {k: v for k, v in header.items() if k not in ("tokens", "compat")}
+        except ValueError as exc:
+            problem = str(exc) if "truncated" in str(exc) or "regular" in str(exc) else f"corrupt: {exc}"
+        except OSError as exc:
+            problem = f"unreadable: {exc.strerror or exc}"
+        except (KeyError, TypeError):
+            problem = "corrupt header"
+        entry = Entry(slot, model_id, tokens, st.st_size, DISK, st.st_mtime, compat, info, path, problem=problem)
+        indexed = _Indexed(stamp, entry, offset)
+        with self._lock:
+            self._index[path] = indexed
+        return indexed
+
+    def _disk_entries(self, model_id: str | None = None) -> list[_Indexed]:
+        if not self.folder.is_dir():
+            return []
+        pattern = f"{_safe_name(model_id)}/*{SUFFIX}" if model_id is not None else f"*/*{SUFFIX}"
+        found = []
+        for path in sorted(self.folder.glob(pattern)):
+            try:
+                found.append(self._read_file(path))
+            except FileNotFoundError:  # evicted or replaced meanwhile
+                continue
+        with self._lock:  # forget files that are gone
+            for path in [p for p in self._index if not p.exists()]:
+                del self._index[path]
+        return found
+
+    def entries(self, model_id: str | None = None) -> list[Entry]:
+        """Every entry, RAM and disk (most recently used first)."""
+        with self._lock:
+            ram = [e for (m, _), e in self._ram.items() if model_id is None or m == model_id]
+        disk = [i.entry for i in self._disk_entries(model_id)]
+        return sorted(ram + disk, key=lambda e: -e.last_used)
+
+    def lookup(
+        self,
+        model_id: str,
+        compat: dict[str, Any],
+        prompt: Sequence[int],
+        min_shared: int = 1,
+        expect: Sequence[Slot] = (),
+    ) -> Lookup:
+        """Usable entries sharing >= `min_shared` tokens with `prompt`, best first."""
+        limit = max(len(prompt) - 1, 0)
+        candidates: list[tuple[int, int, int, Candidate]] = []
+        misses: list[str] = []
+        seen: set[Slot] = set()
+        with self._lock:
+            ram = [e for (m, _), e in self._ram.items() if m == model_id]
+        disk = [i.entry for i in self._disk_entries(model_id)]
+        for rank, entry in [(0, e) for e in ram] + [(1, e) for e in disk]:
+            label = f"{entry.slot.label} ({entry.tier})"
+            if entry.problem:
+                misses.append(f"{label}: {entry.problem}")
+                continue
+            difference = _first_difference(entry.compat, compat)
+            if difference is not None:
+                misses.append(_compat_miss(label, difference))
+                continue
+            seen.add(entry.slot)
+            shared = min(common_prefix_len(entry.tokens, prompt), limit)
+            if entry.slot in expect and shared < len(entry.tokens) and shared < limit:
+                misses.append(
+                    f"{label}: stale: the stored history no longer matches its tokens "
+                    f"(shares {shared:,} of {len(entry.tokens):,})"
+                )
+            if shared >= max(min_shared, 1):
+                candidates.append((-shared, rank, len(entry.tokens), Candidate(entry, shared)))
+        for slot in expect:
+            if slot not in seen and not any(m.startswith(slot.label + " ") for m in misses):
+                misses.append(f"{slot.label}: missing (no saved state)")
+        candidates.sort(key=lambda c: c[:3])
+        return Lookup([c[3] for c in candidates], misses)
+
+    def open(self, candidate: Candidate) -> OpenedState | Miss:
+        """The candidate's payload, ready for `kv_state.restore`.
+
+        A disk entry's header was parsed when it was indexed (`lookup`), and its
+        compat checked there: the file is not parsed again, but it must still be
+        that file, unchanged (`_stamp`), else the candidate is a miss."""
+        entry = candidate.entry
+        if entry.tier == RAM:
+            with self._lock:
+                key = (entry.model_id, entry.slot)
+                if self._ram.get(key) is entry:
+                    self._ram.move_to_end(key)
+                    entry.last_used = time.time()
+            return OpenedState(entry.tokens, entry.payload, None)
+        path = entry.path
+        assert path is not None
+        label = f"{entry.slot.label} (disk)"
+        try:
+            fh = _open_regular(path)
+        except FileNotFoundError:
+            return Miss(f"{label}: missing (removed meanwhile)")
+        except ValueError as exc:
+            return Miss(f"{label}: {exc}")
+        except OSError as exc:
+            return Miss(f"{label}: unreadable: {exc.strerror or exc}")
+        with fh:
+            with self._lock:
+                indexed = self._index.get(path)
+            if indexed is None or indexed.entry is not entry or indexed.stamp != _stamp(os.fstat(fh.fileno())):
+                return Miss(f"{label}: replaced on disk since the lookup")
+            try:
+                mapping = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY)
+            except (OSError, ValueError) as exc:
+                return Miss(f"{label}: unreadable: {exc}")
+            try:
+                os.utime(fh.fileno())  # last used, for LRU eviction
+                st = os.fstat(fh.fileno())
+            except OSError:
+                pass
+            else:
+                # Touched, not changed (chatterm never writes a state file in
+                # place): the next lookup keeps the parsed header.
+                with self._lock:
+                    indexed.stamp = _stamp(st)
+                entry.last_used = st.st_mtime
+        if hasattr(mapping, "madvise"):
+            mapping.madvise(mmap.MADV_WILLNEED)
+        offset, size = indexed.payload_offset, entry.info["payload_len"]
+        payload = memoryview(mapping)[offset : offset + size]
+        digests = entry.info["chunk_crc32"]
+
+        def close() -> None:
+            payload.release()
+            mapping.close()
+
+        return OpenedState(entry.tokens, payload, lambda: chunk_crc32s(payload) == digests, close)
+
+    def clear_ram(self) -> None:
+        """Drop the RAM tier (benchmarks measure restores from disk)."""
+        with self._lock:
+            self._ram.clear()
+
+    def discard(self, entry: Entry, reason: str) -> None:
+        """Drop an entry that failed to restore, so the next save rebuilds it."""
+        log.info("prompt cache: dropping %s (%s): %s", entry.slot.label, entry.tier, reason)
+        if entry.tier == RAM:
+            with self._lock:
+                if self._ram.get((entry.model_id, entry.slot)) is entry:
+                    del self._ram[(entry.model_id, entry.slot)]
+            return
+        if entry.path is not None:
+            try:
+                entry.path.unlink()
+            except OSError:
+                pass
+
+    # -- housekeeping ----------------------------------------------------
+    def evict_disk(self, keep: Path | None = None) -> list[Path]:
+        """Remove least-recently-used files until the total fits the disk budget."""
+        sweep_temp_files(self.folder, _STATE_TEMP_FILES)
+        entries = sorted((i.entry for i in self._disk_entries()), key=lambda e: e.last_used)
+        total = sum(e.nbytes for e in entries)
+        removed: list[Path] = []
+        for entry in entries:
+            if total <= self.disk_budget_bytes:
+                break
+            if entry.path == keep or entry.path is None:
+                continue
+            try:
+                entry.path.unlink()
+            except OSError:
+                continue
+            total -= entry.nbytes
+            removed.append(entry.path)
+        return removed
+
+    def clear(self, kind: str | None = None, key: str | None = None) -> int:
+        """Remove entries (RAM and disk) of one kind and/or one key; all by default."""
+        def matches(slot: Slot) -> bool:
+            return (kind is None or slot.kind == kind) and (key is None or slot.key == key)
+
+        with self._lock:
+            gone = [k for k, e in self._ram.items() if matches(e.slot)]
+            for k in gone:
+                del self._ram[k]
+        if kind is None and key is None:
+            sweep_temp_files(self.folder, _STATE_TEMP_FILES, older_than_s=60.0)
+        count = len(gone)
+        for indexed in self._disk_entries():
+            if matches(indexed.entry.slot) and indexed.entry.path is not None:
+                try:
+                    indexed.entry.path.unlink()
+                    count += 1
+                except OSError:
+                    pass
+        return count
+
+    def verify_files(self) -> list[FileCheck]:
+        """Check every state file: header, size, payload sha256 and chunk CRC-32s."""
+        results = []
+        for indexed in self._disk_entries():
+            entry = indexed.entry
+            path = entry.path
+            assert path is not None
+            label = f"{entry.slot.label} · {entry.model_id}"
+            if entry.problem:
+                results.append(FileCheck(path, label, False, entry.problem))
+                continue
+            try:
+                with _open_regular(path) as fh:
+                    fh.seek(indexed.payload_offset)
+                    digest, crcs = hashlib.sha256(), []
+                    while chunk := fh.read(CHUNK_BYTES):  # what every writer uses
+                        digest.update(chunk)
+                        crcs.append(zlib.crc32(chunk))
+            except (OSError, ValueError) as exc:
+                results.append(FileCheck(path, label, False, f"unreadable: {getattr(exc, 'strerror', None) or exc}"))
+                continue
+            if digest.hexdigest() != entry.info.get("payload_sha256"):
+                results.append(FileCheck(path, label, False, "payload sha256 mismatch"))
+            elif crcs != entry.info.get("chunk_crc32"):
+                results.append(FileCheck(path, label, False, "chunk CRC-32 mismatch"))
+            else:
+                results.append(FileCheck(path, label, True, f"{len(entry.tokens):,} tokens, {entry.nbytes:,} bytes"))
+        return results

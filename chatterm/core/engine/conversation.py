@@ -1,0 +1,118 @@
+"""A conversation: one persona on one engine, its history, and its record.
+
+Contract:
+- `Conversation.send(text)` starts a turn on the engine with the history so far
+  and returns the `Turn`; whoever drives `Turn.stream()` (a TUI worker, the
+  `ask` command, a test) gets the same bookkeeping: when the turn ends the user
+  message and the reply (partial when cancelled) join the history, and the
+  turn with its metrics is committed to the store, failed turns included.
+- The session row is created on the first turn, so an opened-and-closed app
+  leaves no empty session behind; a resumed conversation passes its id.
+- Energy per turn comes from an optional `EnergyMeter` (GPU power readings).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Protocol
+
+from chatterm.core.config.personas import Persona
+from chatterm.core.engine.interface import ChatMessage, Engine, Turn
+from chatterm.core.metrics.cost import energy_cost_usd
+from chatterm.core.metrics.turn_metrics import SessionSummary, StopReason, TurnMetrics
+
+log = logging.getLogger(__name__)
+
+
+class TurnStore(Protocol):
+    def create_session(
+        self, *, model_id: str, model_identity: str, engine: str, device: str, persona_id: str
+    ) -> int: ...
+
+    def record_turn(
+        self, session_id: int, user_text: str, reply: str, metrics: TurnMetrics
+    ) -> int | None: ...
+
+    def take_write_notice(self) -> str | None: ...
+
+
+class EnergyMeter(Protocol):
+    usd_per_kwh: float
+
+    def start(self) -> object: ...
+
+    def stop(self, handle: object) -> float | None:
+        """Energy in Wh since `start`, or None when the device reports no power."""
+
+
+def turn_messages(user_text: str, reply: str, metrics: TurnMetrics) -> list[ChatMessage]:
+    """What a finished turn adds to the history: the user message and the reply
+    (partial when cancelled); nothing for a turn that failed before any text."""
+    if metrics.stop_reason == StopReason.ERROR and not reply:
+        return []
+    return [ChatMessage("user", user_text), ChatMessage("assistant", reply)]
+
+
+class Conversation:
+    def __init__(
+        self,
+        engine: Engine,
+        persona: Persona,
+        store: TurnStore | None = None,
+        session_id: int | None = None,
+        history: list[ChatMessage] | None = None,
+        turns: list[TurnMetrics] | None = None,
+        energy: EnergyMeter | None = None,
+    ):
+        self.engine = engine
+        self.persona = persona
+        self.store = store
+        self.session_id = session_id
+        self.history: list[ChatMessage] = list(history or [])
+        self.turns: list[TurnMetrics] = list(turns or [])
+        self.energy = energy
+        self.store_error: str | None = None
+
+    def summary(self) -> SessionSummary:
+        return SessionSummary.of(self.turns)
+
+    def send(self, text: str) -> Turn:
+        self.engine.note_conversation(self.session_id)
+        turn = self.engine.start_turn(self.persona, self.history, text)
+        meter = self.energy.start() if self.energy is not None else None
+        turn.on_finished(lambda t: self._finished(t, text, meter))
+        return turn
+
+    def _finished(self, turn: Turn, text: str, meter: object) -> None:
+        m = turn.metrics
+        if self.energy is not None:
+            wh = self.energy.stop(meter)
+            if wh is not None:
+                m.energy_wh = wh
+                m.energy_cost_usd = energy_cost_usd(wh, self.energy.usd_per_kwh)
+        self.history += turn_messages(text, turn.reply, m)
+        self.turns.append(m)
+        if self.store is None:
+            return
+        stored = False
+        try:
+            if self.session_id is None:
+                self.session_id = self.store.create_session(
+                    model_id=self.engine.spec.id,
+                    model_identity=self.engine.model_identity,
+                    engine=self.engine.kind,
+                    device=self.engine.device().name,
+                    persona_id=self.persona.id,
+                    started_at=m.submitted_at,  # the session began with its first message
+                )
+            if self.session_id is not None:  # None: the database refused the write
+                self.store.record_turn(self.session_id, text, turn.reply, m)
+                stored = True
+        except Exception as exc:  # noqa: BLE001 - chat goes on; the UI shows store_error
+            log.debug("could not store turn", exc_info=True)
+            self.store_error = f"session not saved: {exc}"
+        # The store tells once that turns are no longer stored (read-only, disk full).
+        self.store_error = self.store.take_write_notice() or self.store_error
+        if stored:
+            # The history is in SQLite: now the engine may keep the KV state it matches.
+            self.engine.keep_conversation(self.session_id)

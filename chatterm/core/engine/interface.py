@@ -1,0 +1,380 @@
+"""The engine interface shared by the local (llama.cpp) and remote (OpenAI) engines.
+
+Contract:
+- `Engine.load(progress)` loads once (progress gets 0.0..1.0) and raises
+  `ChattermError` with one line on failure. Everything else may be called
+  only after a successful load.
+- `Engine.start_turn(persona, history, user_text)` returns a `Turn` at once; the
+  caller drives `Turn.stream()` from one worker thread. The generation is the
+  engine's own code; a `Turn` is only the handle: `stream()` yields text deltas
+  and never raises (a failure ends the stream with `metrics.stop_reason ==
+  StopReason.ERROR` and `metrics.error` set), `cancel()` is safe from any thread
+  and stops the stream within one token (the partial reply stays in
+  `Turn.reply`), `metrics` fills while it streams.
+- An engine runs one turn at a time (a lock guards it: llama.cpp contexts have
+  no locking of their own).
+- Callers never ask which engine they hold: what differs is declared in
+  `Engine.capabilities`. The UI, the store and the export know nothing of the
+  engine beyond `TurnMetrics.engine` and `model_id`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Sequence, TypeVar
+
+from chatterm.core.config.catalog import ModelSpec, PriceProfile
+from chatterm.core.config.personas import Persona
+from chatterm.core.metrics.cost import apply_cost
+from chatterm.core.metrics.turn_metrics import CacheOutcome, StopReason, TurnMetrics
+from chatterm.errors import ChattermError, describe
+
+log = logging.getLogger(__name__)
+
+Progress = Callable[[float], "bool | None"]
+"""Load progress 0.0..1.0; returning False asks the engine to abandon the load."""
+
+
+@dataclass(frozen=True)
+class ChatMessage:
+    role: str
+    """"user" or "assistant" (the persona supplies the system message)."""
+    content: str
+
+
+MIN_REPLY_TOKENS = 64
+"""Room always left for the reply when history is trimmed to fit the context."""
+
+P = TypeVar("P")
+
+
+def reply_room(max_tokens: int, n_ctx: int) -> int:
+    """Tokens kept free for the reply: the persona's max_tokens, capped at a quarter
+    of the context (at least MIN_REPLY_TOKENS), so a large max_tokens does not
+    trim away a whole history for a reply that stays short."""
+    return min(max_tokens, max(MIN_REPLY_TOKENS, n_ctx // 4))
+
+
+def trim_history(
+    history: Sequence[ChatMessage],
+    prompt_for: Callable[[Sequence[ChatMessage]], P],
+    size: Callable[[P], int],
+    budget: int,
+) -> tuple[P, int]:
+    """Drop whole turns from the front of `history` (never the persona, which
+    `prompt_for` adds) until `size(prompt_for(kept)) <= budget` or nothing is left.
+    Returns the prompt of the kept history and how many turns were dropped.
+
+    A turn ends where the next user message starts: the kept history never starts
+    with an assistant reply. The fewest dropped turns whose prompt fits are found
+    by bisection over those boundaries (a prompt grows with its history), so a
+    long history costs O(log n) renders, not one per dropped turn: this runs on
+    every type-ahead step once a conversation overflows the context."""
+    prompt = prompt_for(history)
+    if size(prompt) <= budget or not history:
+        return prompt, 0
+    # starts[k]: where the kept history begins once k turns are dropped.
+    starts = [0, *(i for i in range(1, len(history)) if history[i].role == "user"), len(history)]
+    built: dict[int, P] = {}
+
+    def fits(k: int) -> bool:
+        built[k] = prompt_for(history[starts[k]:])
+        return size(built[k]) <= budget
+
+    lo, hi = 1, len(starts) - 1  # hi: everything dropped, kept whether it fits or not
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if fits(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    if lo not in built:
+        built[lo] = prompt_for(history[starts[lo]:])
+    return built[lo], lo
+
+
+def context_full_notice(n_ctx: int, dropped: int, how: str = "") -> str:
+    turns = f"turn{'s' if dropped != 1 else ''}"
+    return f"Context full ({n_ctx} tokens{how}): dropped the oldest {dropped} {turns} from the prompt."
+
+
+@dataclass
+class DeviceInfo:
+    """What the dashboard's model line shows."""
+
+    backend: str
+    """"CPU", "CUDA", ... or "remote"."""
+    name: str
+    """CPU model, GPU name, or the server URL."""
+    n_layers: int | None = None
+    layers_offloaded: int | None = None
+    kv_type: str = ""
+    flash_attn: bool | None = None
+    n_ctx: int = 0
+    notes: list[str] = field(default_factory=list)
+    """Things the user should know, e.g. "fell back to CPU: out of GPU memory"."""
+
+
+@dataclass(frozen=True)
+class PrefixReport:
+    """How a persona's prefix was made ready (switch time or first turn)."""
+
+    outcome: CacheOutcome
+    """RESTORED, MEMORY, COLD or SERVER."""
+    ms: float
+    tokens: int
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class PrefillProgress:
+    """How far a long prefill has got (a turn's, or a persona's being prepared)."""
+
+    done: int
+    total: int
+    elapsed_s: float
+
+    @property
+    def rate(self) -> float:
+        """Tokens per second so far (0 before the first batch)."""
+        return self.done / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    @property
+    def eta_s(self) -> float | None:
+        """Seconds left at the rate so far (None before the first batch)."""
+        rate = self.rate
+        return (self.total - self.done) / rate if rate > 0 else None
+
+
+
+@dataclass(frozen=True)
+class EngineCapabilities:
+    """What an engine can do, so callers never ask which engine they hold."""
+
+    persona_cache: bool = False
+    """Persona prefixes are prepared and cached by this process: `prepare_persona`
+    does real work (seconds on a first use) and `cached_personas` is meaningful."""
+    kv_control: bool = False
+    """The KV state is local and controllable: `reset_context()`, turns with
+    `use_cache=False`, and `exclusive()` (benchmarks measure cold / restored /
+    in-memory turns and the bare library against each other)."""
+    prefill_ahead: bool = False
+    """`prefill_ahead()` prefills a message while it is still being typed."""
+
+
+@dataclass(frozen=True)
+class AheadReport:
+    """What a type-ahead prefill left ready in the context."""
+
+    ready: int
+    """Tokens of the draft's prompt now in the context (persona and history included)."""
+    total: int
+    """Tokens of the prompt a send of the draft would have."""
+    ms: float
+    """Time this call spent prefilling."""
+
+
+Produce = Callable[["Turn"], Iterator[str]]
+"""An engine's generation for one turn: yields text deltas, calls
+`turn.token_arrived()` once per token, sets `turn.metrics.stop_reason`, checks
+`turn.cancelled` on every token and may raise (the Turn reports it)."""
+
+
+class Turn:
+    """One streamed assistant reply: a handle over the engine's own generation.
+
+    The engine builds it with its `Produce` function; callers only stream,
+    cancel and read. See the module contract."""
+
+    def __init__(self, metrics: TurnMetrics, price: PriceProfile | None, produce: Produce):
+        self.metrics = metrics
+        self.reply = ""
+        self.notices: list[str] = []
+        """One-line messages for the user (e.g. "dropped 2 oldest turns")."""
+        self.perf: dict[str, float] = {}
+        """The engine's own counters for this turn, where it has them (llama.cpp's
+        `llama_perf_context`: t_p_eval_ms, n_p_eval, t_eval_ms, n_eval)."""
+        self.prefill_progress: PrefillProgress | None = None
+        """While a long prompt is prefilled: tokens done / total, rate and time
+        left; None when the engine does not say."""
+        self.request: dict[str, Any] = {}
+        """What a served engine sent (the request body after trimming); never a secret."""
+        self._price = price
+        self._produce = produce
+        self._cancel = threading.Event()
+        self._cancel_hooks: list[Callable[[], None]] = []
+        self._t_submit = time.perf_counter()
+        self._t_first: float | None = None
+        self._finished: list[Callable[[Turn], None]] = []
+        self.done = False
+
+    # -- for callers -----------------------------------------------------
+    def cancel(self) -> None:
+        self._cancel.set()
+        for hook in list(self._cancel_hooks):
+            hook()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancel.is_set()
+
+    def on_finished(self, callback: Callable[["Turn"], None]) -> None:
+        """Run `callback(turn)` in the streaming thread once the turn has ended."""
+        self._finished.append(callback)
+
+    def stream(self) -> Iterator[str]:
+        try:
+            for delta in self._produce(self):
+                if delta:
+                    self.reply += delta
+                    yield delta
+        except ChattermError as exc:
+            self._fail(str(exc))
+        except (GeneratorExit, KeyboardInterrupt):
+            # The consumer stopped iterating (or Ctrl+C): that is a cancel.
+            self._cancel.set()
+            raise
+        except Exception as exc:  # noqa: BLE001 - a turn must never crash its caller
+            # The error reaches the user through metrics.error; the traceback
+            # only with debug logging (chatterm -v), never in their face.
+            log.debug("turn failed", exc_info=True)
+            self._fail(describe(exc))
+        finally:
+            self._finish()
+
+    # -- for engines -----------------------------------------------------
+    def on_cancel(self, hook: Callable[[], None]) -> None:
+        """Run `hook()` (from the cancelling thread) when the turn is cancelled:
+        an engine wakes whatever its generation is blocked on."""
+        self._cancel_hooks.append(hook)
+
+    def engine_started(self) -> None:
+        """Call once the engine has the model for this turn: the time since submit
+        (waiting for a persona prepare, a type-ahead batch) is `metrics.wait_ms`."""
+        self.metrics.wait_ms = (time.perf_counter() - self._t_submit) * 1000.0
+
+    def stopped_waiting(self, detail: str) -> None:
+        """Call when the turn was cancelled before the engine started it: the
+        wait is `metrics.wait_ms`, and nothing was reused or prefilled
+        (`CacheOutcome.NONE`, with `detail` saying what it waited for)."""
+        m = self.metrics
+        m.wait_ms = (time.perf_counter() - self._t_submit) * 1000.0
+        m.cache_outcome = CacheOutcome.NONE
+        m.cache_detail = detail
+        m.stop_reason = StopReason.CANCELLED
+
+    def token_arrived(self) -> None:
+        now = time.perf_counter()
+        m = self.metrics
+        if self._t_first is None:
+            self._t_first = now
+            m.ttft_ms = (now - self._t_submit) * 1000.0
+        else:
+            m.decode_ms = (now - self._t_first) * 1000.0
+        m.generated_tokens += 1
+
+    def _fail(self, message: str) -> None:
+        self.metrics.stop_reason = StopReason.ERROR
+        self.metrics.error = message
+
+    def _finish(self) -> None:
+        if self.done:
+            return
+        m = self.metrics
+        if not m.stop_reason:
+            m.stop_reason = StopReason.CANCELLED if self.cancelled else StopReason.EOS
+        m.total_ms = (time.perf_counter() - self._t_submit) * 1000.0
+        if self._price is not None:
+            apply_cost(m, self._price)
+        self.done = True
+        for callback in self._finished:
+            try:
+                callback(self)
+            except Exception as exc:  # noqa: BLE001 - recording must not break the stream
+                log.warning("turn finish callback failed: %s", exc)
+                log.debug("turn finish callback failed", exc_info=True)
+
+
+class Engine(ABC):
+    kind: str = ""
+    """Recorded with each turn ("local", "openai"); never used to decide behaviour
+    (that is what `capabilities` is for)."""
+    capabilities = EngineCapabilities()
+
+    def __init__(self, spec: ModelSpec, price: PriceProfile):
+        self.spec = spec
+        self.price = price
+        self._lock = threading.Lock()
+
+    @abstractmethod
+    def load(self, progress: Progress | None = None) -> None: ...
+
+    @abstractmethod
+    def device(self) -> DeviceInfo: ...
+
+    @property
+    def model_identity(self) -> str:
+        """A string identifying the exact model (file sha256, or server + model)."""
+        return self.spec.id
+
+    def context_used(self) -> int:
+        """Tokens currently held in the context (0 when unknown)."""
+        return 0
+
+    def cached_personas(self) -> dict[str, str]:
+        """Personas whose prefix state is cached, from one look at the cache:
+        persona id -> where a restore would read it, "ram" (first) or "disk".
+        Empty for an engine without a persona cache (a server keeps its own)."""
+        return {}
+
+    def cache_notice(self) -> str | None:
+        """A one-time notice about the persona cache (e.g. it cannot be written)."""
+        return None
+
+    def prepare_persona(
+        self, persona: Persona, progress: Callable[[PrefillProgress], None] | None = None
+    ) -> PrefixReport:
+        """Make the persona's prefix ready now (e.g. on a persona switch); a long
+        prefill reports `progress` after each batch."""
+        return PrefixReport(CacheOutcome.SERVER, 0.0, 0)
+
+    def note_conversation(self, session_id: int | None) -> None:
+        """The next turn continues stored session `session_id` (None: a new one),
+        so an engine with a conversation cache can name that session's misses."""
+
+    def keep_conversation(self, session_id: int) -> None:
+        """A turn of session `session_id` was recorded: an engine with a
+        conversation cache keeps the context's state for it (no-op here)."""
+
+    @abstractmethod
+    def start_turn(
+        self, persona: Persona, history: Sequence[ChatMessage], user_text: str
+    ) -> Turn: ...
+
+    def prefill_ahead(
+        self,
+        persona: Persona,
+        history: Sequence[ChatMessage],
+        draft: str,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> AheadReport | None:
+        """Prefill, in the calling thread, the prompt a send of `draft` would
+        start with; None when the engine cannot (a served model) or is busy.
+        It yields to a starting turn and to `drop_ahead()` between batches;
+        `progress(ready, total)` is called after each batch."""
+        return None
+
+    def drop_ahead(self) -> None:
+        """Stop a type-ahead prefill and forget it (persona switch, new
+        conversation, the draft was cleared); callable from any thread."""
+
+    def interrupt(self) -> None:
+        """Stop whatever the engine is computing as soon as it can (app exit);
+        callable from any thread. A running turn ends as cancelled."""
+
+    def close(self) -> None:
+        """Release the model / connections. Safe to call twice."""

@@ -1,0 +1,797 @@
+"""The local engine: llama.cpp in process, with a token-keyed prompt cache.
+
+Contract (beyond chatterm.core.engine.interface):
+- `load()` opens the model once (`chatterm.core.engine.local.model`: progress, log
+  routing, GPU offload with fallback), hashes the model file (cached), resolves
+  the chat template (`chatterm.core.engine.local.templates`: the models.toml `chat_template`
+  override, else the GGUF's) and warms the context up so the first turn's TTFT
+  carries no one-time cost.
+- Every turn renders the full prompt (the template over [system, history...,
+  user]) and starts from the state sharing the longest token prefix with it:
+  the live context, else the prompt cache's RAM tier, else its disk tier
+  (`chatterm.core.cache.prompt_cache`); a cached state must beat the live context by
+  MIN_REUSE tokens to be worth a restore. The state is trimmed to the shared
+  prefix and only the rest is prefilled, in batches, with progress in
+  `Turn.prefill_progress` and a cancel honoured within one batch.
+- The persona's shareable prefix (`templates.persona_prefix`) is one entry of
+  that cache: prefilled once, captured, kept in RAM and written to disk in the
+  background. A template that puts the system prompt late gets no persona
+  entry, and the turn says why.
+- A conversation's state is kept (`keep_conversation`, called when a turn has
+  been recorded): captured in a few ms, kept in RAM, written to disk by the
+  cache's background writer. `note_conversation` says which session the next
+  turn continues, so a missing or stale state of that session is named.
+- Labels are honest: `cache_outcome` is RESTORED (from RAM or disk), MEMORY
+  (the live context) or COLD (fewer than MIN_REUSE tokens reused), and
+  `cache_detail` says what was reused (persona prefix / conversation of N
+  tokens / live context / nothing), how many tokens, and every miss's reason.
+- A turn waits for the engine's lock (a persona being prepared, a type-ahead
+  batch); a cancel while it waits ends it within LOCK_POLL_S, and what it
+  waited for goes on (a persona prefill is the persona's work: the next turn
+  reuses it). Such a turn reused and prefilled nothing: `CacheOutcome.NONE`.
+- "Saved" prefill time is the reused tokens at the fastest prefill rate known
+  (measured here, this turn's own prefill included, or stored with a restored
+  state), net of what the turn spent getting them: its restore and the time it
+  waited (`wait_ms`); 0 for a turn stopped before its prefill ended.
+- Each prefill runs on the threads `llama_model.BatchThreads` picks: fewer
+  while other processes keep cores busy.
+- Metrics are exact: TTFT from submit to the first sampled token; decode
+  tokens/s from first to last token; a turn stopped during its prefill keeps
+  the time that prefill ran and the tokens it did; llama.cpp's own perf counters for the
+  turn are kept in `Turn.perf` (tests compare the two).
+- When the prompt would not fit n_ctx (leaving room for the reply), the oldest
+  history turns are dropped (never the persona) and the turn says how many;
+  a single message that alone cannot fit keeps its last tokens, and says so.
+- `prefill_ahead` prefills the prompt a send of the draft would have, in the
+  live context, yielding to a turn; its state and the credit a turn gets for
+  it (`ahead_tokens`) are `chatterm.core.engine.local.type_ahead`'s.
+"""
+
+from __future__ import annotations
+
+import codecs
+import contextlib
+import ctypes
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Sequence
+
+import llama_cpp
+
+from chatterm.core.cache.prompt_cache import RAM, Miss, PromptCache, Slot
+from chatterm.core.cache.tokens import common_prefix_len
+from chatterm.core.config.catalog import ModelSpec, PriceProfile
+from chatterm.core.config.personas import Persona
+from chatterm.core.engine.interface import (
+    AheadReport,
+    ChatMessage,
+    DeviceInfo,
+    Engine,
+    EngineCapabilities,
+    PrefillProgress,
+    PrefixReport,
+    Progress,
+    Turn,
+    context_full_notice,
+    reply_room,
+    trim_history,
+)
+from chatterm.core.engine.local import kv_state, offload, templates
+from chatterm.core.engine.local.model import AbortFlag, BatchThreads, open_model
+from chatterm.core.engine.local.type_ahead import TypeAhead
+from chatterm.core.metrics.turn_metrics import CacheOutcome, StopReason, TurnMetrics
+from chatterm.core.system.file_identity import sha256_of_file
+from chatterm.errors import ChattermError
+
+log = logging.getLogger(__name__)
+
+MIN_REUSE = 8
+"""Fewer reused tokens than this is not called a reuse (a template's own few
+opening tokens are "a handful"), and a cached state must share this many more
+tokens than the live context to be restored: a restore replaces the whole
+context and costs a few ms per 1k tokens, prefilling 8 tokens costs more."""
+
+
+LOCK_POLL_S = 0.05
+"""How often a turn waiting for the engine's lock looks for its cancel: a
+persona prefill may hold the lock for many seconds."""
+
+RATE_MIN_TOKENS = MIN_REUSE
+"""A prefill this long gives a prefill rate for "saved" estimates. Short
+prefills overstate the cost per token, but the fastest rate known is kept, and
+a first use of a short persona must still have an estimate."""
+
+
+class _StopFlag:
+    """`threading.Event`-like view of a turn's cancel, for kv_state.prefill."""
+
+    def __init__(self, turn: Turn):
+        self._turn = turn
+
+    def is_set(self) -> bool:
+        return self._turn.cancelled
+
+
+@dataclass
+class _Reuse:
+    """What a turn (or a persona switch) started from."""
+
+    source: str
+    """"live", "ram", "disk", or "" (nothing)."""
+    tokens: int
+    """Tokens of the target now in the context."""
+    slot: Slot | None = None
+    ms: float = 0.0
+    """Lookup + restore + trim time (0 for the live context)."""
+    misses: list[str] = field(default_factory=list)
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def restored(self) -> bool:
+        return self.source in ("ram", "disk")
+
+    def label(self) -> str:
+        n = f"{self.tokens:,}"
+        if self.restored and self.slot is not None and self.slot.kind == "session":
+            return f"reused conversation of {n} tokens (session {self.slot.key}, restored from {self.source})"
+        if self.restored:
+            return f"reused persona prefix: {n} tokens (restored from {self.source})"
+        if self.source == "live" and self.tokens >= MIN_REUSE:
+            return f"reused live context: {n} tokens"
+        return "nothing reused"
+
+
+class LocalEngine(Engine):
+    kind = "local"
+    capabilities = EngineCapabilities(persona_cache=True, kv_control=True, prefill_ahead=True)
+
+    def __init__(self, spec: ModelSpec, price: PriceProfile, kv_cache: PromptCache | None = None):
+        super().__init__(spec, price)
+        self.kv_cache = kv_cache
+        """The prompt cache (persona prefixes and conversations); None: no caching."""
+        self.llm: llama_cpp.Llama | None = None
+        self.plan: offload.OffloadPlan | None = None
+        self.load_notes: list[str] = []
+        self.template: templates.ChatTemplate | None = None
+        self._model_sha256 = ""
+        self._compat: dict[str, Any] = {}
+        self._prefixes: dict[str, templates.PersonaPrefix] = {}
+        self._switch_report: tuple[str, PrefixReport] | None = None
+        """(persona fingerprint, report) of a prefix made ready by prepare_persona
+        and not yet used by a turn; cleared whenever the context is cleared."""
+        self._session: int | None = None
+        """The session the next turn continues (note_conversation)."""
+        self._running: Turn | None = None
+        self._ahead = TypeAhead()
+        self._abort = AbortFlag()
+        self._cache_warned = False
+        self._prefill_ms_per_token: float | None = None
+        """The fastest prefill rate known (ms per token), for "saved" estimates:
+        measured here, or stored with a state restored from the cache."""
+        self._preparing: str | None = None
+        """The id of the persona prepare_persona is preparing (holding the lock)."""
+        self._device_name = ""
+        """The GPU or CPU name, worked out once at load (a GPU probe is not free)."""
+
+    # -- loading ---------------------------------------------------------
+    def load(self, progress: Progress | None = None) -> None:
+        path = self.spec.model_path()
+        # Sampling other processes starts now, so the first prefill knows their load.
+        threads = BatchThreads(adaptive=self.spec.n_threads_batch is None)
+        try:
+            opened = open_model(self.spec, progress)
+        except BaseException:
+            threads.close()
+            raise
+        threads.bind(opened.llm)
+        self._threads = threads
+        self.llm, self.plan, self._device_name = opened.llm, opened.plan, opened.device_name
+        self.load_notes = list(opened.notes)
+        self._model_sha256 = sha256_of_file(path)
+        self._compat = kv_state.compat_fields(self.llm, path, self._model_sha256, self.plan.flash_attn)
+        base_dir = self.spec.defined_in.parent if self.spec.defined_in is not None else None
+        try:
+            self.template = templates.template_for(self.llm, self.spec.id, self.spec.chat_template, base_dir)
+        except ChattermError:
+            threads.close()
+            self.llm.close()
+            self.llm = None
+            raise
+        self._vocab = llama_cpp.llama_model_get_vocab(self.llm.model)
+        self._piece = ctypes.create_string_buffer(64)
+        self._abort.install(self.llm)
+        self._warm_up()
+        if progress is not None:
+            progress(1.0)
+
+    def _warm_up(self) -> None:
+        """Decode a short batch and a single token, then forget them: the first
+        decode of a fresh context carries a one-time cost (docs/engine.md)."""
+        llm = self.llm
+        assert llm is not None
+        tokens = llm.tokenize(b"Hello, warm up.", add_bos=False, special=False)[:8] or [0]
+        llm.eval(tokens)
+        llm.eval(tokens[:1])
+        # llama.cpp books decode time into its perf counters only at the next
+        # synchronize; without this the warm-up would be charged to turn one.
+        llama_cpp.llama_synchronize(llm.ctx)
+        self._clear_context()
+
+    def _clear_context(self) -> None:
+        llm = self.llm
+        assert llm is not None
+        self._switch_report = None
+        self._ahead.forget()
+        kv_state.clear(llm)
+
+    # -- information -----------------------------------------------------
+    @property
+    def model_identity(self) -> str:
+        return self._model_sha256 or self.spec.id
+
+    def device(self) -> DeviceInfo:
+        plan = self.plan
+        llm = self.llm
+        n_layer = llama_cpp.llama_model_n_layer(llm.model) if llm is not None else None
+        offloaded = (plan.layers_offloaded(n_layer) if plan is not None else 0) or 0
+        return DeviceInfo(
+            backend="GPU" if offloaded > 0 else "CPU",
+            name=self._device_name,
+            n_layers=n_layer,
+            layers_offloaded=offloaded,
+            kv_type=self.spec.kv_type,
+            flash_attn=plan.flash_attn if plan else None,
+            n_ctx=llm.n_ctx() if llm is not None else self.spec.n_ctx,
+            notes=list(self.load_notes),
+        )
+
+    def context_used(self) -> int:
+        return self.llm.n_tokens if self.llm is not None else 0
+
+    def cached_personas(self) -> dict[str, str]:
+        found: dict[str, str] = {}
+        if self.kv_cache is None:
+            return found
+        for entry in self.kv_cache.entries(self.spec.id):
+            if entry.slot.kind == "persona" and not entry.problem and found.get(entry.slot.key) != RAM:
+                found[entry.slot.key] = entry.tier
+        return found
+
+    # -- tokens ----------------------------------------------------------
+    def token_bytes(self, token: int) -> bytes:
+        """The token's text bytes (control tokens give b"").
+
+        llama-cpp-python's `token_to_piece` returns its whole 32-byte buffer,
+        NUL padding included, so we call llama.cpp with the returned length."""
+        n = llama_cpp.llama_token_to_piece(self._vocab, token, self._piece, len(self._piece), 0, False)
+        if n < 0:  # buffer too small: -n is the size needed
+            self._piece = ctypes.create_string_buffer(-n)
+            n = llama_cpp.llama_token_to_piece(self._vocab, token, self._piece, len(self._piece), 0, False)
+        return self._piece.raw[:n]
+
+    def persona_prefix(self, persona: Persona) -> templates.PersonaPrefix:
+        """The persona's shareable token prefix under this model's template."""
+        key = persona.fingerprint
+        if key not in self._prefixes:
+            assert self.llm is not None and self.template is not None
+            self._prefixes[key] = templates.persona_prefix(self.template, self.llm, persona.system_prompt)
+        return self._prefixes[key]
+
+    def prefix_tokens(self, persona: Persona) -> list[int]:
+        return self.persona_prefix(persona).tokens
+
+    def _prompt_tokens(self, persona: Persona, history: Sequence[ChatMessage], user_text: str) -> list[int]:
+        assert self.llm is not None and self.template is not None
+        messages = [{"role": "system", "content": persona.system_prompt}]
+        messages += [{"role": m.role, "content": m.content} for m in history]
+        messages.append({"role": "user", "content": user_text})
+        return self.template.tokens(self.llm, messages)
+
+    def fit_prompt(
+        self, persona: Persona, history: Sequence[ChatMessage], user_text: str, max_tokens: int
+    ) -> tuple[list[int], int, list[str]]:
+        """Prompt tokens that fit n_ctx with room for the reply; (tokens, dropped turns, notices)."""
+        assert self.llm is not None
+        n_ctx = self.llm.n_ctx()
+        room = reply_room(max_tokens, n_ctx)
+        tokens, dropped = trim_history(
+            history,
+            lambda kept: self._prompt_tokens(persona, kept, user_text),
+            len,
+            n_ctx - room,
+        )
+        notices = [context_full_notice(n_ctx, dropped)] if dropped else []
+        if len(tokens) + room > n_ctx:
+            # No history left to drop: the message alone is too long. Keep its end
+            # (a pasted document usually ends with the question about it).
+            prefix_len = len(self.prefix_tokens(persona))
+            message = self.llm.tokenize(user_text.encode("utf-8"), add_bos=False, special=False)
+            keep = len(message) - (len(tokens) + room - n_ctx) - 8  # template may shift a few
+            if keep <= 0:
+                raise ChattermError(
+                    f"the persona prompt ({prefix_len} tokens) leaves no room in the "
+                    f"{n_ctx}-token context of model {self.spec.id!r}"
+                )
+            clipped = self.llm.detokenize(message[-keep:]).decode("utf-8", "ignore")
+            tokens = self._prompt_tokens(persona, [], clipped)
+            notices.append(
+                f"Message too long ({len(message):,} tokens): kept its last {keep:,} tokens "
+                f"to fit the {n_ctx:,}-token context."
+            )
+        return tokens, dropped, notices
+
+    # -- the prompt cache ------------------------------------------------
+    def _live_tokens(self) -> list[int]:
+        llm = self.llm
+        assert llm is not None
+        return llm.input_ids[: llm.n_tokens].tolist()
+
+    def _reuse(self, target: list[int], use_cache: bool, expect: Sequence[Slot] = ()) -> _Reuse:
+        """Start the context from the state sharing the longest prefix with `target`
+        (live context, RAM, disk), trimmed to that prefix. At least one token of
+        `target` is always left to decode."""
+        llm = self.llm
+        assert llm is not None
+        limit = max(len(target) - 1, 0)
+        live = min(common_prefix_len(self._live_tokens(), target), limit)
+        misses: list[str] = []
+        cache = self.kv_cache if use_cache else None
+        if cache is not None:
+            t0 = time.perf_counter()
+            found = cache.lookup(self.spec.id, self._compat, target, min_shared=live + MIN_REUSE,
+                                 expect=expect)
+            misses += found.misses
+            for candidate in found.candidates:
+                entry = candidate.entry
+                opened = cache.open(candidate)
+                if isinstance(opened, Miss):
+                    misses.append(opened.reason)
+                    continue
+                try:
+                    reason = kv_state.restore(llm, opened.payload, opened.tokens, opened.verify)
+                finally:
+                    opened.close()
+                self._switch_report = None
+                if reason is None and kv_state.trim(llm, candidate.shared):
+                    ms = (time.perf_counter() - t0) * 1000.0
+                    self._adopt_rate(entry.info.get("prefill_ms_per_token"))
+                    return _Reuse(entry.tier, llm.n_tokens, entry.slot, ms, misses, entry.info)
+                reason = reason or "the memory cannot drop a suffix"
+                misses.append(f"{entry.slot.label} ({entry.tier}): rejected: {reason}")
+                cache.discard(entry, reason)
+                live = 0  # a failed restore leaves an empty context
+        if not kv_state.trim(llm, live):
+            live = 0
+        return _Reuse("live" if live else "", llm.n_tokens, misses=misses)
+
+    def _note_rate(self, ms: float, tokens: int) -> None:
+        """Keep the fastest prefill rate seen: one measured on a busy machine must
+        not inflate the "saved" estimates."""
+        if tokens >= RATE_MIN_TOKENS and ms > 0:
+            self._adopt_rate(ms / tokens)
+
+    def _adopt_rate(self, rate: Any) -> None:
+        """Keep `rate` (ms per token) if it is the fastest known; a restored
+        state's stored rate gives a fresh process an estimate before it has
+        prefilled anything long."""
+        if isinstance(rate, (int, float)) and not isinstance(rate, bool) and rate > 0:
+            known = self._prefill_ms_per_token
+            self._prefill_ms_per_token = float(rate) if known is None else min(known, float(rate))
+
+    def _keep(self, slot: Slot, info: dict[str, Any]) -> None:
+        """Capture the live context as `slot`'s entry: RAM now, disk in the background."""
+        llm = self.llm
+        assert llm is not None and self.kv_cache is not None
+        state = kv_state.capture(llm)
+        info = {**info, "state_size": state.nbytes}
+        if self._prefill_ms_per_token is not None:
+            info.setdefault("prefill_ms_per_token", self._prefill_ms_per_token)
+        self.kv_cache.put(self.spec.id, slot, state.tokens, state.payload, self._compat, info)
+
+    def _prefill(self, tokens: list[int], turn: Turn | None = None, done_before: int = 0,
+                 total: int | None = None, t0: float | None = None,
+                 report: Callable[[PrefillProgress], None] | None = None) -> kv_state.PrefillResult:
+        """Evaluate `tokens` after the context, batch by batch; progress goes to
+        `turn.prefill_progress` and `report` (counting from `done_before` of
+        `total`, since `t0`)."""
+        llm = self.llm
+        assert llm is not None
+        total = total if total is not None else len(tokens)
+        t0 = t0 if t0 is not None else time.perf_counter()
+
+        def on_progress(p: PrefillProgress) -> None:
+            progress = PrefillProgress(done_before + p.done, total, time.perf_counter() - t0)
+            if turn is not None:
+                turn.prefill_progress = progress
+            if report is not None:
+                report(progress)
+
+        self._threads.apply()
+        result = kv_state.prefill(llm, tokens, on_progress, _StopFlag(turn) if turn is not None else None)
+        self._note_rate(result.ms, result.done)
+        return result
+
+    def _ensure_persona(
+        self,
+        persona: Persona,
+        use_cache: bool = True,
+        turn: Turn | None = None,
+        report: Callable[[PrefillProgress], None] | None = None,
+    ) -> PrefixReport:
+        """Make the persona's shareable prefix the start of the context."""
+        pp = self.persona_prefix(persona)
+        prefix = pp.tokens
+        if not pp.helps or len(prefix) < MIN_REUSE:
+            self._clear_context()
+            return PrefixReport(CacheOutcome.COLD, 0.0, 0, pp.reason or f"persona prefix too short to cache ({len(prefix)} tokens)")
+        reuse = self._reuse(prefix + [-1], use_cache)  # -1: no token, so all of `prefix` may be reused
+        detail = "; ".join(reuse.misses)
+        if reuse.tokens == len(prefix):
+            if reuse.restored:
+                return PrefixReport(CacheOutcome.RESTORED, reuse.ms, len(prefix), detail)
+            return PrefixReport(CacheOutcome.MEMORY, 0.0, len(prefix), detail)
+        t0 = time.perf_counter()
+        self._prefill(prefix[reuse.tokens :], turn, report=report)
+        ms = (time.perf_counter() - t0) * 1000.0
+        if use_cache and self.kv_cache is not None and self.kv_cache.write_error is None:
+            self._keep(Slot.persona(persona.id), {"prefill_ms": ms})
+            detail = f"{detail}; state saved for next time" if detail else "state saved for next time"
+        return PrefixReport(CacheOutcome.COLD, ms, len(prefix), detail)
+
+    def wait_for_saves(self) -> None:
+        """Block until background state-file writes are done (CLI exit, tests)."""
+        if self.kv_cache is not None:
+            self.kv_cache.flush()
+
+    def note_conversation(self, session_id: int | None) -> None:
+        self._session = session_id
+
+    def keep_conversation(self, session_id: int) -> None:
+        """Keep the live context as session `session_id`'s conversation state."""
+        self._session = session_id
+        if self.kv_cache is None:
+            return
+        # Called from a turn's finish callbacks: a consumer that abandoned the
+        # stream may still hold the generation (and its lock) on this thread, and
+        # a busy engine has moved on anyway; either way there is nothing to keep.
+        if not self._lock.acquire(blocking=False):
+            return
+        try:
+            if self.llm is not None and self.llm.n_tokens >= MIN_REUSE:
+                self._keep(Slot.session(session_id), {})
+        finally:
+            self._lock.release()
+
+    def interrupt(self) -> None:
+        if self._running is not None:
+            self._running.cancel()
+        self._abort.set(True)
+
+    def prepare_persona(
+        self, persona: Persona, progress: Callable[[PrefillProgress], None] | None = None
+    ) -> PrefixReport:
+        with self._lock:
+            self._abort.set(False)
+            self._preparing = persona.id
+            try:
+                report = self._ensure_persona(persona, report=progress)
+            except RuntimeError:
+                if not self._abort.is_set:
+                    raise
+                self._clear_context()
+                raise ChattermError(f"preparing persona {persona.id!r} was interrupted") from None
+            finally:
+                self._preparing = None
+                self._abort.set(False)
+            self._switch_report = (persona.fingerprint, report)
+            return report
+
+    def cache_notice(self) -> str | None:
+        """One notice, once, when state files cannot be written."""
+        if self.kv_cache is not None and self.kv_cache.write_error and not self._cache_warned:
+            self._cache_warned = True
+            return (f"Prompt cache on disk off: {self.kv_cache.write_error}. "
+                    "Chat continues; states are kept in memory only.")
+        return None
+
+    # -- turns -----------------------------------------------------------
+    def start_turn(
+        self, persona: Persona, history: Sequence[ChatMessage], user_text: str, *, use_cache: bool = True
+    ) -> Turn:
+        """A turn over the persona's prefix, `history` and `user_text`.
+        `use_cache=False` neither restores nor saves a persona state (benchmarks)."""
+        metrics = TurnMetrics(
+            engine=self.kind,
+            model_id=self.spec.id,
+            persona_id=persona.id,
+            submitted_at=time.time(),
+        )
+        history = list(history)
+        turn = Turn(
+            metrics, self.price, lambda t: self._generate(t, persona, history, user_text, use_cache)
+        )
+        turn.on_cancel(lambda: self._abort_if_running(turn))
+        return turn
+
+    def _abort_if_running(self, turn: Turn) -> None:
+        if self._running is turn:
+            self._abort.set(True)  # interrupts a prefill in progress
+
+    def reset_context(self, keep: Persona | None = None) -> None:
+        """Forget the context; with `keep`, keep that persona's prefix when it is
+        there (a new conversation with the same persona). Waits for a running turn."""
+        with self._lock:
+            assert self.llm is not None
+            prefix = self.prefix_tokens(keep) if keep is not None else []
+            if prefix and self._live_tokens()[: len(prefix)] == prefix and kv_state.trim(self.llm, len(prefix)):
+                self._switch_report = None
+            else:
+                self._clear_context()
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[llama_cpp.Llama]:
+        """The underlying `llama_cpp.Llama`, alone, for measuring the bare library
+        against chatterm on the same loaded model; the context is cleared after."""
+        with self._lock:
+            assert self.llm is not None
+            self._abort.set(False)
+            self._clear_context()
+            try:
+                yield self.llm
+            finally:
+                self._clear_context()
+
+    # -- type-ahead ----------------------------------------------------------
+    def prefill_ahead(
+        self,
+        persona: Persona,
+        history: Sequence[ChatMessage],
+        draft: str,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> AheadReport | None:
+        ahead = self._ahead
+        if self.llm is None or ahead.turn_waiting.is_set():
+            return None
+        if not self._lock.acquire(blocking=False):
+            return None  # a turn (or a persona switch) has the context
+        epoch = ahead.epoch
+        try:
+            if ahead.stopped(epoch):
+                return None
+            self._abort.set(False)
+            ahead.running = True
+            return self._prefill_ahead(persona, list(history), draft, progress, epoch)
+        except RuntimeError:
+            if self._abort.is_set:
+                return None  # a turn or drop_ahead() interrupted the batch
+            raise
+        finally:
+            ahead.running = False
+            self._lock.release()
+
+    def _prefill_ahead(
+        self,
+        persona: Persona,
+        history: list[ChatMessage],
+        draft: str,
+        progress: Callable[[int, int], None] | None,
+        epoch: int,
+    ) -> AheadReport | None:
+        llm = self.llm
+        assert llm is not None
+        prefix = self.prefix_tokens(persona)
+        live = self._live_tokens()
+        if not prefix or live[: len(prefix)] != prefix:
+            return None  # the persona is being prepared (switch or first turn)
+        target, total = self._ahead_tokens(persona, history, draft)
+        if target[: len(prefix)] != prefix:
+            return None  # the template does not start with the persona prefix
+        self._threads.apply()
+        return self._ahead.prefill(llm, live, target, total, progress, epoch)
+
+    def _ahead_tokens(
+        self, persona: Persona, history: list[ChatMessage], draft: str
+    ) -> tuple[list[int], int]:
+        """(the tokens to prefill for `draft`, the length of its whole prompt).
+
+        All but the last token of the prompt a send of the draft would have,
+        template closing tokens included, so Enter leaves one token to decode.
+        When the user types on, the draft's last tokens may change ("hel" +
+        "lo" is one token) and the closing tokens move: the next call keeps the
+        longest common prefix and re-prefills only the few tokens after it."""
+        try:
+            full = self.fit_prompt(persona, history, draft, persona.sampling.max_tokens)[0]
+        except ChattermError:
+            return [], 0  # the persona alone fills the context: nothing to do ahead
+        return full[:-1], len(full)
+
+    def drop_ahead(self) -> None:
+        if self._ahead.drop():
+            self._abort.set(True)  # stops the batch in progress; cleared by the lock's next user
+
+    def _generate(
+        self, turn: Turn, persona: Persona, history: list[ChatMessage], user_text: str, use_cache: bool
+    ) -> Iterator[str]:
+        # A type-ahead prefill holding the lock stops within its current batch.
+        self._ahead.turn_waiting.set()
+        if self._ahead.running:
+            self._abort.set(True)
+        if not self._lock_for(turn):
+            self._ahead.turn_waiting.clear()
+            busy_with = self._preparing
+            turn.stopped_waiting(
+                f"stopped while waiting for the engine to prepare persona {busy_with!r} (that goes on)"
+                if busy_with is not None else "stopped while waiting for the engine"
+            )
+            return
+        try:
+            turn.engine_started()
+            self._ahead.turn_waiting.clear()
+            if self.llm is None:
+                raise ChattermError("the model is not loaded")
+            if turn.cancelled:
+                turn.stopped_waiting("stopped before the engine started it")
+                return
+            self._abort.set(False)
+            self._running = turn
+            try:
+                yield from self._run_turn(turn, persona, history, user_text, use_cache)
+            except RuntimeError:
+                if not turn.cancelled:
+                    raise
+                # llama_decode returned 2: the prefill was aborted by cancel().
+            finally:
+                self._running = None
+                self._abort.set(False)
+            if turn.cancelled and not turn.metrics.stop_reason:
+                turn.metrics.stop_reason = StopReason.CANCELLED
+        finally:
+            self._lock.release()
+
+    def _lock_for(self, turn: Turn) -> bool:
+        """Take the engine's lock for `turn`; False when the turn is cancelled
+        first. Whoever holds the lock is not stopped: a persona prefill goes on
+        (its state is kept for the next turn), a type-ahead batch was already
+        told to yield."""
+        while not self._lock.acquire(timeout=LOCK_POLL_S):
+            if turn.cancelled:
+                return False
+        return True
+
+    def _run_turn(
+        self, turn: Turn, persona: Persona, history: list[ChatMessage], user_text: str, use_cache: bool
+    ) -> Iterator[str]:
+        llm = self.llm
+        assert llm is not None
+        m = turn.metrics
+        s = persona.sampling
+        llama_cpp.llama_synchronize(llm.ctx)
+        llama_cpp.llama_perf_context_reset(llm.ctx)
+        tokens, m.dropped_turns, notices = self.fit_prompt(persona, history, user_text, s.max_tokens)
+        turn.notices.extend(notices)
+        pp = self.persona_prefix(persona)
+        switch, self._switch_report = self._switch_report, None
+        expect = [Slot.session(self._session)] if self._session is not None else []
+        reuse = self._reuse(tokens, use_cache, expect)
+
+        m.prompt_tokens = len(tokens)
+        m.cached_tokens = reuse.tokens
+        m.prefilled_tokens = len(tokens) - reuse.tokens
+        details = [reuse.label()]
+        if reuse.restored:
+            m.cache_outcome, m.restore_ms = CacheOutcome.RESTORED, reuse.ms
+        elif reuse.tokens >= MIN_REUSE:
+            m.cache_outcome = CacheOutcome.MEMORY
+        else:
+            m.cache_outcome = CacheOutcome.COLD
+        if (switch is not None and switch[0] == persona.fingerprint and reuse.source == "live"
+                and reuse.tokens <= switch[1].tokens):
+            # The persona was made ready when it was switched to: report how, not "memory".
+            prepared = switch[1]
+            if prepared.outcome == CacheOutcome.RESTORED:
+                m.cache_outcome, m.restore_ms = CacheOutcome.RESTORED, prepared.ms
+                m.restore_at_switch = True  # before this turn: not in its TTFT
+            elif prepared.outcome == CacheOutcome.COLD:
+                m.cache_outcome = CacheOutcome.SWITCH
+        if not pp.helps:
+            details.append(pp.reason)
+        details += reuse.misses
+        credit = self._ahead.take(m.cached_tokens if reuse.source == "live" else 0)
+        if credit is not None:
+            m.ahead_tokens, m.ahead_ms = credit
+        m.cache_detail = "; ".join(d for d in details if d)
+        # Prefill what is left, saving the persona prefix on the way when this turn
+        # computes it; generate() then samples from the last batch's logits.
+        t_prefill = time.perf_counter()
+        todo = len(tokens) - llm.n_tokens
+        prefix = pp.tokens
+        prefilled = False
+        try:
+            if (use_cache and self.kv_cache is not None and self.kv_cache.write_error is None and pp.helps
+                    and len(prefix) >= MIN_REUSE and llm.n_tokens < len(prefix) < len(tokens)
+                    and tokens[: len(prefix)] == prefix):
+                part = self._prefill(prefix[llm.n_tokens :], turn, 0, todo, t_prefill)
+                if part.aborted:
+                    return
+                self._keep(Slot.persona(persona.id), {"prefill_ms": part.ms})
+                m.cache_detail = "; ".join(d for d in [*details, "persona prefix saved for next time"] if d)
+            rest = self._prefill(tokens[llm.n_tokens :], turn, todo - (len(tokens) - llm.n_tokens), todo, t_prefill)
+            prefilled = not rest.aborted
+        finally:
+            if not prefilled:
+                # Stopped during the prefill (between batches, or inside one by
+                # the abort callback): the time it ran and the tokens it did.
+                m.prefill_ms = (time.perf_counter() - t_prefill) * 1000.0
+                m.prefilled_tokens = max(llm.n_tokens - m.cached_tokens, 0)
+        if not prefilled:
+            return
+        # Saved = reused tokens at the fastest known prefill rate, net of what the
+        # turn spent getting them: its restore, and the time it waited (for a
+        # type-ahead batch; a persona prefilled at the switch is not reuse at
+        # all: CacheOutcome.SWITCH). A restore at the switch is
+        # either waited for (in wait_ms) or was done before: counted once.
+        # Tokens prefilled ahead were paid for while the user typed. Worked out
+        # after this turn's own prefill, whose rate counts: a fresh process would
+        # otherwise have only the rate stored with the restored state, which may
+        # have been measured while the machine was busy.
+        rate = self._prefill_ms_per_token
+        if rate and m.reused_tokens >= MIN_REUSE:
+            restore = m.restore_ms or 0.0
+            spent = max(m.wait_ms, restore) if m.restore_at_switch else m.wait_ms + restore
+            m.saved_prefill_ms = max(m.reused_tokens * rate - spent, 0.0)
+        notice = self.cache_notice()
+        if notice:
+            turn.notices.append(notice)
+        max_tokens = min(s.max_tokens, llm.n_ctx() - len(tokens))
+
+        decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        if s.temperature > 0:
+            llm.set_seed(s.seed)
+        generator = llm.generate(
+            tokens,
+            top_k=s.top_k,
+            top_p=s.top_p,
+            min_p=s.min_p,
+            temp=s.temperature,
+            repeat_penalty=s.repeat_penalty,
+            reset=True,
+        )
+        try:
+            for token in generator:
+                turn.token_arrived()
+                if m.generated_tokens == 1:
+                    m.prefill_ms = (time.perf_counter() - t_prefill) * 1000.0
+                if llama_cpp.llama_vocab_is_eog(self._vocab, token):
+                    m.stop_reason = StopReason.EOS
+                    break
+                yield decoder.decode(self.token_bytes(token))
+                if turn.cancelled:
+                    m.stop_reason = StopReason.CANCELLED
+                    break
+                if m.generated_tokens >= max_tokens:
+                    m.stop_reason = StopReason.LENGTH
+                    break
+            else:
+                m.stop_reason = StopReason.EOS
+        finally:
+            generator.close()
+            tail = decoder.decode(b"", final=True)
+            if tail:
+                turn.reply += tail
+            perf = llama_cpp.llama_perf_context(llm.ctx)
+            turn.perf = {
+                "t_p_eval_ms": perf.t_p_eval_ms,
+                "n_p_eval": perf.n_p_eval,
+                "t_eval_ms": perf.t_eval_ms,
+                "n_eval": perf.n_eval,
+            }
+
+    def close(self) -> None:
+        self.wait_for_saves()  # every kept state reaches the disk before exit
+        with self._lock:  # never free the model under a running turn
+            if self.llm is not None:
+                self._threads.close()
+                self.llm.close()
+                self.llm = None
+

@@ -1,0 +1,109 @@
+"""Type-ahead bookkeeping of the local engine: prefilling a message while it is typed.
+
+Contract:
+- A `TypeAhead` is one engine's type-ahead state: the current prefill's epoch
+  (`drop()` starts a new one; a prefill of an older epoch stops), whether a
+  prefill is running, whether a turn waits for the context, and what was
+  prefilled ahead since the last turn.
+- `prefill()` brings the context from the tokens it holds to the draft's
+  tokens: it trims to their common prefix and prefills the rest in
+  AHEAD_BATCH-token batches, stopping between batches for a waiting turn or a
+  newer epoch. The caller holds the engine's lock and renders the draft's
+  prompt; it also owns llama.cpp's abort flag, which it raises when `drop()`
+  or a waiting turn finds a prefill running (that stops a batch mid-way).
+- `take()` credits a turn with the tokens it reused that were prefilled ahead
+  (and their time), then forgets them; so does `forget()` when the context is
+  cleared.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import TYPE_CHECKING, Callable
+
+from chatterm.core.cache.tokens import common_prefix_len
+from chatterm.core.engine.interface import AheadReport
+from chatterm.core.engine.local import kv_state
+
+if TYPE_CHECKING:  # a type only: llama_cpp is loaded by the engine
+    import llama_cpp
+
+AHEAD_BATCH = 32
+"""Tokens per type-ahead decode: a turn that starts waits for at most one batch
+(less: it also sets the abort flag, which stops the batch at its next node)."""
+
+
+class _Stop:
+    """`threading.Event`-like, for kv_state.prefill: set for a waiting turn or a newer epoch."""
+
+    def __init__(self, ahead: "TypeAhead", epoch: int):
+        self._ahead = ahead
+        self._epoch = epoch
+
+    def is_set(self) -> bool:
+        return self._ahead.stopped(self._epoch)
+
+
+class TypeAhead:
+    def __init__(self) -> None:
+        self.turn_waiting = threading.Event()
+        """Set while a turn waits for the engine's lock: a prefill yields to it."""
+        self.epoch = 0
+        """Bumped by drop(): a prefill of an older epoch stops."""
+        self.running = False
+        """A prefill holds the context (set by the engine around `prefill`)."""
+        self._from: int | None = None
+        """Context position where prefilling ahead began since the last turn."""
+        self._ms = 0.0
+
+    def stopped(self, epoch: int) -> bool:
+        """A prefill of `epoch` must stop (a turn waits, or it was dropped)."""
+        return self.turn_waiting.is_set() or self.epoch != epoch
+
+    def drop(self) -> bool:
+        """Stop the prefill in progress; True when one is running (its batch needs aborting)."""
+        self.epoch += 1
+        return self.running
+
+    def prefill(
+        self,
+        llm: llama_cpp.Llama,
+        live: list[int],
+        target: list[int],
+        total: int,
+        progress: Callable[[int, int], None] | None,
+        epoch: int,
+    ) -> AheadReport | None:
+        """Make the context (`live`) hold `target`; None when llama.cpp could not trim it."""
+        common = common_prefix_len(live, target)
+        if not kv_state.trim(llm, common):
+            return None  # the context was cleared
+        self._from = common if self._from is None else min(self._from, common)
+        t0 = time.perf_counter()
+        try:
+            kv_state.prefill(
+                llm,
+                target[common:],
+                (lambda p: progress(common + p.done, total)) if progress is not None else None,
+                _Stop(self, epoch),
+                AHEAD_BATCH,
+            )
+        finally:
+            # Interrupted or not, the batches done are ready and their time was spent.
+            ms = (time.perf_counter() - t0) * 1000.0
+            self._ms += ms
+        return AheadReport(llm.n_tokens, total, ms)
+
+    def take(self, reused: int) -> tuple[int, float] | None:
+        """(tokens, ms) of the `reused` live-context tokens that were prefilled
+        ahead, or None; what was prefilled ahead is forgotten either way."""
+        start, ms = self._from, self._ms
+        self.forget()
+        if start is None or reused <= start:
+            return None
+        return reused - start, ms
+
+    def forget(self) -> None:
+        self._from = None
+        self._ms = 0.0

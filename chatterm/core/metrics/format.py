@@ -1,0 +1,160 @@
+"""Human-readable figures for turns and sessions, shared by the TUI and the CLI.
+
+Contract:
+- Pure functions from core objects (`TurnMetrics`, numbers) to plain `str`;
+  no rich/textual markup is produced, so callers render the result literally.
+- `footer_line(metrics)` is THE one-line summary of a turn, e.g.
+  `TTFT 142 ms · 47.9 tok/s · 18 in (1,612 cached) · 96 out · $0.0031 · restored 41 ms`.
+- `printable(text)` makes untrusted text (model output, file contents) inert for
+  a terminal: C0/C1 control characters other than newline and tab become
+  visible symbols, so an ANSI escape sequence is shown, never obeyed.
+- No arithmetic on metrics beyond unit conversion: rates, costs and savings come
+  from `TurnMetrics` / `SessionSummary` themselves.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING
+
+from chatterm.core.metrics.turn_metrics import CacheOutcome, StopReason, TurnMetrics
+
+if TYPE_CHECKING:  # the engine module (and what it imports) is not needed at run time
+    from chatterm.core.engine.interface import PrefillProgress
+
+SEP = " · "
+
+# C0 controls except \t and \n, DEL, and C1 controls (U+0080..U+009F: 8-bit CSI
+# and friends, which some terminals still obey).
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def _control_picture(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    if code < 0x20:
+        return chr(0x2400 + code)  # U+2400 block: ␀ .. ␟, e.g. ESC -> ␛
+    if code == 0x7F:
+        return "\u2421"  # ␡
+    return f"\\x{code:02x}"
+
+
+def printable(text: str) -> str:
+    """`text` with control characters (ANSI escapes included) made visible and inert."""
+    text = text.replace("\r\n", "\n")
+    return _CONTROL.sub(_control_picture, text)
+
+
+def fmt_int(n: int | None) -> str:
+    return "–" if n is None else f"{n:,}"
+
+
+def fmt_ms(ms: float | None) -> str:
+    """`142 ms` below ten seconds' worth of precision, `12.4 s` above."""
+    if ms is None:
+        return "–"
+    if ms < 10_000:
+        return f"{ms:,.0f} ms"
+    return f"{ms / 1000.0:,.1f} s"
+
+
+def fmt_tok_s(rate: float | None) -> str:
+    return "– tok/s" if rate is None else f"{rate:,.1f} tok/s"
+
+
+def fmt_usd(usd: float | None) -> str:
+    """Dollars with enough digits to tell a local turn's fractions of a cent apart."""
+    if usd is None:
+        return "–"
+    if usd == 0:
+        return "$0"
+    if usd >= 1:
+        return f"${usd:,.2f}"
+    if usd >= 0.0001:
+        return f"${usd:.4f}"
+    return f"${usd:.6f}"
+
+
+NOTICED_WAIT_MS = 100.0
+"""A wait for the engine this long is one the user noticed: the labels say so."""
+
+
+def cache_label(m: TurnMetrics) -> str:
+    """Where the prompt prefix came from, with its cost in time when there was one."""
+    match m.cache_outcome:
+        case CacheOutcome.RESTORED:
+            return f"restored {fmt_ms(m.restore_ms)}" if m.restore_ms is not None else "restored"
+        case CacheOutcome.MEMORY:
+            return "prefix in memory"
+        case CacheOutcome.SWITCH:
+            if m.wait_ms >= NOTICED_WAIT_MS:  # Enter came during that prefill
+                return f"persona prefilled at the switch, waited {fmt_ms(m.wait_ms)}"
+            return "persona prefilled before the turn"
+        case CacheOutcome.COLD:
+            return f"cold prefill {fmt_ms(m.prefill_ms)}"
+        case CacheOutcome.SERVER:
+            return "server cache" if m.cached_tokens else "server (no cache hit)"
+        case CacheOutcome.NONE:
+            return "stopped while waiting"
+    return str(m.cache_outcome)
+
+
+_PREFIX_OUTCOMES = {
+    CacheOutcome.RESTORED: "restored from disk",
+    CacheOutcome.MEMORY: "already in memory",
+    CacheOutcome.COLD: "prefilled cold",
+    CacheOutcome.SWITCH: "prefilled cold",
+    CacheOutcome.SERVER: "served remotely",
+}
+
+
+def prefix_outcome_label(outcome: CacheOutcome, ms: float, tokens: int) -> str:
+    """A `PrefixReport` (persona made ready) in words."""
+    what = _PREFIX_OUTCOMES.get(outcome, str(outcome))
+    if outcome == CacheOutcome.SERVER:
+        return what
+    return f"{what} in {fmt_ms(ms)} ({fmt_int(tokens)} tokens)"
+
+
+_STOP_LABELS = {
+    StopReason.CANCELLED: "stopped",
+    StopReason.LENGTH: "max tokens reached",
+    StopReason.ERROR: "error",
+}
+
+
+def stop_label(m: TurnMetrics) -> str:
+    return _STOP_LABELS.get(m.stop_reason, "")
+
+
+def prefill_progress_line(p: PrefillProgress) -> str:
+    """"prefilling 1,024 / 30,000 tokens · 256 tok/s · 1m 53s left"."""
+    line = f"prefilling {p.done:,} / {p.total:,} tokens"
+    if p.rate > 0:
+        line += f" · {p.rate:,.0f} tok/s"
+    if p.eta_s is not None:
+        minutes, seconds = divmod(int(round(p.eta_s)), 60)
+        line += f" · {minutes}m {seconds:02d}s left" if minutes else f" · {seconds}s left"
+    return line
+
+
+def footer_line(m: TurnMetrics) -> str:
+    """The one-line summary printed under a reply (TUI) or after it (`chatterm ask`)."""
+    approx = "~" if m.tokens_estimated else ""
+    parts = [f"TTFT {fmt_ms(m.ttft_ms)}"]
+    if m.decode_tok_s is not None:
+        parts.append(fmt_tok_s(m.decode_tok_s))
+    tokens_in = f"{approx}{fmt_int(m.prefilled_tokens)} in"
+    if m.ahead_tokens:
+        tokens_in += f" ({fmt_int(m.reused_tokens)} cached, {fmt_int(m.ahead_tokens)} typed ahead)"
+    elif m.cached_tokens:
+        tokens_in += f" ({approx}{fmt_int(m.cached_tokens)} cached)"
+    parts.append(tokens_in)
+    parts.append(f"{approx}{fmt_int(m.generated_tokens)} out")
+    parts.append(fmt_usd(m.cost_usd))
+    if m.energy_wh is not None:
+        parts.append(f"{m.energy_wh:.3f} Wh")
+    parts.append(cache_label(m))
+    stop = stop_label(m)
+    if stop and m.cache_outcome != CacheOutcome.NONE:  # its cache label already says it stopped
+        parts.append(stop)
+    return SEP.join(parts)

@@ -1,0 +1,394 @@
+"""The conversation pane: user messages, assistant replies, notices.
+
+Contract:
+- Everything shown is literal: texts pass through `core.format.printable` and
+  become `Content` (user text, notices), rich `Text` (a reply's name and
+  footer) or rich Markdown without links (`hyperlinks=False`); Markdown
+  parsing never interprets console markup such as `[bold]`.
+- A reply is ONE widget that draws its own lines, renders Markdown while it
+  streams and costs a bounded amount per write however long it gets
+  (`AssistantReply`): a turn is two widgets in the layout, where a Textual
+  Markdown tree would keep ~224 alive for a 2,000-token reply.
+- Under each reply, a footer line from `core.format.footer_line`.
+- A resumed session mounts its last turns only; older ones are paged in from
+  the store as the user scrolls up (`ConversationView`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable, Sequence
+
+from rich.console import Console
+from rich.markdown import Markdown as RichMarkdown
+from rich.segment import Segment
+from rich.text import Text
+from textual.containers import VerticalScroll
+from textual.content import Content
+from textual.geometry import Size
+from textual.message import Message
+from textual.strip import Strip
+from textual.widget import Widget
+from textual.widgets import Static
+
+from chatterm.core.metrics.format import footer_line, printable
+from chatterm.core.metrics.turn_metrics import StopReason, TurnMetrics
+
+if TYPE_CHECKING:
+    from chatterm.core.store.session_store import TurnRecord
+
+OlderTurns = Callable[[int, int], Sequence["TurnRecord"]]
+"""(before turn index, limit) -> up to `limit` older turns, oldest first."""
+
+USER_DISPLAY_CHARS = 4_000
+"""A huge paste is sent whole but shown shortened: wrapping 100,000 characters
+on every resize would freeze the pane for nothing."""
+
+
+def literal(text: str) -> Content:
+    return Content(printable(text))
+
+
+def shortened(text: str, limit: int = USER_DISPLAY_CHARS) -> str:
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}\n… ({len(text) - limit:,} more characters not shown)"
+
+
+class MarkdownLines:
+    """Markdown rendered to lines once per width; more can be appended without
+    rendering again what is already there.
+
+    A `Static` holding rich Markdown renders all of it twice per change (once
+    to measure its height, once to draw); this renders each appended part once
+    (rich Markdown: no links, no console markup) and keeps the lines until the
+    width changes. Parts must be whole top-level blocks: they are rendered
+    separately with a blank line between them, as Markdown separates blocks.
+    """
+
+    def __init__(self, text: str = "") -> None:
+        self._parts: list[str] = [text] if text else []
+        self._lines: list[Strip] = []
+        self._width = 0
+
+    @property
+    def source(self) -> str:
+        return "".join(self._parts)
+
+    def append(self, text: str, console: Console) -> None:
+        if not text:
+            return
+        self._parts.append(text)
+        if self._width:
+            self._lines += render_markdown(text, self._width, console, first=len(self._parts) == 1)
+
+    def lines(self, width: int, console: Console) -> list[Strip]:
+        if width != self._width:
+            self._width = width
+            self._lines = [
+                line
+                for index, part in enumerate(self._parts)
+                for line in render_markdown(part, width, console, first=index == 0)
+            ]
+        return self._lines
+
+
+def render_markdown(text: str, width: int, console: Console, first: bool = True) -> list[Strip]:
+    """Printable Markdown as lines `width` wide (a blank line first unless `first`)."""
+    lines = console.render_lines(_markdown(text), console.options.update_width(max(width, 1)), pad=False)
+    strips = Strip.from_lines(lines)
+    return strips if first else [Strip.blank(0), *strips]
+
+
+class UserMessage(Static):
+    def __init__(self, text: str) -> None:
+        super().__init__(literal(shortened(text)))
+
+
+class Notice(Static):
+    """A one-line message in the conversation (dropped turns, persona switch, errors)."""
+
+    def __init__(self, text: str, kind: str = "info") -> None:
+        super().__init__(literal(text), classes=f"-{kind}")
+
+
+class AssistantReply(Widget):
+    """One reply, one widget: the persona's name, the Markdown, the footer.
+
+    It draws its own lines (Textual's line API), so a conversation costs the
+    layout two widgets per turn. While streaming, finished top-level blocks are
+    rendered once and appended (`MarkdownLines`); only the block still being
+    written is rendered again on each write. So a write costs what it brings
+    plus one block, however long the reply already is. (Textual's `Markdown`
+    widget mounts a widget per block and re-lays them out on every append:
+    150-270 ms frames on a 2-core machine, and tens of thousands of objects
+    for the collector to sweep after a long reply.)
+    Title and footer take their style from the component classes
+    `reply--who` and `reply--meta` (the stylesheet, so themes apply).
+    """
+
+    COMPONENT_CLASSES = {"reply--who", "reply--meta"}
+    PAD = 1
+    """Columns left and right of the text and the footer."""
+
+    def __init__(
+        self,
+        title: str,
+        text: str = "",
+        metrics: TurnMetrics | None = None,
+        streaming: bool = False,
+    ) -> None:
+        super().__init__()
+        self._title = printable(title)
+        self._metrics = metrics
+        self._streaming = streaming
+        self._body = MarkdownLines(printable(text))
+        self._live = ""
+        """Text of the unfinished last block (rendered again on each write)."""
+        self._live_lines: tuple[int, list[Strip]] | None = None
+        self._cache: tuple[int, list[Strip]] | None = None
+
+    # -- what it shows, as text (tests and the benchmarks read these) -----------
+    @property
+    def title_text(self) -> str:
+        return self._text_of(self._title_lines(self._width()))
+
+    @property
+    def body_text(self) -> str:
+        return self._text_of(self._body_lines(self._width()))
+
+    @property
+    def footer_text(self) -> str:
+        return self._text_of(self._footer_lines(self._width()))
+
+    @staticmethod
+    def _text_of(lines: list[Strip]) -> str:
+        return "\n".join(line.text.rstrip() for line in lines)
+
+    def _width(self) -> int:
+        return self.size.width or 80
+
+    # -- streaming ----------------------------------------------------------------
+    async def write(self, text: str) -> None:
+        """Append streamed text (the caller batches what arrived since its last write)."""
+        if not self._streaming or not text:
+            return
+        self._live += printable(text)
+        cut = settled_length(self._live)
+        if cut > 0:
+            done, self._live = self._live[:cut], self._live[cut:]
+            self._body.append(done, self.app.console)
+        self._live_lines = None
+        self._changed()
+
+    async def stop_stream(self) -> None:
+        """Stop taking writes (the conversation is being cleared)."""
+        self._streaming = False
+
+    async def finish(self, text: str, metrics: TurnMetrics) -> None:
+        """Stop streaming; the text stays as streamed; show the final footer."""
+        self._streaming = False
+        self._metrics = metrics
+        shown = printable(text)
+        if shown == self._body.source + self._live:
+            self._body.append(self._live, self.app.console)
+        else:
+            # The engine's final text differs from what streamed (it never
+            # should): show the final text whole.
+            self._body = MarkdownLines(shown)
+        self._live = ""
+        self._live_lines = None
+        self.set_class(metrics.stop_reason == StopReason.CANCELLED, "-stopped")
+        self.set_class(metrics.stop_reason == StopReason.ERROR, "-error")
+        self._changed()
+
+    def _changed(self) -> None:
+        self._cache = None
+        self.refresh(layout=True)
+
+    # -- drawing ---------------------------------------------------------------------
+    def notify_style_update(self) -> None:
+        self._cache = None  # title and footer colours come from the theme
+        super().notify_style_update()
+
+    def _title_lines(self, width: int) -> list[Strip]:
+        style = self.get_component_rich_style("reply--who")
+        return self._text_lines(Text(self._title, style=style), width, pad=0)
+
+    def _footer_lines(self, width: int) -> list[Strip]:
+        if self._metrics is not None:
+            footer = footer_line(self._metrics)
+        else:
+            footer = "…" if self._streaming else ""
+        if not footer:
+            return []
+        style = self.get_component_rich_style("reply--meta")
+        return self._text_lines(Text(printable(footer), style=style), width, pad=self.PAD)
+
+    def _text_lines(self, text: Text, width: int, pad: int) -> list[Strip]:
+        console = self.app.console
+        lines = console.render_lines(text, console.options.update_width(max(width - 2 * pad, 1)), pad=False)
+        return [Strip([Segment(" " * pad), *line]) if pad else Strip(line) for line in lines]
+
+    def _body_lines(self, width: int) -> list[Strip]:
+        inner = max(width - 2 * self.PAD, 1)
+        console = self.app.console
+        lines = self._body.lines(inner, console)
+        if self._live.strip():
+            if self._live_lines is None or self._live_lines[0] != inner:
+                self._live_lines = (inner, render_markdown(self._live, inner, console, first=not lines))
+            lines = lines + self._live_lines[1]
+        elif not lines and not self._streaming:
+            lines = [Strip([Segment("(no text)")])]
+        return [Strip([Segment(" " * self.PAD), *line]) for line in lines]
+
+    def _all_lines(self, width: int) -> list[Strip]:
+        if self._cache is None or self._cache[0] != width:
+            lines = self._title_lines(width) + self._body_lines(width) + self._footer_lines(width)
+            self._cache = (width, lines)
+        return self._cache[1]
+
+    def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
+        return len(self._all_lines(width))
+
+    def render_line(self, y: int) -> Strip:
+        width = self.size.width
+        lines = self._all_lines(width)
+        style = self.rich_style
+        if y >= len(lines):
+            return Strip.blank(width, style)
+        return lines[y].crop_extend(0, width, style).apply_style(style)
+
+
+def _markdown(text: str) -> RichMarkdown:
+    """Printable text as Markdown: no console markup, no links that open."""
+    return RichMarkdown(text, hyperlinks=False)
+
+
+_parser = None
+
+
+def settled_length(source: str) -> int:
+    """Length of the leading part of `source` made of finished top-level blocks.
+
+    The last top-level block may still grow (a paragraph, a list, an open code
+    fence), so everything before the line it starts on is settled.
+    """
+    global _parser
+    if _parser is None:
+        from markdown_it import MarkdownIt
+
+        _parser = MarkdownIt("gfm-like")
+    starts = [t.map[0] for t in _parser.parse(source) if t.level == 0 and t.map is not None]
+    if len(starts) < 2:
+        return 0
+    lines = source.splitlines(keepends=True)
+    return sum(len(line) for line in lines[: starts[-1]])
+
+
+class ConversationView(VerticalScroll):
+    """The scrolling list of messages; it follows the bottom while a reply streams.
+
+    A resumed session shows its last turns only (`show_records`); scrolling
+    near the top pages older turns in from the store, `PAGE_TURNS` at a time,
+    mounted above the first message while the view keeps the user's place.
+    """
+
+    class OlderShown(Message):
+        """A page of older turns was mounted (a good moment to collect garbage)."""
+
+    PAGE_TURNS = 4
+    LOAD_MARGIN = 3
+    """Rows from the top at which the next older page is read."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self._older: "OlderTurns | None" = None
+        self._oldest_index: int | None = None
+        self._older_title = ""
+        self._loading_older = False
+
+    def on_mount(self) -> None:
+        self.anchor()
+
+    @property
+    def has_older(self) -> bool:
+        """Older turns exist in the store that are not mounted yet."""
+        return self._older is not None
+
+    async def show_records(self, title: str, records: Sequence["TurnRecord"],
+                           older: "OlderTurns | None" = None) -> None:
+        """Show stored turns (oldest first); `older` reads the turns before them."""
+        self._older_title = title
+        self._oldest_index = records[0].index if records else None
+        self._older = older if records else None
+        await self.mount_all(_record_widgets(title, records))
+        self.call_after_refresh(self._maybe_load_older)
+
+    def watch_scroll_y(self, old_value: float, new_value: float) -> None:
+        super().watch_scroll_y(old_value, new_value)
+        if new_value <= self.LOAD_MARGIN and self._older is not None:
+            self.call_later(self._maybe_load_older)
+
+    async def _maybe_load_older(self) -> None:
+        """Mount the previous page when the user is at the top (or nothing scrolls yet)."""
+        if self._older is None or self._loading_older or self._oldest_index is None:
+            return
+        if self.scroll_y > self.LOAD_MARGIN and self.max_scroll_y > 0:
+            return
+        self._loading_older = True
+        try:
+            records = self._older(self._oldest_index, self.PAGE_TURNS)
+            if len(records) < self.PAGE_TURNS:
+                self._older = None
+            if not records:
+                return
+            self._oldest_index = records[0].index
+            height_before = self.virtual_size.height
+            await self.mount_all(_record_widgets(self._older_title, records), before=0)
+            # Keep the user's place: what they looked at moved down by the
+            # height of what was mounted above it.
+            self.call_after_refresh(self._keep_place, height_before)
+            self.post_message(self.OlderShown())
+        finally:
+            self._loading_older = False
+
+    async def _keep_place(self, height_before: int) -> None:
+        added = self.virtual_size.height - height_before
+        if added > 0 and self._anchor_released:
+            # A scroll still animating towards the top (Home, a fling) would
+            # drag the view up again and page in the whole session.
+            await self.app.animator.stop_animation(self, "scroll_y", complete=False)
+            self.scroll_to(y=self.scroll_y + added, animate=False, immediate=True)
+        self.call_after_refresh(self._maybe_load_older)
+
+    async def add_user(self, text: str) -> UserMessage:
+        widget = UserMessage(text)
+        await self.mount(widget)
+        return widget
+
+    async def add_reply(self, title: str, *, text: str = "", metrics: TurnMetrics | None = None,
+                        streaming: bool = False) -> AssistantReply:
+        widget = AssistantReply(title, text, metrics, streaming)
+        await self.mount(widget)
+        self.anchor()
+        return widget
+
+    async def add_notice(self, text: str, kind: str = "info") -> Notice:
+        widget = Notice(text, kind)
+        await self.mount(widget)
+        return widget
+
+    async def clear(self) -> None:
+        self._older = None
+        self._oldest_index = None
+        for reply in self.query(AssistantReply):
+            await reply.stop_stream()
+        await self.remove_children()
+
+
+def _record_widgets(title: str, records: Sequence["TurnRecord"]) -> list[Widget]:
+    widgets: list[Widget] = []
+    for record in records:
+        widgets.append(UserMessage(record.user_text))
+        widgets.append(AssistantReply(title, record.reply, record.metrics))
+    return widgets

@@ -1,0 +1,58 @@
+"""`chatterm cache ls | clear | verify` as a user runs them, on real state files."""
+
+from __future__ import annotations
+
+from chatterm.core.cache.prompt_cache import PromptCache, Slot
+from tests.cli.test_cli_core import chatterm
+
+COMPAT = {"model_sha256": "ab" * 32}
+
+
+def seed(tmp_path) -> PromptCache:
+    cache = PromptCache(tmp_path / "cache" / "kv")
+    cache.save("smollm2-135m", Slot.persona("quick"), list(range(40)), bytes(300_000), COMPAT)
+    cache.save("smollm2-135m", Slot.persona("terse-coder"), list(range(50)), bytes(300_000), COMPAT)
+    cache.save("smollm2-135m", Slot.session(7), list(range(900)), bytes(2_000_000), COMPAT)
+    return cache
+
+
+def test_ls_shows_kind_tokens_bytes_and_tier(tmp_path):
+    seed(tmp_path)
+    listing = chatterm(tmp_path, "cache", "ls", COLUMNS="200")
+    assert listing.returncode == 0, listing.stderr
+    rows = {line.split("│")[1].strip(): line for line in listing.stdout.splitlines() if "│" in line}
+    assert set(rows) >= {"persona quick", "persona terse-coder", "session 7"}
+    session = [cell.strip() for cell in rows["session 7"].split("│")]
+    size = (tmp_path / "cache" / "kv" / "smollm2-135m" / "session-7.kvstate").stat().st_size
+    assert session[2:6] == ["smollm2-135m", "900", f"{size:,}", "disk"]
+    assert session[7] == "ok"
+
+
+def test_clear_takes_either_kind_one_persona_or_one_session(tmp_path):
+    seed(tmp_path)
+    assert "removed 1 state file" in chatterm(tmp_path, "cache", "clear", "--session", "7").stdout
+    bad = chatterm(tmp_path, "cache", "clear", "--session", "7")
+    assert bad.returncode == 2 and "no cached state for session '7'" in bad.stderr
+    assert "removed 1 state file" in chatterm(tmp_path, "cache", "clear", "quick").stdout
+    seed(tmp_path)
+    assert "removed 2 state files" in chatterm(tmp_path, "cache", "clear", "--kind", "persona").stdout
+    listing = chatterm(tmp_path, "cache", "ls", COLUMNS="200").stdout
+    assert "session 7" in listing and "persona" not in listing.replace("Prompt cache", "")
+    assert "removed 1 state file" in chatterm(tmp_path, "cache", "clear").stdout
+    assert "No cached states" in chatterm(tmp_path, "cache", "ls").stdout
+    mixed = chatterm(tmp_path, "cache", "clear", "quick", "--session", "7")
+    assert mixed.returncode == 2 and "not both" in mixed.stderr
+
+
+def test_verify_checks_payload_sha256_and_exits_1_on_a_bad_file(tmp_path):
+    cache = seed(tmp_path)
+    good = chatterm(tmp_path, "cache", "verify")
+    assert good.returncode == 0 and "3 of 3 state files verified" in good.stdout
+    path = cache.path_for("smollm2-135m", Slot.session(7))
+    data = bytearray(path.read_bytes())
+    data[-10] ^= 0x01
+    path.write_bytes(bytes(data))
+    bad = chatterm(tmp_path, "cache", "verify")
+    assert bad.returncode == 1
+    assert "BAD session 7 · smollm2-135m: payload sha256 mismatch" in bad.stdout
+    assert "2 of 3 state files verified" in bad.stdout

@@ -1,0 +1,207 @@
+"""Command-line input the commands check before they chat: where the database
+is, export file names, counts, --models, skipped persona files. Real SQLite
+files and `chatterm.cli.main`; none of it loads a model."""
+
+from __future__ import annotations
+
+import pytest
+
+from chatterm.cli import main
+from tests.core.report.test_export import build_sample, one_line_error
+
+# Every command that opens the database; `launch --resume` gets to the store
+# without a terminal, which a plain `launch` needs first.
+DB_COMMANDS = [["sessions"], ["export"], ["ask", "hi"], ["launch"], ["launch", "--resume"]]
+
+
+# -- --db and $CHATTERM_DB ------------------------------------------------------------
+@pytest.mark.parametrize("command", DB_COMMANDS, ids=" ".join)
+def test_a_named_database_in_a_missing_folder_is_an_error_that_creates_nothing(tmp_path, monkeypatch, capsys, command):
+    db = tmp_path / "missing" / "x.db"
+    assert main([*command, "--db", str(db)]) == 2
+    assert one_line_error(capsys) == (
+        f"chatterm: error: --db {db}: folder {db.parent} does not exist; create it first or choose another path"
+    )
+    monkeypatch.setenv("CHATTERM_DB", str(db))
+    assert main(command) == 2
+    assert f"$CHATTERM_DB {db}: folder {db.parent} does not exist" in one_line_error(capsys)
+    assert not db.parent.exists()
+
+
+def test_a_named_database_in_the_data_folder_works_before_the_folder_exists(tmp_path, monkeypatch, capsys):
+    db = tmp_path / "data" / "chatterm.db"  # the autouse fixture's CHATTERM_DATA_DIR, not created yet
+    assert not db.parent.exists()
+    monkeypatch.setenv("CHATTERM_DB", str(db))
+    assert main(["sessions"]) == 0
+    assert "No sessions yet" in capsys.readouterr().out
+    monkeypatch.delenv("CHATTERM_DB")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert main(["sessions", "--db=~/data/chatterm.db"]) == 0  # ~ expanded, as for $CHATTERM_DB
+    assert f"No sessions yet in {db}" in capsys.readouterr().out
+
+
+def test_a_named_database_under_a_file_says_the_file_is_not_a_folder(tmp_path, capsys):
+    (tmp_path / "notes").write_text("a file")
+    assert main(["sessions", "--db", str(tmp_path / "notes" / "x.db")]) == 2
+    assert f"{tmp_path / 'notes'} is not a folder" in one_line_error(capsys)
+
+
+def test_a_missing_database_file_in_an_existing_folder_is_still_no_sessions_yet(tmp_path, capsys):
+    db = tmp_path / "new.db"
+    assert main(["sessions", "--db", str(db)]) == 0
+    assert "No sessions yet" in capsys.readouterr().out
+    assert not db.exists()
+
+
+def test_a_directory_as_database_is_the_same_line_for_every_command(tmp_path, capsys):
+    folder = tmp_path / "dbdir"
+    folder.mkdir()
+    lines = set()
+    for command in DB_COMMANDS[:3] + DB_COMMANDS[4:]:
+        assert main([*command, "--db", str(folder)]) == 2, command
+        lines.add(one_line_error(capsys))
+    assert lines == {
+        f"chatterm: error: {folder} is a directory, not a database file; "
+        f"pass --db {folder / 'chatterm.db'} to keep the database in it"
+    }
+    assert list(folder.iterdir()) == []
+
+
+# -- export -o FILE -------------------------------------------------------------------
+def test_an_export_suffix_that_names_no_format_is_an_error_and_writes_nothing(tmp_path, capsys):
+    db = tmp_path / "s.db"
+    first, _ = build_sample(db)
+    out = tmp_path / "out"
+    out.mkdir()
+    assert main(["--db", str(db), "export", str(first), "-o", str(out / "r.pdf")]) == 2
+    assert one_line_error(capsys) == (
+        f"chatterm: error: {out / 'r.pdf'}: '.pdf' is not an export suffix (.jsonl .json .csv .md .html .htm); "
+        "pass --format jsonl|csv|md|html to write it anyway"
+    )
+    assert list(out.iterdir()) == []
+    # --format says what the file holds, whatever its name.
+    assert main(["--db", str(db), "export", str(first), "--format", "md", "-o", str(out / "r.pdf")]) == 0
+    assert (out / "r.pdf").read_text(encoding="utf-8").startswith("# ")
+    # No suffix is JSONL; a known suffix counts in any case.
+    assert main(["--db", str(db), "export", str(first), "-o", str(out / "r")]) == 0
+    assert (out / "r").read_text().startswith('{"session_id":')
+    assert main(["--db", str(db), "export", str(first), "-o", str(out / "R.HTM")]) == 0
+    assert (out / "R.HTM").read_text(encoding="utf-8").startswith("<!DOCTYPE html>")
+
+
+# -- counts ---------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (["sessions", "-n", "0"], "--limit must be at least 1 (got 0)"),
+        (["sessions", "--limit", "-1"], "--limit must be at least 1 (got -1)"),
+        (["bench", "--runs", "0"], "--runs must be at least 1 (got 0)"),
+        (["bench", "--max-tokens", "-2"], "--max-tokens must be at least 1 (got -2)"),
+    ],
+)
+def test_a_count_below_1_is_an_error_not_everything(tmp_path, capsys, args, line):
+    db = tmp_path / "s.db"
+    build_sample(db)
+    assert main([*args, "--db", str(db)]) == 2
+    assert one_line_error(capsys) == f"chatterm: error: {line}"
+
+
+# -- --models FILE --------------------------------------------------------------------
+@pytest.mark.parametrize("command", [["sessions"], ["export", "--all"], ["export", "--all", "--format", "csv"]],
+                         ids=" ".join)
+def test_a_named_models_file_that_is_missing_or_broken_is_an_error_for_the_database_readers(
+    tmp_path, capsys, command
+):
+    db = tmp_path / "s.db"
+    build_sample(db)
+    missing = tmp_path / "nonexist.toml"
+    assert main(["--models", str(missing), *command, "--db", str(db)]) == 2
+    assert one_line_error(capsys) == f"chatterm: error: {missing}: file not found"
+    broken = tmp_path / "broken.toml"
+    broken.write_text("[models.x\n")
+    assert main(["--models", str(broken), *command, "--db", str(db)]) == 2
+    assert f"{broken}: invalid TOML" in one_line_error(capsys)
+
+
+def test_sessions_warns_about_a_named_models_files_skipped_entries_like_every_command(tmp_path, capsys):
+    db = tmp_path / "s.db"
+    build_sample(db)
+    models = tmp_path / "models.toml"
+    models.write_text(
+        '[defaults]\nmodel = "m"\n[prices.p]\ninput = 1.0\noutput = 2.0\nas_of = "2025-01-01"\n'
+        '[models.m]\nsource = "m.gguf"\nprice_profile = "p"\n'
+        '[models.bad]\nsource = "b.gguf"\nprice_profile = "p"\nn_ctx = "big"\n'
+    )
+    assert main(["--models", str(models), "sessions", "--db", str(db)]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("chatterm: warning: skipped: ") and "[models.bad] n_ctx" in err[0]
+
+
+# -- skipped persona files -----------------------------------------------------------
+@pytest.fixture
+def broken_personas(isolated_dirs):
+    """Two broken persona files: invalid TOML, and a wrong type."""
+    folder = isolated_dirs["CHATTERM_CONFIG_DIR"] / "personas"
+    folder.mkdir(parents=True)
+    (folder / "unclosed.toml").write_text('name = "Unclosed"\nsystem_prompt = """never closed\n')
+    (folder / "typed.toml").write_text('system_prompt = "You help."\n[sampling]\ntemperature = "hot"\n')
+    return folder
+
+
+def warnings_of(err: str) -> list[str]:
+    return [line for line in err.splitlines() if line.startswith("chatterm: warning: skipped: ")]
+
+
+def test_skipped_persona_files_are_warned_about_once_by_commands_that_load_personas(broken_personas, capsys):
+    unclosed, typed = broken_personas / "unclosed.toml", broken_personas / "typed.toml"
+    # ask with the default persona: it ends at the empty message, after loading the personas.
+    assert main(["ask", ""]) == 2
+    err = capsys.readouterr().err
+    warned = warnings_of(err)
+    assert len(warned) == 2 and len(err.splitlines()) == 3
+    assert f"{typed}: " in warned[0] and "temperature" in warned[0]
+    assert f"{unclosed}: invalid TOML" in warned[1] and "line" in warned[1]
+    # Asking for a skipped persona: its line is the error, not also a warning.
+    assert main(["ask", "--persona", "typed", "hi"]) == 2
+    err = capsys.readouterr().err
+    assert err.count(str(typed)) == 1 and err.splitlines()[-1].startswith(f"chatterm: error: {typed}: ")
+    assert [str(unclosed) in line for line in warnings_of(err)] == [True]
+    # paths lists what it loaded and warns like the others (on stderr, not also on stdout).
+    assert main(["paths"]) == 0
+    captured = capsys.readouterr()
+    assert len(warnings_of(captured.err)) == 2
+    assert "unclosed.toml" not in captured.out and "typed.toml" not in captured.out
+    # cache clear PERSONA loads no persona: every skipped file is warned about.
+    assert main(["cache", "clear", "typed"]) == 2  # nothing cached for it
+    assert len(warnings_of(capsys.readouterr().err)) == 2
+
+
+def test_verbose_logs_chatterm_detail_without_markdown_it_s_rule_trace(tmp_path):
+    import subprocess
+    import sys
+
+    from tests.conftest import subprocess_env
+
+    code = (
+        "import contextlib, io, logging\n"
+        "from chatterm.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    main(['-v', 'paths'])\n"
+        "print(logging.getLogger('chatterm').isEnabledFor(logging.DEBUG),"
+        " logging.getLogger('markdown_it.rules_block.hr').isEnabledFor(logging.DEBUG))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=subprocess_env(tmp_path))
+    assert out.stdout.split() == ["True", "False"], out.stderr
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["export", "abc"], "argument ID: invalid int value: 'abc' (see `chatterm export --help`)"),
+    (["ask", "--session", "x", "hi"], "argument --session: invalid int value: 'x'"),
+    (["bogus"], "invalid choice: 'bogus'"),
+])
+def test_a_usage_error_is_one_line_too(argv, words, capsys):
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("chatterm: error: ") and words in err

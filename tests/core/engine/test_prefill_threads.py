@@ -1,0 +1,98 @@
+"""Prefill threads follow the load of other processes (BatchThreads over OtherLoad),
+measured on the real machine with real busy processes and the real default model."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from chatterm.core.config.catalog import load_catalog
+from chatterm.core.engine.local.model import BatchThreads, open_model
+from chatterm.core.system.machine import OtherLoad
+
+pytestmark = pytest.mark.skipif(
+    not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2 or not os.path.exists("/proc/stat"),
+    reason="needs Linux /proc/stat and at least 2 cores",
+)
+
+SETTLE_S = 1.6  # OtherLoad keeps the larger of two 0.5 s windows
+
+
+def settled(load: OtherLoad) -> float:
+    time.sleep(SETTLE_S)
+    assert load.cores is not None
+    return load.cores
+
+
+def test_other_processes_count_and_this_process_does_not():
+    load = OtherLoad().start()
+    try:
+        stop = threading.Event()
+
+        def spin() -> None:
+            while not stop.is_set():
+                pass
+
+        spinner = threading.Thread(target=spin)
+        spinner.start()  # a core kept busy by this process
+        try:
+            own_busy = settled(load)
+        finally:
+            stop.set()
+            spinner.join()
+        hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        try:
+            other_busy = settled(load)
+        finally:
+            hog.kill()
+            hog.wait()
+    finally:
+        load.stop()
+    assert other_busy >= 0.6, (own_busy, other_busy)
+    assert own_busy <= other_busy - 0.5, (own_busy, other_busy)
+
+
+def test_work_at_a_lower_priority_is_not_counted():
+    if os.getpriority(os.PRIO_PROCESS, 0) > 0:
+        pytest.skip("this test process is niced itself")
+    load = OtherLoad().start()
+    hog = subprocess.Popen([sys.executable, "-c", "import os; os.nice(19)\nwhile True: pass"])
+    try:
+        niced_busy = settled(load)
+    finally:
+        hog.kill()
+        hog.wait()
+        load.stop()
+    # It takes a whole idle core, yet yields to chatterm's threads whenever they run.
+    assert niced_busy < 0.5
+
+
+def test_prefill_gives_a_busy_core_back_and_a_fixed_count_stays():
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    time.sleep(0.2)  # the busy loop is running
+    try:
+        adaptive = BatchThreads()  # as the engine does: sampling starts before the load
+        llm = open_model(load_catalog(None).get(None)).llm
+        adaptive.bind(llm)
+        most = llm.n_threads_batch
+        threads = adaptive.apply()  # the first prefill, right after the load (no full window yet)
+        assert 1 <= threads <= min(most, len(os.sched_getaffinity(0)) - 1) and threads == adaptive.current
+    finally:
+        hog.kill()
+        hog.wait()
+        adaptive.close()
+    fixed = BatchThreads(adaptive=False)
+    fixed.bind(llm)
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(SETTLE_S)
+        assert fixed.apply() == most  # models.toml n_threads_batch: never adapted
+    finally:
+        hog.kill()
+        hog.wait()
+        llm.close()

@@ -1,0 +1,174 @@
+"""Chat template resolution and the persona's shareable prefix, on real templates
+of several families, tokenized with the real default model's vocabulary."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import llama_cpp
+import pytest
+from llama_cpp import llama_chat_format as lcf
+
+from chatterm.core.engine.local import llama_log
+from chatterm.core.engine.local.templates import (
+    KEY,
+    builtin_formats,
+    common_prefix_len,
+    persona_prefix,
+    resolve_template,
+    template_for,
+)
+from chatterm.core.workspace import Workspace
+from chatterm.errors import ChattermError
+
+DATA = Path(__file__).parents[2] / "data"
+SYSTEM = Workspace.load().personas.get("shop-support").system_prompt
+
+
+@pytest.fixture(scope="module")
+def vocab():
+    llama_log.install()
+    spec = Workspace.load().catalog.get(None)
+    llm = llama_cpp.Llama(str(spec.model_path()), vocab_only=True, verbose=False)
+    yield llm
+    llm.close()
+
+
+def text_of(llm, tokens) -> str:
+    return llm.detokenize(tokens, special=True).decode("utf-8", "replace")
+
+
+def conversation(*turns: str) -> list[dict[str, str]]:
+    """system + alternating user/assistant messages ending with a user message."""
+    messages = [{"role": "system", "content": SYSTEM}]
+    for i, content in enumerate(turns):
+        messages.append({"role": "user" if i % 2 == 0 else "assistant", "content": content})
+    return messages
+
+
+# (override, what the shareable prefix ends with, the system prompt folded by chatterm)
+FAMILIES = {
+    "gguf (SmolLM2, ChatML)": (None, "<|im_start|>user\n", False),
+    "chatml jinja": (lcf.CHATML_CHAT_TEMPLATE, "<|im_start|>user\n", False),
+    "llama-3 jinja": (lcf.LLAMA3_INSTRUCT_CHAT_TEMPLATE, "<|start_header_id|>user<|end_header_id|>", False),
+    "mistral jinja (rejects system)": (lcf.MISTRAL_INSTRUCT_CHAT_TEMPLATE, SYSTEM[-20:], True),
+    "mixtral jinja (rejects system)": (lcf.MIXTRAL_INSTRUCT_CHAT_TEMPLATE, SYSTEM[-20:], True),
+    "built-in gemma (drops system)": ("gemma", SYSTEM[-20:], True),
+    "built-in llama-3": ("llama-3", "<|start_header_id|>user<|end_header_id|>", False),
+    "gemma 3 (folds system itself)": (str(DATA / "gemma-3-it.jinja"), SYSTEM[-20:], False),
+    "phi-3.5": (str(DATA / "phi-3.5-mini-instruct.jinja"), "<|end|>\n<|user|>\n", False),
+}
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_shared_prefix_holds_the_whole_system_prompt(vocab, family):
+    override, ends_with, folded = FAMILIES[family]
+    template = template_for(vocab, "smollm2-135m", override)
+    assert template.system_folded == folded
+    prefix = persona_prefix(template, vocab, SYSTEM)
+    assert prefix.helps and prefix.reason == ""
+    text = text_of(vocab, prefix.tokens)
+    assert SYSTEM.strip() in text
+    assert text.endswith(ends_with), text[-80:]
+    # It starts real prompts the probes never saw: a first turn and a 3-turn conversation.
+    for messages in (
+        conversation("Where is my order #1234?"),
+        conversation("hi", "Hello! How can I help?", "Refund, please.", "Sure: your order number?", "77"),
+    ):
+        tokens = template.tokens(vocab, messages)
+        assert tokens[: len(prefix.tokens)] == prefix.tokens
+    # ... and it is all they share: after it come the user's words and a few template tokens.
+    first_turn = template.tokens(vocab, conversation("Where is my order #1234?"))
+    rest = text_of(vocab, first_turn[len(prefix.tokens):])
+    assert rest.lstrip().startswith("Where is my order #1234?"), rest
+    other = template.tokens(vocab, [{"role": "system", "content": "Be terse. " + SYSTEM},
+                                    {"role": "user", "content": "hi"}])
+    assert other[: len(prefix.tokens)] != prefix.tokens  # the prefix is this persona's
+
+
+def test_mistral_v03_puts_the_system_prompt_late_and_is_detected(vocab):
+    template = template_for(vocab, "mistral-v0.3", str(DATA / "mistral-7b-instruct-v0.3.jinja"))
+    assert not template.system_folded
+    one_turn = template.render(conversation("hi"))
+    three_turns = template.render(conversation("hi", "Hello!", "Where is my order?"))
+    # The published behaviour: the system prompt goes before the LAST user message.
+    assert one_turn.index(SYSTEM) < one_turn.index("hi")
+    assert three_turns.index("[INST] hi") < three_turns.index(SYSTEM)
+    prefix = persona_prefix(template, vocab, SYSTEM)
+    assert not prefix.helps
+    assert "persona cache cannot help with this template" in prefix.reason
+    assert "conversations are still cached" in prefix.reason
+    assert SYSTEM not in text_of(vocab, prefix.tokens)
+    assert template.tokens(vocab, conversation("x"))[: len(prefix.tokens)] == prefix.tokens
+
+
+def test_a_template_rejecting_the_system_role_gets_it_folded_into_the_first_user_message(vocab):
+    template = template_for(vocab, "mistral", lcf.MISTRAL_INSTRUCT_CHAT_TEMPLATE)
+    assert "rejects a system message" in template.note
+    prompt = template.render(conversation("Where is my order?", "Which one?", "The last one."))
+    assert prompt.startswith(vocab._model.token_get_text(vocab.token_bos()) + "[INST] " + SYSTEM + "\n\nWhere is")
+    assert prompt.count(SYSTEM) == 1
+    assert prompt.endswith("[INST] The last one. [/INST]")
+
+
+def test_builtin_gemma_would_drop_the_persona_so_it_is_folded(vocab):
+    template = template_for(vocab, "gemma", "gemma")
+    assert template.add_bos and template.source == "built-in format 'gemma'"
+    assert "drops the system message" in template.note
+    prompt = template.render(conversation("hi"))
+    assert prompt == f"<start_of_turn>user\n{SYSTEM}\n\nhi<end_of_turn>\n<start_of_turn>model\n"
+
+
+def test_builtin_formats_are_the_text_formats():
+    names = builtin_formats()
+    for name in ("chatml", "llama-3", "gemma", "mistral-instruct", "llama-2", "zephyr"):
+        assert name in names
+    assert "functionary" not in names  # a tool-calling handler, not a text format
+
+
+def test_no_template_and_no_override_is_one_line_naming_the_model_and_the_key():
+    with pytest.raises(ChattermError) as err:
+        resolve_template("my-gguf", None, None)
+    message = str(err.value)
+    assert "my-gguf" in message and f"`{KEY}`" in message and "models.toml" in message
+    assert "\n" not in message
+
+
+def test_override_beats_the_gguf_template_and_relative_files_resolve_against_models_toml(tmp_path):
+    (tmp_path / "t.jinja").write_text("{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}{% endfor %}>")
+    template = resolve_template("m", lcf.CHATML_CHAT_TEMPLATE, "t.jinja", base_dir=tmp_path)
+    assert template.source == f"file {tmp_path / 't.jinja'}"
+    messages = [{"role": "system", "content": "S"}, {"role": "user", "content": "u"}]
+    assert template.render(messages) == "[system]S[user]u>"
+    gguf = resolve_template("m", lcf.CHATML_CHAT_TEMPLATE, None)
+    assert gguf.render(messages).startswith("<|im_start|>system\nS<|im_end|>")  # what the override replaced
+
+
+@pytest.mark.parametrize(
+    "override, words",
+    [
+        ("no-such-format", ["no-such-format", "built-in chat format", "chatml", "gemma"]),
+        ("missing/file.jinja", ["missing/file.jinja", "readable file"]),
+        ("{% for m in messages %}{{ m['content'] }", ["does not parse"]),
+    ],
+)
+def test_bad_overrides_are_one_line_errors_naming_the_key(override, words):
+    with pytest.raises(ChattermError) as err:
+        resolve_template("m", None, override)
+    message = str(err.value)
+    assert "'m'" in message and KEY in message and "\n" not in message
+    for word in words:
+        assert word in message
+
+
+def test_a_template_failing_at_turn_time_is_a_chatterm_error(vocab):
+    template = template_for(vocab, "mistral", lcf.MISTRAL_INSTRUCT_CHAT_TEMPLATE)
+    not_alternating = [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]
+    with pytest.raises(ChattermError, match="roles must alternate"):
+        template.render(not_alternating)
+
+
+def test_common_prefix_len():
+    assert common_prefix_len([1, 2, 3], [1, 2, 4]) == 2
+    assert common_prefix_len([], [1]) == 0
+    assert common_prefix_len([5], [5]) == 1

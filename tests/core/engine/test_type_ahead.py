@@ -1,0 +1,143 @@
+"""Type-ahead prefill on the real default model: same prompt and reply as a plain
+send, edits trimmed back instead of recomputed, a starting turn preempts it."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from chatterm.core.engine.interface import ChatMessage
+from chatterm.core.metrics.turn_metrics import StopReason
+from chatterm.core.workspace import Workspace
+from tests.conftest import greedy
+
+MESSAGE = (
+    "Please summarise the following notes about the quarterly sales meeting and "
+    "list the three biggest risks mentioned by the team."
+)
+FIRST = "Hi, I am Ada."
+# Typed in bursts, with a typo taken back by backspacing into an earlier word.
+BURSTS = [
+    "Please summ",
+    "Please summarise the fol",
+    "Please summarise the following notes abuot",
+    "Please summarise the following notes ab",
+    MESSAGE[:-20],
+    MESSAGE,
+]
+
+
+@pytest.fixture(scope="module")
+def engine():
+    ws = Workspace.load()
+    spec = ws.catalog.get(None)
+    engine = ws.make_engine(spec)
+    engine.load()
+    yield engine
+    engine.close()
+
+
+@pytest.fixture
+def persona():
+    return greedy(Workspace.load().personas.get("assistant"), max_tokens=16)
+
+
+def send(engine, persona, text, history=()):
+    turn = engine.start_turn(persona, list(history), text)
+    reply = "".join(turn.stream())
+    assert turn.metrics.stop_reason != StopReason.ERROR, turn.metrics.error
+    return turn, reply
+
+
+def first_turn(engine, persona) -> list[ChatMessage]:
+    """A fresh conversation with one turn in the context; its history."""
+    engine.reset_context()
+    engine.prepare_persona(persona)
+    _, reply = send(engine, persona, FIRST)
+    return [ChatMessage("user", FIRST), ChatMessage("assistant", reply)]
+
+
+def test_typed_in_bursts_gives_the_plain_sends_prompt_and_reply(engine, persona):
+    history = first_turn(engine, persona)
+    plain, plain_reply = send(engine, persona, MESSAGE, history)
+    assert plain.metrics.ahead_tokens == 0
+
+    assert first_turn(engine, persona) == history
+    reports = [engine.prefill_ahead(persona, history, draft) for draft in BURSTS]
+    assert all(r is not None and r.ready == r.total - 1 for r in reports)
+    ahead, ahead_reply = send(engine, persona, MESSAGE, history)
+    m = ahead.metrics
+    assert ahead_reply == plain_reply
+    assert m.prompt_tokens == plain.metrics.prompt_tokens
+    assert m.prefilled_tokens == 1, "only the prompt's last token is left for Enter"
+    assert m.cached_tokens == m.prompt_tokens - 1
+    # What the plain send prefilled after Enter was prefilled ahead instead; the
+    # persona and the history in the context were never prefilled again.
+    assert plain.metrics.prefilled_tokens - 1 <= m.ahead_tokens <= plain.metrics.prefilled_tokens
+    assert m.ahead_ms > 0
+
+
+def test_a_draft_that_changes_completely_still_gives_the_right_prompt(engine, persona):
+    engine.reset_context()
+    engine.prepare_persona(persona)
+    engine.prefill_ahead(persona, [], "Tell me a long story about dragons and castles.")
+    turn, reply = send(engine, persona, "What is 2+2?")
+    engine.reset_context(keep=persona)
+    plain, plain_reply = send(engine, persona, "What is 2+2?")
+    assert (turn.metrics.prompt_tokens, reply) == (plain.metrics.prompt_tokens, plain_reply)
+    # Only the template tokens both prompts share after the persona were of use.
+    long_draft = engine.fit_prompt(persona, [], "Tell me a long story about dragons and castles.", 16)[0]
+    final = engine.fit_prompt(persona, [], "What is 2+2?", 16)[0]
+    shared = next(i for i, (a, b) in enumerate(zip(long_draft, final)) if a != b)
+    assert turn.metrics.ahead_tokens == shared - len(engine.prefix_tokens(persona))
+
+
+def test_a_turn_preempts_a_long_background_prefill_within_one_batch(engine, persona):
+    engine.reset_context()
+    engine.prepare_persona(persona)
+    paste = "The quick brown fox jumps over the lazy dog. " * 120  # ~1,200 tokens
+    started = threading.Event()
+    batches_after_enter: list[int] = []
+    entered = threading.Event()
+    result = []
+
+    def progress(ready, total):
+        started.set()
+        if entered.is_set():
+            batches_after_enter.append(ready)
+
+    worker = threading.Thread(
+        target=lambda: result.append(engine.prefill_ahead(persona, [], paste, progress))
+    )
+    worker.start()
+    assert started.wait(60)
+    entered.set()
+    turn, _ = send(engine, persona, "Hi")
+    worker.join(60)
+    report = result[0]
+    assert report is None or report.ready < report.total - 1, "the paste was not finished"
+    assert len(batches_after_enter) <= 1
+    assert turn.metrics.stop_reason in (StopReason.EOS, StopReason.LENGTH)
+
+
+def test_drop_ahead_stops_it_and_nothing_is_credited(engine, persona):
+    engine.reset_context()
+    engine.prepare_persona(persona)
+    engine.prefill_ahead(persona, [], "Some draft that the user then deletes")
+    engine.drop_ahead()
+    engine.reset_context(keep=persona)  # what a new conversation does
+    turn, _ = send(engine, persona, "Hello")
+    assert turn.metrics.ahead_tokens == 0
+
+
+def test_served_engines_cannot_prefill_ahead():
+    from chatterm.core.config.catalog import ModelSpec, PriceProfile
+    from chatterm.core.engine.remote import RemoteEngine
+
+    spec = ModelSpec(id="s", price_profile="p", kind="openai", base_url="http://127.0.0.1:9/v1",
+                     remote_model="m")
+    engine = RemoteEngine(spec, PriceProfile(id="p", input_per_m=1, output_per_m=1, as_of="x"))
+    assert not engine.capabilities.prefill_ahead
+    persona = Workspace.load().personas.get("assistant")
+    assert engine.prefill_ahead(persona, [], "hello") is None

@@ -1,0 +1,69 @@
+"""API-equivalent cost: reused prompt tokens at the cached price, new text (typed
+ahead or not) at the input price."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from chatterm.core.config.catalog import PriceProfile
+from chatterm.core.metrics.cost import apply_cost
+from chatterm.core.metrics.format import footer_line
+from chatterm.core.metrics.turn_metrics import TurnMetrics
+
+PRICE = PriceProfile(id="p", input_per_m=2.0, cached_input_per_m=0.5, output_per_m=8.0, as_of="2026-01-01")
+
+
+def turn(**values) -> TurnMetrics:
+    return TurnMetrics(engine="local", model_id="m", persona_id="a", submitted_at=1.0, **values)
+
+
+def test_tokens_prefilled_ahead_are_new_input_not_cached_input():
+    m = turn(prompt_tokens=120, cached_tokens=100, ahead_tokens=40, prefilled_tokens=20, generated_tokens=10)
+    apply_cost(m, PRICE)
+    assert m.reused_tokens == 60
+    assert m.cost_input_usd == pytest.approx(60 * 2.0e-6)  # 20 after Enter + 40 typed ahead
+    assert m.cost_cached_input_usd == pytest.approx(60 * 0.5e-6)
+    assert m.saved_usd == pytest.approx(60 * 1.5e-6)
+    assert "(60 cached, 40 typed ahead)" in footer_line(m)
+
+
+def test_without_type_ahead_every_cached_token_is_reused():
+    m = turn(prompt_tokens=120, cached_tokens=100, prefilled_tokens=20)
+    apply_cost(m, PRICE)
+    assert m.reused_tokens == 100 and m.cost_cached_input_usd == pytest.approx(100 * 0.5e-6)
+    assert "(100 cached)" in footer_line(m)
+
+
+def test_a_catalog_without_a_default_model_names_the_key(tmp_path):
+    from chatterm.core.config.catalog import load_catalog
+    from chatterm.errors import ChattermError
+
+    models = tmp_path / "models.toml"
+    models.write_text(
+        '[models.x]\nsource = "x.gguf"\nprice_profile = "p"\n'
+        '[prices.p]\ninput = 1.0\noutput = 2.0\nas_of = "2026-01-01"\n'
+    )
+    catalog = load_catalog(models)
+    assert catalog.get("x").id == "x"  # --model still works
+    with pytest.raises(ChattermError, match=r"no default model: set \[defaults\] model"):
+        catalog.get(None)
+
+
+def test_remembering_a_theme_creates_the_config_folder(tmp_path):
+    from chatterm.ui.settings import load_ui_settings, remember_theme
+
+    path = tmp_path / "fresh" / "config" / "settings.toml"
+    remember_theme(path, "chatterm-light")
+    assert load_ui_settings(path).theme == "chatterm-light"
+
+
+def test_dollar_amounts_carry_no_floating_point_noise():
+    # 73 * 1.5 * 1e-6 is 0.00010949999999999999 in binary floating point.
+    m = turn(prompt_tokens=90, cached_tokens=73, prefilled_tokens=17, generated_tokens=7)
+    apply_cost(m, PRICE)
+    assert repr(m.saved_usd) == "0.0001095"
+    assert json.dumps(m.to_dict()["saved_usd"]) == "0.0001095"
+    # The total is a sum of rounded parts: 0.1 + 0.2 is 0.30000000000000004.
+    assert repr(turn(cost_input_usd=0.1, cost_cached_input_usd=0.2).cost_usd) == "0.3"
