@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The long fuzz run: the same tests as CI (tests/test_fuzz_*.py, tests/fuzz/test_faults.py)
+# The long fuzz run: the same tests as CI (tests/fuzz/)
 # under the "long" hypothesis profile, CHATTERM_FUZZ_FACTOR (default 40) times the CI
 # examples, random rather than derandomized. Prints the cases run per module and the
-# failures; the README's "Robustness" figures come from this summary.
+# failures; docs/robustness.md's figures come from this summary.
 #
 # Run: scripts/fuzz_long.sh [extra pytest args]     (PYTHON=... to choose the interpreter)
 set -euo pipefail
@@ -12,7 +12,7 @@ export CHATTERM_FUZZ=long CHATTERM_FUZZ_FACTOR="${CHATTERM_FUZZ_FACTOR:-40}" PYT
 log="$(mktemp -t chatterm-fuzz-long.XXXXXX)"
 start=$(date +%s)
 set +e
-"$PYTHON" -m pytest -q -p no:cacheprovider --hypothesis-show-statistics tests/test_fuzz_*.py tests/fuzz/test_faults.py "$@" \
+"$PYTHON" -m pytest -q -p no:cacheprovider --hypothesis-show-statistics tests/fuzz/ "$@" \
     | tee "$log"
 status=${PIPESTATUS[0]}
 set -e

@@ -1,4 +1,4 @@
-"""Hypothesis settings for the fuzz tests (tests/test_fuzz_*.py).
+"""Hypothesis settings for the fuzz tests (tests/fuzz/).
 
 Two profiles, chosen by the CHATTERM_FUZZ environment variable:
 - "ci" (default): a bounded, derandomized run (the same examples every time, no

@@ -28,7 +28,7 @@ def _gpu_offload() -> str:
 
     if llama_cpp.llama_supports_gpu_offload():
         return "available (this llama-cpp-python was built with a GPU backend)"
-    return "not available (CPU build of llama-cpp-python; see README, GPU)"
+    return "not available (CPU build of llama-cpp-python; see docs/gpu.md)"
 
 
 def run(args: argparse.Namespace) -> int:
