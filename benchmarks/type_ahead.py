@@ -108,7 +108,7 @@ def run(args: argparse.Namespace, tmp: Path) -> int:
         keys: list[float] = []
         async with app.run_test(size=(120, 40)) as pilot:
             await until(pilot, lambda: app.conversation is not None
-                        and app._persona_state.startswith(("restored", "prefilled", "already")))
+                        and app.session.persona_state.startswith(("restored", "prefilled", "already")))
             prompt = app.query_one("#prompt")
             prompt.focus()
             prompt.insert(FIRST)
@@ -127,7 +127,7 @@ def run(args: argparse.Namespace, tmp: Path) -> int:
                     while len(prompt.text) == length:
                         await asyncio.sleep(0.001)
                     painted = loop.create_future()
-                    app.call_after_refresh(lambda: painted.done() or painted.set_result(time.perf_counter()))
+                    app.call_after_refresh(lambda p=painted: p.done() or p.set_result(time.perf_counter()))
                     t_painted = await painted
                     if app.chat._ahead_running:
                         keys.append((t_painted - t0) * 1000.0)

@@ -120,7 +120,7 @@ def scroll_figures(workspace, store, sid: int, pages: int) -> tuple[list[float],
                 while len(view.query(UserMessage)) == before:
                     await asyncio.sleep(0.002)
                 painted = asyncio.get_running_loop().create_future()
-                app.call_after_refresh(lambda: painted.done() or painted.set_result(time.perf_counter()))
+                app.call_after_refresh(lambda p=painted: p.done() or p.set_result(time.perf_counter()))
                 page_ms.append((await painted - t) * 1000.0)
                 await pilot.pause(0.05)
             monitoring = False

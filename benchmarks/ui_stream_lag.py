@@ -216,7 +216,7 @@ def run(args: argparse.Namespace) -> int:
                 while len(prompt.text) == length:
                     await asyncio.sleep(0.001)
                 painted = loop.create_future()
-                app.call_after_refresh(lambda: painted.done() or painted.set_result(time.perf_counter()))
+                app.call_after_refresh(lambda p=painted: p.done() or p.set_result(time.perf_counter()))
                 keys.append((await painted - t) * 1000.0)
 
         async with app.run_test(size=(120, 40)) as pilot:
@@ -240,7 +240,7 @@ def run(args: argparse.Namespace) -> int:
             streaming = False
             # The reply is complete in the widget tree; wait for the frame that shows it.
             painted = asyncio.get_running_loop().create_future()
-            app.call_after_refresh(lambda: painted.done() or painted.set_result(time.perf_counter()))
+            app.call_after_refresh(lambda p=painted: p.done() or p.set_result(time.perf_counter()))
             t_painted = await painted
             await keyboard
             await asyncio.sleep(AFTER_END_S)

@@ -118,7 +118,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"model {spec.id}, greedy, max_tokens {args.max_tokens}, 120x40 headless, {args.runs} runs")
     print(f"{'run':>4} {'bare tok/s':>11} {'engine tok/s (UI)':>18} {'displayed tok/s':>16} {'displayed/engine':>17}")
     ratios = []
-    for i, (b, (e, d, n)) in enumerate(zip(bare, ui), 1):
+    for i, (b, (e, d, _n)) in enumerate(zip(bare, ui, strict=True), 1):
         ratios.append(d / e)
         print(f"{i:>4} {b:>11.1f} {e:>18.1f} {d:>16.1f} {d / e:>16.1%}")
     engine_under_ui = statistics.median(e for e, _, _ in ui) / statistics.median(bare)

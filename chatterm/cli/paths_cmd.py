@@ -33,10 +33,11 @@ def _gpu_offload() -> str:
 
 def run(args: argparse.Namespace) -> int:
     ws = workspace(args)
+    user_models = paths.user_models_file()
     rows = [
         ("config folder", paths.config_dir()),
         ("models files", ", ".join(str(f) for f in ws.catalog.files)),
-        ("user models.toml", f"{paths.user_models_file()}{'' if paths.user_models_file().exists() else ' (not created yet)'}"),
+        ("user models.toml", f"{user_models}{'' if user_models.exists() else ' (not created yet)'}"),
         ("user personas", paths.user_personas_dir()),
         ("user themes", paths.user_themes_dir()),
         ("session database", ws.db_path),

@@ -167,7 +167,9 @@ def test_missing_model_file_is_exit_2_with_the_path(tmp_path):
 def test_wrong_types_in_models_toml_are_one_line_errors(tmp_path):
     models = tmp_path / "models.toml"
     models.write_text(
-        (REPO / "models.toml").read_text().replace("n_ctx = 8192\nn_gpu_layers", 'n_ctx = 8192\nn_threads = "x"\nn_gpu_layers', 1)
+        (REPO / "models.toml")
+        .read_text()
+        .replace("n_ctx = 8192\nn_gpu_layers", 'n_ctx = 8192\nn_threads = "x"\nn_gpu_layers', 1)
     )
     result = chatterm(tmp_path, "--models", str(models), "ask", "hi")
     assert result.returncode == 2 and "Traceback" not in result.stderr

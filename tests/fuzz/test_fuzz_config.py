@@ -77,7 +77,8 @@ HUGE = st.sampled_from([10**18, -(2**63), 2**63 - 1, 1e308, -1e308, math.inf, -m
 SCALARS = st.booleans() | st.integers() | HUGE | st.floats() | ODD_TEXT | st.just("x" * 5000)
 VALUES = st.recursive(
     SCALARS,
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.from_regex(r"[a-z_]{1,8}", fullmatch=True), inner, max_size=3),
+    lambda inner: st.lists(inner, max_size=3)
+    | st.dictionaries(st.from_regex(r"[a-z_]{1,8}", fullmatch=True), inner, max_size=3),
     max_leaves=6,
 )
 
@@ -100,7 +101,9 @@ def damage(text: str):
     raw = text.encode()
     return st.one_of(
         st.just(raw),
-        st.integers(0, len(raw)).flatmap(lambda i: st.binary(min_size=1, max_size=8).map(lambda b: raw[:i] + b + raw[i:])),
+        st.integers(0, len(raw)).flatmap(
+            lambda i: st.binary(min_size=1, max_size=8).map(lambda b: raw[:i] + b + raw[i:])
+        ),
         st.integers(0, len(raw)).map(lambda i: raw[:i]),
         st.sampled_from([
             b"x = " + b"[" * 3000 + b"]" * 3000 + b"\n",
@@ -248,7 +251,7 @@ def test_persona_files(isolated_dirs, docs, data):
     for old in folder.glob("*.toml"):
         old.unlink()
     names = [f"fuzz{i}.toml" for i in range(len(docs))]
-    for name, doc in zip(names, docs):
+    for name, doc in zip(names, docs, strict=True):
         raw = data.draw(damage(doc)) if data.draw(st.booleans()) else doc.encode()
         (folder / name).write_bytes(raw)
     (folder / "good.toml").write_text(toml_doc(PERSONA_TEMPLATE))
@@ -304,7 +307,7 @@ def test_theme_files(tmp_path, textual_app, docs, data):
     for old in folder.glob("*.toml"):
         old.unlink()
     names = [f"fuzz{i}.toml" for i in range(len(docs))]
-    for name, doc in zip(names, docs):
+    for name, doc in zip(names, docs, strict=True):
         raw = data.draw(damage(doc)) if data.draw(st.booleans()) else doc.encode()
         (folder / name).write_bytes(raw)
     themes = load_themes([bundled, folder])

@@ -93,7 +93,9 @@ def engine(server):
 
 # -- generated streams ---------------------------------------------------------
 TEXT = st.text(st.characters(codec="utf-8") | st.sampled_from("\x1b[31m\u202e\r\n\x00[b]x[/b]"), max_size=20)
-NUMBERS = st.integers(-5, 10**6) | st.sampled_from([-1, 2**70, 1.5, -0.5, math.inf, math.nan, "12", "x", None, True, [], {}])
+NUMBERS = st.integers(-5, 10**6) | st.sampled_from(
+    [-1, 2**70, 1.5, -0.5, math.inf, math.nan, "12", "x", None, True, [], {}]
+)
 JSON_ANY = st.recursive(st.none() | st.booleans() | NUMBERS | TEXT,
                         lambda inner: st.lists(inner, max_size=3) | st.dictionaries(TEXT, inner, max_size=3),
                         max_leaves=6)
@@ -119,7 +121,9 @@ events = st.one_of(
     st.sampled_from(["stop", "length", "eos", "content_filter", ""]).map(lambda f: data(chunk(finish=f))),
     st.just(data("[DONE]")),
     usage.map(lambda u: data({"choices": [], "usage": u})),
-    st.fixed_dictionaries({"cache_n": NUMBERS, "prompt_ms": NUMBERS}).map(lambda t: data({"choices": [], "timings": t})),
+    st.fixed_dictionaries({"cache_n": NUMBERS, "prompt_ms": NUMBERS}).map(
+        lambda t: data({"choices": [], "timings": t})
+    ),
     JSON_ANY.map(lambda c: data(chunk(choices=c))),  # choices of any shape
     JSON_ANY.map(lambda d: data({"choices": [{"delta": d}]})),
     JSON_ANY.map(data),  # any JSON at all
@@ -138,9 +142,10 @@ def replies(draw):
     newline = draw(st.sampled_from(["\n", "\r\n", "\r"]))
     raw = body.replace("\n", newline).encode("utf-8")
     cuts = sorted(draw(st.lists(st.integers(0, len(raw)), max_size=6)))
-    chunks = [raw[a:b] for a, b in zip([0, *cuts], [*cuts, len(raw)])]
+    chunks = [raw[a:b] for a, b in zip([0, *cuts], [*cuts, len(raw)], strict=True)]
     status = draw(st.sampled_from([200] * 8 + [400, 429, 500, 503]))
-    ctype = draw(st.sampled_from(["text/event-stream"] * 6 + ["text/event-stream; charset=utf-8", "application/json", ""]))
+    types = ["text/event-stream"] * 6 + ["text/event-stream; charset=utf-8", "application/json", ""]
+    ctype = draw(st.sampled_from(types))
     silent_end = draw(st.integers(0, 9)) == 0
     return status, ctype, chunks, silent_end
 

@@ -50,7 +50,9 @@ PIECES = [
 # Markdown-neutral filler (the reply is rendered as Markdown: *, _, #, ` and friends
 # are formatting there, not hostility).
 FILLER = st.text(st.sampled_from("abcXYZ =:;.'\"@/[]"), min_size=1, max_size=5)
-HOSTILE = st.lists(st.sampled_from(PIECES) | FILLER, min_size=1, max_size=6).map(lambda parts: "w" + "".join(parts) + "z")
+HOSTILE = st.lists(st.sampled_from(PIECES) | FILLER, min_size=1, max_size=6).map(
+    lambda parts: "w" + "".join(parts) + "z"
+)
 RAW_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 _run = itertools.count()
 

@@ -197,7 +197,7 @@ def _jsonl_chunks(store: SessionStore, sessions: Sequence[SessionInfo], header: 
         lines = []
         for turn in store.export_rows(info.id):
             user_text, reply = turn[-2], turn[-1]
-            row = dict(zip(keys, head + turn[:-2] + (len(user_text), len(reply), user_text, reply)))
+            row = dict(zip(keys, head + turn[:-2] + (len(user_text), len(reply), user_text, reply), strict=True))
             for key in _BOOL_KEYS:
                 row[key] = bool(row[key])
             lines.append(json_line(row))

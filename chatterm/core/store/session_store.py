@@ -226,7 +226,7 @@ def _metrics_of(names: list[str], rows: Iterable[Sequence]) -> list[TurnMetrics]
         values = list(row)
         for i in bools:
             values[i] = bool(values[i])
-        metrics.append(TurnMetrics(**dict(zip(names, values))))
+        metrics.append(TurnMetrics(**dict(zip(names, values, strict=True))))
     return metrics
 
 
@@ -561,7 +561,7 @@ class SessionStore:
         if newest_first:
             rows.reverse()
         metrics = _metrics_of(columns[3:], (row[3:] for row in rows))
-        return [TurnRecord(row[0], row[1], row[2], m) for row, m in zip(rows, metrics)]
+        return [TurnRecord(row[0], row[1], row[2], m) for row, m in zip(rows, metrics, strict=True)]
 
     def export_rows(self, session_id: int) -> list[tuple]:
         """The session's turns as flat rows, oldest first, for export: `(turn_index,

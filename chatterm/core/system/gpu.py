@@ -24,6 +24,7 @@ Contract:
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import os
@@ -115,7 +116,7 @@ def integrate_wh(samples: Sequence[tuple[float, float]]) -> float | None:
         return None
     points = sorted(samples)
     joules = 0.0
-    for (t0, p0), (t1, p1) in zip(points, points[1:]):
+    for (t0, p0), (t1, p1) in itertools.pairwise(points):
         joules += (p0 + p1) / 2.0 * (t1 - t0)
     return joules / 3600.0
 

@@ -154,7 +154,7 @@ def test_two_processes_write_the_same_database(tmp_path):
     ]
     go.touch()
     results = [w.communicate(timeout=150) for w in writers]
-    for writer, (out, err) in zip(writers, results):
+    for writer, (out, err) in zip(writers, results, strict=True):
         assert writer.returncode == 0 and out.strip() == "done", err
 
     with SessionStore(db, readonly=True) as store:
