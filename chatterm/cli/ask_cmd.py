@@ -4,7 +4,11 @@ The reply streams to stdout; the turn's metrics line goes to stderr (or one
 JSON object to stdout with --json). It uses and fills the persona KV cache and
 the session store exactly like the TUI, so a second `ask` with the same
 persona reports a restore from disk. Exit status: 0 when the reply finished,
-1 when the turn failed, 2 for bad input, 130 when interrupted.
+1 when the turn failed, 2 for bad input (a local model's file missing or not a
+GGUF included, found before the session database is touched), 130 when
+interrupted. When stderr is a terminal, the model load's progress and then a
+long prefill's are shown there, on one line rewritten in place and cleared
+before the reply.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import threading
 from typing import Callable
 
 from chatterm.cli.common import add_model_persona_options, db_path, workspace
+from chatterm.core.config.catalog import ModelSpec
 from chatterm.core.engine.conversation import Conversation
 from chatterm.core.metrics.format import footer_line, prefill_progress_line, printable
 from chatterm.core.metrics.turn_metrics import StopReason
@@ -52,6 +57,29 @@ def _message(args: argparse.Namespace) -> str:
     return text
 
 
+class _LoadProgress:
+    """The model load's progress on stderr, from before the engine is imported
+    (that import is part of the wait) until `clear()`."""
+
+    def __init__(self, spec: ModelSpec):
+        self._label = printable(spec.label)
+        self._shown: int | None = None
+
+    def __call__(self, fraction: float) -> bool:
+        percent = int(fraction * 100)
+        if percent != self._shown:
+            sys.stderr.write(f"\r\x1b[Kloading {self._label} · {percent} %")
+            sys.stderr.flush()
+            self._shown = percent
+        return True  # never abandon the load
+
+    def clear(self) -> None:
+        if self._shown is not None:
+            sys.stderr.write("\r\x1b[K")
+            sys.stderr.flush()
+            self._shown = None
+
+
 def _show_progress(turn) -> Callable[[], None]:
     """Show a long prefill's progress on stderr (a terminal) until the returned
     function is called: from one second in, rewritten in place twice a second."""
@@ -84,6 +112,9 @@ def _show_progress(turn) -> Callable[[], None]:
 def run(args: argparse.Namespace) -> int:
     ws = workspace(args)
     text = _message(args)
+    if args.session is None:  # bad input must not leave a new database behind
+        spec, persona = ws.resolve(args.model, args.persona)
+        spec.check_file()
     store = None if args.no_store else SessionStore(db_path(args))
     try:
         plan = None
@@ -92,10 +123,16 @@ def run(args: argparse.Namespace) -> int:
                 raise ChattermError("--session needs the session database (drop --no-store)")
             plan = plan_resume(store, ws, args.session, model_id=args.model, persona_id=args.persona)
             spec, persona = plan.spec, plan.persona
-        else:
-            spec, persona = ws.resolve(args.model, args.persona)
-        engine = ws.make_engine(spec)
-        engine.load()
+            spec.check_file()
+        load_progress = _LoadProgress(spec) if sys.stderr.isatty() else None
+        try:
+            if load_progress is not None:
+                load_progress(0.0)
+            engine = ws.make_engine(spec)
+            engine.load(load_progress)
+        finally:
+            if load_progress is not None:
+                load_progress.clear()
         try:
             if plan is not None:
                 conversation = resume_conversation(plan, store, engine)

@@ -1,7 +1,9 @@
 """`chatterm launch`: the chat app.
 
-Bad ids (model, persona, theme, session) are reported as one line with exit
-status 2 before the terminal is taken over. Textual is imported only here, so
+Bad ids (model, persona, theme, session), and a local model whose file is
+missing or not a GGUF, are reported as one line with exit status 2 before the
+terminal is taken over, as `chatterm ask` reports them; a model that llama.cpp
+then fails to load is reported in the app, which is on screen by then. Textual is imported only here, so
 other subcommands do not pay for it. Quitting while the model still loads ends
 the process at once: llama.cpp cannot be interrupted, and it has nothing to
 save (`ChatApp.model_loading`).
@@ -105,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
     # Bad input must not leave an empty database behind: check what can be
     # checked before the store creates its file.
     if args.resume is None:
-        ws.resolve(args.model, args.persona)
+        ws.resolve(args.model, args.persona)[0].check_file()
     elif not db.exists():
         raise ChattermError(f"no stored session to resume: {db} does not exist yet")
     require_theme(args.theme)
@@ -122,6 +124,8 @@ def run(args: argparse.Namespace) -> int:
             store=store,
             type_ahead=args.type_ahead,
         )
+        if args.resume is not None:
+            app.spec.check_file()  # the resumed session's model
         _require_terminal()  # a resume's session is checked first: its error says more
         with _logging_to_file():
             app.run()

@@ -24,7 +24,7 @@ from rich.table import Table
 from rich.text import Text
 
 from chatterm.cli.common import catalog, db_path, require_positive, write_stdout
-from chatterm.core.metrics.format import fmt_ms, fmt_usd, printable
+from chatterm.core.metrics.format import fmt_ms, printable, usd_number
 from chatterm.core.report.escape import json_line
 from chatterm.core.store.session_store import SessionInfo, SessionStore
 
@@ -72,7 +72,8 @@ def run(args: argparse.Namespace) -> int:
     # A header rule and no column lines: the usual ids fit 80 columns
     # (a full box needed 89 for `shop-support` on `smollm2-135m-q8kv`).
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True)
-    for name in ("ID", "Date", "Persona", "Model", "Turns", "TTFT p50", "Cost"):
+    # Cost in a "USD" column without the sign: the app's six decimals still fit 80 columns.
+    for name in ("ID", "Date", "Persona", "Model", "Turns", "TTFT p50", "USD"):
         table.add_column(name, justify="left" if name in ("Date", "Persona", "Model") else "right")
     for s in shown:
         table.add_row(
@@ -82,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
             Text(printable(s.model_id)),
             str(s.turns),
             fmt_ms(s.ttft_p50_ms),
-            fmt_usd(s.cost_usd),
+            usd_number(s.cost_usd),
         )
     console.print(Text(f"Sessions in {db}", style="table.title"))  # not the table's title: that wraps at its width
     console.print(table)

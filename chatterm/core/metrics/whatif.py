@@ -3,8 +3,10 @@
 Contract:
 - `cost_split(turns)`: input (uncached / cached) against output, in tokens and
   in the dollars stored with each turn (the profile the session was priced at),
-  with the input share of both. Uncached input = prompt - cached tokens, as in
-  `chatterm.core.metrics.cost`.
+  with the input share of both. Uncached input = prompt - reused tokens, as in
+  `chatterm.core.metrics.cost`; `switch_tokens` says how much of it was
+  prefilled at a persona switch (in the context before Enter, but prefilled for
+  that turn: `chatterm.core.metrics.format.input_breakdown` words it the same way).
 - `what_if(turns, prices)`: the same turns priced with every profile given
   (normally `ModelCatalog.prices`: the bundled models.toml plus the user's, so a
   profile added there adds a column), through `chatterm.core.metrics.cost.apply_cost`, the
@@ -22,7 +24,7 @@ from typing import Iterable, Mapping
 
 from chatterm.core.config.catalog import PriceProfile
 from chatterm.core.metrics.cost import apply_cost
-from chatterm.core.metrics.turn_metrics import TurnMetrics
+from chatterm.core.metrics.turn_metrics import CacheOutcome, TurnMetrics
 
 
 def _share(part: float, whole: float) -> float | None:
@@ -37,6 +39,8 @@ class CostSplit:
     uncached_usd: float
     cached_usd: float
     output_usd: float
+    switch_tokens: int = 0
+    """Of `uncached_tokens`: those prefilled at a persona switch, before the turn."""
 
     @property
     def input_tokens(self) -> int:
@@ -65,6 +69,13 @@ def _uncached(m: TurnMetrics) -> int:
     return max(m.prompt_tokens - m.reused_tokens, 0)
 
 
+def switch_tokens(m: TurnMetrics) -> int:
+    """The prompt tokens of `m` prefilled at a persona switch just before it (0 for other turns)."""
+    if m.cache_outcome != CacheOutcome.SWITCH:
+        return 0
+    return max(m.cached_tokens - m.ahead_tokens, 0)
+
+
 def cost_split(turns: Iterable[TurnMetrics]) -> CostSplit:
     turns = list(turns)
     return CostSplit(
@@ -74,6 +85,7 @@ def cost_split(turns: Iterable[TurnMetrics]) -> CostSplit:
         uncached_usd=sum(m.cost_input_usd for m in turns),
         cached_usd=sum(m.cost_cached_input_usd for m in turns),
         output_usd=sum(m.cost_output_usd for m in turns),
+        switch_tokens=sum(switch_tokens(m) for m in turns),
     )
 
 

@@ -9,7 +9,9 @@ Contract:
   table; charts of every session (TTFT per turn stacked by waiting / restore /
   prefill / first token, decode rate, cumulative cost); per session its facts, summary,
   per-turn timeline table with per-token costs, cost split, what-if table under
-  every price profile, and the per-turn table with text previews.
+  every price profile, the per-turn table, and the messages table (each turn's
+  user text and reply, cut to `PREVIEW_CHARS`, in columns half the page wide
+  each: a narrow column of the figures table made every row very tall).
 - Every stored string goes through `chatterm.core.report.escape.html_text`
   (`html.escape` after control characters and bidi overrides are made visible).
 """
@@ -50,6 +52,8 @@ td.n, th.n { text-align: right; font-variant-numeric: tabular-nums; }
 .swatch { display: inline-block; width: 10px; height: 10px; margin-right: 5px; }
 .timeline { vertical-align: middle; }
 .scroll { overflow-x: auto; }
+table.messages { width: 100%; }
+table.messages td:not(.n) { width: 50%; overflow-wrap: anywhere; }
 """
 
 
@@ -61,7 +65,8 @@ def _table(header: Sequence[str], rows: Iterable[Sequence[str]], numeric: str = 
 
     head = "<tr>" + "".join(cell("th", i, h) for i, h in enumerate(header)) + "</tr>"
     body = "".join("<tr>" + "".join(cell("td", i, c) for i, c in enumerate(row)) + "</tr>" for row in rows)
-    return f'<div class="scroll"><table{f" class={cls!r}" if cls else ""}><thead>{head}</thead><tbody>{body}</tbody></table></div>'
+    attrs = f" class={cls!r}" if cls else ""
+    return f'<div class="scroll"><table{attrs}><thead>{head}</thead><tbody>{body}</tbody></table></div>'
 
 
 def render_html(reports: Sequence[SessionReport]) -> str:
@@ -107,13 +112,18 @@ def _session(r: SessionReport) -> str:
            "<h3>Summary</h3>", _pairs(words.summary_rows(r))]
     if r.turns:
         out += ["<h3>Where the time went</h3>", _time_table(r),
-                "<ul>" + "".join(f"<li>{html_text(s)}</li>" for s in words.token_cost_sentences(r.token_costs)) + "</ul>",
+                "<ul>" + "".join(f"<li>{html_text(s)}</li>" for s in words.token_cost_sentences(r.token_costs))
+                + "</ul>",
                 "<h3>Where the money went</h3>",
                 _table(["Part", "Tokens", "USD", "Share of cost"],
                        ([html_text(c) for c in row] for row in words.split_rows(r.split)), "lnnn"),
                 f"<p>{html_text(words.split_sentence(r.split))}</p>",
                 "<h3>What if: this session under every price profile</h3>", _what_if(r)]
-    out += ["<h3>Turns</h3>", _turn_table(r) if r.turns else "<p>No turns.</p>", "</section>"]
+    out += ["<h3>Turns</h3>", _turn_table(r) if r.turns else "<p>No turns.</p>"]
+    if r.turns:
+        rows = [words.message_row(v, html_text, PREVIEW_CHARS) for v in r.turns]
+        out += ["<h3>Messages</h3>", _table(words.MESSAGE_HEADER, rows, "n", cls="messages")]
+    out.append("</section>")
     return "\n".join(out)
 
 
@@ -146,7 +156,7 @@ def _what_if(r: SessionReport) -> str:
 
 
 def _turn_table(r: SessionReport) -> str:
-    rows = [words.turn_row(v, html_text, PREVIEW_CHARS) for v in r.turns]
+    rows = [words.turn_row(v, html_text) for v in r.turns]
     notes = [note for v in r.turns for note in words.turn_notes(v, html_text)]
     numeric = "".join("l" if i in words.TURN_TEXT_COLUMNS else "n" for i in range(len(words.TURN_HEADER)))
     table = _table(words.TURN_HEADER, rows, numeric, cls="turns")

@@ -8,7 +8,8 @@ Contract:
   cost); then
   per session its facts, summary, where the time went (a to-scale text bar per
   turn and the measured per-token costs), where the money went (cost split) and
-  what it would cost under every price profile, and the per-turn table.
+  what it would cost under every price profile, the per-turn table and the
+  messages table (each turn's user text and reply, cut to `PREVIEW_CHARS`).
 - Mermaid has no stacked bars and no legend: the TTFT chart overlays
   cumulative bars (whole TTFT, then up to the end of the prefill, of the
   restore, of the wait) so each colour's visible band is one part, and the
@@ -28,8 +29,8 @@ from chatterm.core.report import words
 from chatterm.core.report.escape import md_escape
 from chatterm.core.report.figures import SessionReport, TurnView
 
-PREVIEW_CHARS = 48
-"""How much of each text the per-turn table shows."""
+PREVIEW_CHARS = 80
+"""How much of each text the messages table shows."""
 BAR_CELLS = 24
 # Colours of the overlaid TTFT bars, in drawing order: whole TTFT (its visible top
 # is the first-token part), waiting + restore + prefill (its top is prefill),
@@ -177,10 +178,14 @@ def _session(r: SessionReport) -> str:
     parts.append("\n### Turns\n\n")
     if r.turns:
         align = "".join("l" if i in words.TURN_TEXT_COLUMNS else "r" for i in range(len(words.TURN_HEADER)))
-        parts.append(table(words.TURN_HEADER, [words.turn_row(v, md_escape, PREVIEW_CHARS) for v in r.turns], align))
+        parts.append(table(words.TURN_HEADER, [words.turn_row(v, md_escape) for v in r.turns], align))
     else:
         parts.append("No turns.\n")
     notes = [note for v in r.turns for note in words.turn_notes(v, md_escape)]
     if notes:
         parts.append("\n" + "\n".join(f"- {note}" for note in notes) + "\n")
+    if r.turns:
+        parts.append("\n### Messages\n\n")
+        parts.append(table(words.MESSAGE_HEADER, [words.message_row(v, md_escape, PREVIEW_CHARS) for v in r.turns],
+                           "rll"))
     return "".join(parts)

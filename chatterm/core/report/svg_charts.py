@@ -9,8 +9,11 @@ Contract:
 - Every drawn value carries its number in `data-*` attributes (session key,
   turn, part, value) and a `<title>` tooltip, so the chart can be checked
   against the stored metrics and read without a script.
-- A turn that produced no first token is drawn as a "✕" mark, and a stopped
-  turn with a hollow marker or a "■" above its bar, never as a zero.
+- A turn that produced no first token is drawn as a "✕" mark, never as a
+  zero; a stopped turn gets a hollow circle centred on its value (the top of
+  its bar, or its point), so the mark never adds height to the bar.
+- The y axis's unit is written above the axis, left of the plot, level with
+  nothing else: tick labels of any width cannot run into it.
 - Text that came from outside (session labels) goes through
   `chatterm.core.report.escape.html_text`; everything else is numbers and fixed words.
 
@@ -24,6 +27,7 @@ from __future__ import annotations
 import math
 from typing import Callable, Sequence
 
+from chatterm.core.metrics.format import fmt_usd
 from chatterm.core.metrics.timeline import PART_LABELS, PARTS, TTFT_PARTS, Timeline
 from chatterm.core.report.escape import html_text
 from chatterm.core.report.figures import SessionReport, TurnView
@@ -36,6 +40,10 @@ PART_OPACITY = {"waiting": 0.12, "restore": 0.35, "prefill": 1.0, "first_token":
 WIDTH, HEIGHT = 760, 300
 LEFT, RIGHT, TOP, BOTTOM = 64, 16, 34, 54
 PLOT_W, PLOT_H = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
+UNIT_Y = TOP - 14
+"""Baseline of the y unit: its 12px text ends 10px above the top tick label's top."""
+POINT_R = 3.5
+"""Radius of a line chart's point and of the stopped-turn circle (on the TTFT bars too)."""
 
 
 def nice_ticks(top: float, count: int = 5) -> list[float]:
@@ -73,7 +81,9 @@ def _frame(title: str, y_title: str, ticks: list[float], turns: int, label_every
     for tick in ticks:
         y = TOP + PLOT_H - tick / top * PLOT_H
         out.append(f'<line class="grid" x1="{LEFT}" x2="{LEFT + PLOT_W}" y1="{y:.1f}" y2="{y:.1f}"/>')
-        out.append(f'<text class="tick" x="{LEFT - 6}" y="{y + 4:.1f}" text-anchor="end">{tick_label(tick, step)}</text>')
+        out.append(
+            f'<text class="tick" x="{LEFT - 6}" y="{y + 4:.1f}" text-anchor="end">{tick_label(tick, step)}</text>'
+        )
     out.append(f'<line class="axis" x1="{LEFT}" x2="{LEFT + PLOT_W}" y1="{TOP + PLOT_H}" y2="{TOP + PLOT_H}"/>')
     out.append(f'<line class="axis" x1="{LEFT}" x2="{LEFT}" y1="{TOP}" y2="{TOP + PLOT_H}"/>')
     slot = PLOT_W / max(turns, 1)
@@ -85,8 +95,7 @@ def _frame(title: str, y_title: str, ticks: list[float], turns: int, label_every
         f'<text class="axis-title" x="{LEFT + PLOT_W / 2:.1f}" y="{HEIGHT - 22}" text-anchor="middle">turn</text>'
     )
     out.append(
-        f'<text class="axis-title" transform="translate(14 {TOP + PLOT_H / 2:.1f}) rotate(-90)" '
-        f'text-anchor="middle">{html_text(y_title)}</text>'
+        f'<text class="axis-title" x="{LEFT - 6}" y="{UNIT_Y}" text-anchor="end">{html_text(y_title)}</text>'
     )
     return out
 
@@ -116,7 +125,12 @@ def _label_every(turns: int) -> int:
     return max(1, math.ceil(turns / 20))
 
 
-MARK_NOTES = ("✕ no first token (failed or stopped before it)", "■ stopped by the user")
+MARK_NOTES = ("✕ no first token (failed or stopped before it)", "○ stopped by the user")
+
+
+def _stopped_mark(cx: float, cy: float, stroke: str) -> str:
+    return (f'<circle class="stopped" cx="{cx:.2f}" cy="{cy:.2f}" r="{POINT_R}" stroke="{stroke}" '
+            'stroke-width="1.5" fill="none"/>')
 
 
 def ttft_chart(reports: Sequence[SessionReport]) -> str:
@@ -150,10 +164,7 @@ def ttft_chart(reports: Sequence[SessionReport]) -> str:
                     f'width="{bar_w:.2f}" height="{h:.2f}" fill="{colour(n)}" fill-opacity="{PART_OPACITY[part]}"/>'
                 )
             if tl.status == "stopped":
-                body.append(
-                    f'<text class="mark" x="{x + bar_w / 2:.1f}" y="{y - 3:.1f}" text-anchor="middle" '
-                    f'style="fill:{colour(n)}">■</text>'
-                )
+                body.append(_stopped_mark(x + bar_w / 2, y, colour(n)))
             body.append("</g>")
     parts = " · ".join(f"{PART_LABELS[p]} {_shade(PART_OPACITY[p])}" for p in TTFT_PARTS)
     return _svg("Time to first token per turn", body) + _legend(reports, (f"bottom to top: {parts}", *MARK_NOTES))
@@ -203,26 +214,27 @@ def _line_chart(
                     marks.append(
                         f'<g class="point" {_attrs(session=report.key, turn=view.index, status=status)}>'
                         f"<title>{html_text(tip)}: no first token</title>"
-                        f'<text class="mark" x="{x:.1f}" y="{base - 4}" text-anchor="middle" style="fill:{colour(n)}">✕</text></g>'
+                        f'<text class="mark" x="{x:.1f}" y="{base - 4}" text-anchor="middle" '
+                        f'style="fill:{colour(n)}">✕</text></g>'
                     )
                 continue
             y = base - v * scale
             segment.append(f"{x:.2f},{y:.2f}")
-            hollow = status == "stopped"
+            point = (_stopped_mark(x, y, colour(n)) if status == "stopped" else
+                     f'<circle cx="{x:.2f}" cy="{y:.2f}" r="{POINT_R}" stroke="{colour(n)}" stroke-width="1.5" '
+                     f'fill="{colour(n)}"/>')
             marks.append(
                 f'<g class="point" {_attrs(session=report.key, turn=view.index, status=status, **{name: v})}>'
-                f"<title>{html_text(f'{tip}: {fmt(v)}')}</title>"
-                f'<circle cx="{x:.2f}" cy="{y:.2f}" r="3.5" stroke="{colour(n)}" stroke-width="1.5" '
-                f'fill="{"none" if hollow else colour(n)}"/></g>'
+                f"<title>{html_text(f'{tip}: {fmt(v)}')}</title>{point}</g>"
             )
         for points in lines:
             if len(points) > 1:
                 body.append(
-                    f'<polyline class="line" points="{" ".join(points)}" fill="none" stroke="{colour(n)}" stroke-width="2"/>'
+                    f'<polyline class="line" points="{" ".join(points)}" fill="none" stroke="{colour(n)}" '
+                    'stroke-width="2"/>'
                 )
         body.extend(marks)
-    notes = ("✕ no first token (failed or stopped before it)", "○ stopped by the user")
-    return _svg(title, body) + _legend(reports, notes)
+    return _svg(title, body) + _legend(reports, MARK_NOTES)
 
 
 def decode_chart(reports: Sequence[SessionReport]) -> str:
@@ -237,7 +249,7 @@ def cost_chart(reports: Sequence[SessionReport]) -> str:
     """Cumulative API-equivalent cost after each turn."""
     return _line_chart(
         reports, "Cumulative cost (API-equivalent)", "USD",
-        lambda v: v.cumulative_usd, lambda x: f"${x:,.6f}", "usd",
+        lambda v: v.cumulative_usd, fmt_usd, "usd",
     )
 
 

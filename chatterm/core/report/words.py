@@ -2,6 +2,10 @@
 
 Contract: pure formatting of `chatterm.core.report.figures` figures; callers escape the
 result for their format (ids from files and the database are inside some rows).
+Dollar amounts follow the app's one precision rule (`chatterm.core.metrics.format.usd_number`),
+without the `$`: the column or row title says USD. The turns table holds the
+figures; each turn's texts are in a messages table of their own, so that a
+text gets the page's width instead of a narrow column of a wide table.
 """
 
 from __future__ import annotations
@@ -9,8 +13,9 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Callable, Sequence
 
+from chatterm.core.metrics.format import fmt_int, usd_number
 from chatterm.core.metrics.timeline import MIN_DECODE_TOKENS, MIN_PREFILL_TOKENS, TokenCosts
-from chatterm.core.metrics.whatif import CostSplit, WhatIf
+from chatterm.core.metrics.whatif import CostSplit, WhatIf, switch_tokens
 from chatterm.core.report.figures import SessionReport, TurnView
 
 DASH = "–"
@@ -39,7 +44,7 @@ def num(value: float | int | None, digits: int = 1) -> str:
 
 
 def usd(value: float) -> str:
-    return f"{value:.6f}"
+    return usd_number(value)
 
 
 def pct(share: float | None) -> str:
@@ -80,21 +85,27 @@ def time_row(v: TurnView, escape: Callable[[str], str], bar: str) -> list[str]:
 
 
 TURN_HEADER = ["#", "TTFT ms", "restore ms", "prefill ms", "decode tok/s", "prompt", "cached", "prefilled",
-               "generated", "cache", "stop", "cost USD", "user", "reply"]
-TURN_TEXT_COLUMNS = frozenset({9, 10, 12, 13})
+               "generated", "cache", "stop", "cost USD"]
+TURN_TEXT_COLUMNS = frozenset({9, 10})
 """Columns of `TURN_HEADER` that hold text (left-aligned); the others are numbers."""
+MESSAGE_HEADER = ["#", "user", "reply"]
 
 
-def turn_row(v: TurnView, escape: Callable[[str, int | None], str], preview: int) -> list[str]:
+def turn_row(v: TurnView, escape: Callable[[str, int | None], str]) -> list[str]:
     """One turn of the turns table (`TURN_HEADER`): `escape(text, limit)` makes
-    text inert for the format, the texts are cut to `preview` characters."""
+    text inert for the format."""
     m, rec = v.record.metrics, v.record
     return [
         str(rec.index), num(m.ttft_ms), num(m.restore_ms), num(m.prefill_ms), num(m.decode_tok_s),
         str(m.prompt_tokens), str(m.cached_tokens), str(m.prefilled_tokens), str(m.generated_tokens),
-        escape(m.cache_outcome or "", None), escape(m.stop_reason or "", None), f"{m.cost_usd:.6f}",
-        escape(rec.user_text, preview), escape(rec.reply, preview),
+        escape(m.cache_outcome or "", None), escape(m.stop_reason or "", None), usd(m.cost_usd),
     ]
+
+
+def message_row(v: TurnView, escape: Callable[[str, int | None], str], preview: int) -> list[str]:
+    """One turn of the messages table (`MESSAGE_HEADER`), the texts cut to `preview` characters."""
+    rec = v.record
+    return [str(rec.index), escape(rec.user_text, preview), escape(rec.reply, preview)]
 
 
 def turn_notes(v: TurnView, escape: Callable[[str, int | None], str]) -> list[str]:
@@ -105,6 +116,9 @@ def turn_notes(v: TurnView, escape: Callable[[str, int | None], str]) -> list[st
         notes.append(f"Turn {index}: error: {escape(m.error, None)}")
     if m.cache_detail:
         notes.append(f"Turn {index}: cache: {escape(m.cache_detail, None)}")
+    if at_switch := switch_tokens(m):
+        notes.append(f"Turn {index}: {fmt_int(at_switch)} of its cached tokens were prefilled at the switch, "
+                     "for this turn (priced as uncached input)")
     if m.restore_at_switch and m.restore_ms:
         notes.append(f"Turn {index}: its {num(m.restore_ms)} ms restore was done at the persona switch, "
                      "before the turn (not part of its TTFT)")
@@ -134,9 +148,9 @@ def summary_rows(r: SessionReport) -> list[tuple[str, str]]:
         ("Mean decode rate (tok/s)", num(s.mean_decode_tok_s)),
         ("Prompt tokens (cached / prefilled)", f"{s.prompt_tokens} ({s.cached_tokens} / {s.prefilled_tokens})"),
         ("Generated tokens", str(s.generated_tokens)),
-        ("Cost (USD, API-equivalent)", f"{s.cost_usd:.6f}"),
+        ("Cost (USD, API-equivalent)", usd(s.cost_usd)),
         ("Cache savings: prefill time (s)", f"{s.saved_prefill_s:.3f}"),
-        ("Cache savings: cost (USD)", f"{s.saved_usd:.6f}"),
+        ("Cache savings: cost (USD)", usd(s.saved_usd)),
     ]
     if s.energy_wh is not None:
         rows.append(("GPU energy (Wh)", f"{s.energy_wh:.4f}"))
@@ -181,10 +195,14 @@ def split_rows(split: CostSplit) -> list[tuple[str, str, str, str]]:
 
 
 def split_sentence(split: CostSplit) -> str:
-    return (
+    sentence = (
         f"Input is {pct(split.input_token_share)} of the tokens and "
         f"{pct(split.input_cost_share)} of the cost."
     )
+    if split.switch_tokens:
+        sentence += (f" Uncached input includes {fmt_int(split.switch_tokens)} tokens prefilled at the switch: "
+                     "a persona's prompt, prefilled for the first turn after switching to it.")
+    return sentence
 
 
 WHAT_IF_ROWS = (
@@ -199,9 +217,11 @@ WHAT_IF_ROWS = (
 
 
 def what_if_header(rows: Sequence[WhatIf], priced_with: Sequence[str]) -> list[str]:
-    """Column titles: profile label, its date, and * for the profile the session used."""
+    """Column titles: profile label, its date ("no date" when its table gives none),
+    and * for the profile the session used."""
     return [
-        f"{w.profile.label} ({w.profile.as_of}){' *' if w.profile.id in priced_with else ''}" for w in rows
+        f"{w.profile.label} ({w.profile.as_of or 'no date'}){' *' if w.profile.id in priced_with else ''}"
+        for w in rows
     ]
 
 

@@ -27,3 +27,50 @@ def test_capture_errors_collects_only_errors():
         llama_log._emit(4, "tensor data is not within the file bounds\n")
     llama_log._emit(4, "after the block\n")
     assert errors == ["tensor data is not within the file bounds"]
+
+
+# What llama.cpp 0.3.36 writes when a decode is stopped by the abort callback.
+ABORT_LINES = [
+    (4, "graph_compute: ggml_backend_sched_graph_compute_async failed with error 1\n"),
+    (4, "process_ubatch: failed to compute graph, compute status: 1\n"),
+    (3, "decode: removing memory module entries for seq_id = 0, pos = [0, +inf)\n"),
+    (4, "llama_decode: failed to decode, ret = 2\n"),
+]
+
+
+def test_an_aborted_decode_is_debug_and_a_failed_one_stays_an_error(caplog):
+    caplog.set_level(logging.DEBUG, logger="llama.cpp")
+    for level, text in ABORT_LINES:
+        llama_log._emit(level, text)
+    assert [r.levelno for r in caplog.records] == [logging.DEBUG] * 4
+    caplog.clear()
+    # A real failure, and its roll-back, are not an abort: they keep their levels.
+    llama_log._emit(3, "decode: removing memory module entries for seq_id = 0, pos = [0, +inf)\n")
+    llama_log._emit(4, "llama_decode: failed to decode, ret = -3\n")
+    llama_log._emit(4, "process_ubatch: failed to compute graph, compute status: -1\n")
+    assert [r.levelno for r in caplog.records] == [logging.WARNING, logging.ERROR, logging.ERROR]
+
+
+def test_the_real_models_aborted_decode_logs_no_error_or_warning(caplog):
+    from chatterm.core.config.catalog import load_catalog
+    from chatterm.core.engine.local.model import AbortFlag, open_model
+
+    opened = open_model(load_catalog().get(None))
+    llm = opened.llm
+    try:
+        flag = AbortFlag()
+        flag.install(llm)
+        flag.set(True)
+        caplog.set_level(logging.DEBUG, logger="llama.cpp")
+        caplog.clear()
+        try:
+            llm.eval(llm.tokenize(b"hello world " * 40))
+        except RuntimeError as exc:
+            assert "returned 2" in str(exc)  # the decode was aborted, as asked
+        else:
+            raise AssertionError("the abort flag did not stop the decode")
+        lines = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "llama.cpp"]
+        assert any("ret = 2" in text for _, text in lines)
+        assert [line for line in lines if line[0] >= logging.WARNING] == []
+    finally:
+        llm.close()

@@ -67,3 +67,53 @@ def test_dollar_amounts_carry_no_floating_point_noise():
     assert json.dumps(m.to_dict()["saved_usd"]) == "0.0001095"
     # The total is a sum of rounded parts: 0.1 + 0.2 is 0.30000000000000004.
     assert repr(turn(cost_input_usd=0.1, cost_cached_input_usd=0.2).cost_usd) == "0.3"
+
+
+def write_user_models(isolated_dirs, text: str):
+    config = isolated_dirs["CHATTERM_CONFIG_DIR"]
+    config.mkdir(parents=True, exist_ok=True)
+    (config / "models.toml").write_text(text)
+
+
+def test_a_users_model_with_only_a_source_takes_the_default_price_profile(isolated_dirs, tmp_path):
+    from chatterm.core.config.catalog import load_catalog
+
+    write_user_models(isolated_dirs,
+                      '[models.mine]\nsource = "mine.gguf"\n'
+                      '[models.cheap-one]\nsource = "mine.gguf"\nprice_profile = "cheap"\n'
+                      '[prices.cheap]\ninput = 0.1\noutput = 0.4\n')
+    catalog = load_catalog()
+    assert catalog.errors == []
+    assert catalog.get("mine").price_profile == catalog.defaults.price_profile == "gpt-4.1"
+    assert catalog.get("cheap-one").price_profile == "cheap"
+    cheap = catalog.price("cheap")
+    assert (cheap.label, cheap.as_of, cheap.cached_input_per_m) == ("cheap", "", 0.1)
+
+
+def test_a_users_default_price_profile_applies_to_the_entries_without_one(isolated_dirs):
+    from chatterm.core.config.catalog import load_catalog
+
+    write_user_models(isolated_dirs,
+                      '[defaults]\nprice_profile = "mine"\n[prices.mine]\ninput = 1\noutput = 2\n'
+                      '[models.mine]\nsource = "mine.gguf"\n')
+    catalog = load_catalog()
+    assert catalog.get("mine").price_profile == "mine"
+    assert catalog.get("smollm2-135m").price_profile == "gpt-4.1"  # it names its own
+
+
+def test_without_any_default_price_profile_the_entry_is_skipped_with_one_line(tmp_path):
+    from chatterm.core.config.catalog import load_catalog
+    from chatterm.errors import ChattermError
+
+    models = tmp_path / "models.toml"
+    models.write_text('[defaults]\nmodel = "x"\n[models.x]\nsource = "x.gguf"\n'
+                      '[models.y]\nsource = "y.gguf"\nprice_profile = "p"\n[prices.p]\ninput = 1\noutput = 2\n')
+    catalog = load_catalog(models)
+    assert catalog.get("y").price_profile == "p"
+    assert catalog.errors == [f"{models}: [models.x] has no price_profile, and [defaults] names none"]
+    with pytest.raises(ChattermError, match=r"\[models.x\] has no price_profile"):
+        catalog.get("x")
+    models.write_text('[defaults]\nmodel = "x"\nprice_profile = "gone"\n[models.x]\nsource = "x.gguf"\n')
+    assert load_catalog(models).errors == [
+        f"{models}: [models.x] its price_profile 'gone' (from [defaults]) is not defined"
+    ]

@@ -1,9 +1,14 @@
 """chatterm.core.metrics.format: the footer line and literal-safe text."""
 
+import re
 from dataclasses import replace
 
-from chatterm.core.metrics.format import fmt_ms, fmt_usd, footer_line, printable
+from chatterm.core.config.catalog import PriceProfile
+from chatterm.core.metrics.cost import apply_cost
+from chatterm.core.metrics.format import fmt_ms, fmt_usd, footer_line, input_breakdown, printable, usd_number
 from chatterm.core.metrics.turn_metrics import TurnMetrics
+from chatterm.core.metrics.whatif import cost_split
+from chatterm.core.report import words
 
 
 def metrics(**kw) -> TurnMetrics:
@@ -18,7 +23,7 @@ def test_footer_line_matches_the_documented_shape():
                 cost_input_usd=0.0000360, cost_cached_input_usd=0.000806, cost_output_usd=0.002304,
                 stop_reason="eos")
     assert footer_line(m) == (
-        "TTFT 142 ms · 47.9 tok/s · 18 in (1,612 cached) · 96 out · $0.0031 · restored 41 ms"
+        "TTFT 142 ms · 47.9 tok/s · 18 in (1,612 cached) · 96 out · $0.003146 · restored 41 ms"
     )
 
 
@@ -26,7 +31,7 @@ def test_footer_line_marks_stopped_estimated_and_missing_values():
     m = metrics(ttft_ms=None, generated_tokens=1, prefilled_tokens=5, cache_outcome="cold",
                 prefill_ms=12_345.0, stop_reason="cancelled", tokens_estimated=True)
     line = footer_line(m)
-    assert line.startswith("TTFT – · ~5 in · ~1 out · $0 · cold prefill 12.3 s")
+    assert line.startswith("TTFT – · ~5 in · ~1 out · $0.000000 · cold prefill 12.3 s")
     assert line.endswith("· stopped") and "tok/s" not in line
 
 
@@ -40,7 +45,7 @@ def test_printable_makes_escapes_visible_and_inert():
 
 def test_units():
     assert fmt_ms(9_999.4) == "9,999 ms" and fmt_ms(10_000) == "10.0 s" and fmt_ms(None) == "–"
-    assert fmt_usd(0.00001234) == "$0.000012" and fmt_usd(1.5) == "$1.50" and fmt_usd(0) == "$0"
+    assert fmt_usd(0.00001234) == "$0.000012" and fmt_usd(None) == "–"
 
 
 def test_a_prefix_prefilled_at_switch_time_is_not_called_this_turns_cold_prefill():
@@ -56,5 +61,52 @@ def test_a_prefix_prefilled_at_switch_time_is_not_called_this_turns_cold_prefill
 def test_a_turn_stopped_while_waiting_claims_no_prefill():
     m = metrics(ttft_ms=None, cache_outcome="none", wait_ms=3_000.0, stop_reason="cancelled",
                 cache_detail="stopped while waiting for the engine to prepare persona 'shop-support'")
-    assert footer_line(m) == "TTFT – · 0 in · 0 out · $0 · stopped while waiting"
+    assert footer_line(m) == "TTFT – · 0 in · 0 out · $0.000000 · stopped while waiting"
     assert TurnMetrics.from_dict(m.to_dict()).cache_outcome == "none"  # stored and read back as the enum
+
+
+def test_dollars_have_one_precision_whatever_the_amount():
+    # The panel that showed $0.000081 next to $0.0002: both to the millionth now.
+    amounts = [0.000081, 0.0002, 0.0031459, 1.5, 1234.5, 0.0]
+    shown = [fmt_usd(a) for a in amounts]
+    assert shown == ["$0.000081", "$0.000200", "$0.003146", "$1.500000", "$1,234.500000", "$0.000000"]
+    assert {len(text.split(".")[1]) for text in shown} == {6}
+    # The reports use the same rule, without the sign (their titles say USD).
+    assert [words.usd(a) for a in amounts] == [text.removeprefix("$") for text in shown]
+    assert usd_number(0.000081) == "0.000081"
+
+
+def test_a_non_zero_amount_too_small_to_show_is_never_a_zero():
+    assert fmt_usd(0.0000003) == "<$0.000001" and words.usd(0.0000003) == "<0.000001"
+    assert fmt_usd(0.0000005) == "<$0.000001" and fmt_usd(0.0000006) == "$0.000001"
+
+
+def test_the_footer_and_the_reports_follow_the_rule():
+    price = PriceProfile(id="p", input_per_m=2.0, cached_input_per_m=0.5, output_per_m=8.0)
+    m = metrics(ttft_ms=90.0, prompt_tokens=67, cached_tokens=54, prefilled_tokens=13, generated_tokens=5,
+                decode_ms=80.0, cache_outcome="restored", restore_ms=12.0, stop_reason="eos")
+    apply_cost(m, price)
+    assert re.findall(r"\$[\d,.]+", footer_line(m)) == ["$0.000093"]
+    rows = words.split_rows(cost_split([m]))
+    assert [row[2] for row in rows] == ["0.000026", "0.000027", "0.000040", "0.000093"]
+
+
+def test_a_switch_turn_says_its_tokens_were_prefilled_at_the_switch_everywhere():
+    # 67 prompt tokens, 54 of them the persona prefilled at the switch for this
+    # turn: billed as uncached input, so no wording may call them cached.
+    price = PriceProfile(id="p", input_per_m=2.0, cached_input_per_m=0.5, output_per_m=8.0)
+    m = metrics(ttft_ms=400.0, prompt_tokens=67, cached_tokens=54, prefilled_tokens=13, generated_tokens=3,
+                cache_outcome="switch", wait_ms=300.0, stop_reason="eos")
+    apply_cost(m, price)
+    assert m.cost_input_usd == 67 * 2.0e-6 and m.cost_cached_input_usd == 0
+    assert input_breakdown(m) == "54 prefilled at the switch"
+    line = footer_line(m)
+    assert "13 in (54 prefilled at the switch)" in line and "cached" not in line
+    split = cost_split([m])
+    assert (split.uncached_tokens, split.cached_tokens, split.switch_tokens) == (67, 0, 54)
+    assert "includes 54 tokens prefilled at the switch" in words.split_sentence(split)
+    # Typed ahead during such a turn: both are said.
+    ahead = replace(m, cached_tokens=64, ahead_tokens=10, prefilled_tokens=3)
+    assert input_breakdown(ahead) == "54 prefilled at the switch, 10 typed ahead"
+    # Any other turn's reused tokens are cached.
+    assert input_breakdown(replace(m, cache_outcome="memory")) == "54 cached"

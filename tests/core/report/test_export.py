@@ -153,7 +153,7 @@ def test_jsonl_is_exact_and_parseable(sample):
     assert all(list(row) == list(ROW_FIELDS) + list(TEXT_FIELDS) for row in rows)
     assert rows[1]["reply"] == NASTY_REPLY and rows[1]["user_text"] == "=cmd|' /C calc'!A0"
     assert "\x1b" not in text  # safe to print on a terminal
-    for row, record in zip(rows, turns):
+    for row, record in zip(rows, turns, strict=False):
         assert TurnMetrics.from_dict(row) == record.metrics
         assert row["decode_tok_s"] == record.metrics.decode_tok_s
     assert [r["session_id"] for r in rows] == [first, first, first, second]
@@ -179,7 +179,7 @@ def test_csv_reads_back_with_metrics_and_no_texts(sample):
     # Timestamps: ISO 8601 UTC (JSONL keeps Unix seconds).
     assert rows[3]["session_started_at"] == "2023-11-14T23:13:20.000Z"
     assert rows[0]["submitted_at"] == "2023-11-14T22:13:21.500Z"
-    for row, record in zip(rows, turns):
+    for row, record in zip(rows, turns, strict=False):
         parsed = datetime.fromisoformat(row["submitted_at"])
         assert parsed.tzinfo is not None and parsed.utcoffset().total_seconds() == 0
         assert abs(parsed.timestamp() - record.metrics.submitted_at) < 0.001
@@ -195,15 +195,21 @@ def test_markdown_renders_model_text_literally(sample):
     with SessionStore(db, readonly=True) as store:
         text = export_text(store, [first], "md")
     lines = text.splitlines()
-    header = next(i for i, line in enumerate(lines) if line.startswith("| # | TTFT ms |"))
-    table = []
-    for line in lines[header:]:
-        if not line.startswith("|"):
-            break
-        table.append(line)
-    assert len(table) == 2 + 3
-    assert all(len(_cells(line)) == 14 for line in table)
-    nasty_row = table[3]
+
+    def table_at(start: str) -> list[str]:
+        header = next(i for i, line in enumerate(lines) if line.startswith(start))
+        table = []
+        for line in lines[header:]:
+            if not line.startswith("|"):
+                break
+            table.append(line)
+        return table
+
+    turns, messages = table_at("| # | TTFT ms |"), table_at("| # | user | reply |")
+    assert len(turns) == len(messages) == 2 + 3
+    assert all(len(_cells(line)) == 12 for line in turns)
+    assert all(len(_cells(line)) == 3 for line in messages)
+    nasty_row = messages[3]
     assert "<script>" not in text and "\\<script\\>" in nasty_row
     assert "\x1b" not in text and "␛" in nasty_row and "\u202e" not in text
     assert "\\[click\\]" in nasty_row and "↵" in nasty_row

@@ -114,7 +114,7 @@ def test_hostile_text_stays_inert_in_every_format(db, t):
     # numbers are not.
     rows = list(csv.reader(io.StringIO(out["csv"], newline="")))
     assert len(rows) == 2 and rows[0] == list(ROW_FIELDS)
-    cells = dict(zip(rows[0], rows[1]))
+    cells = dict(zip(rows[0], rows[1], strict=False))
     turn = {**stored.metrics.to_dict(), "model_identity": info.model_identity,
             "device": info.device}
     for name in TEXT_COLUMNS:

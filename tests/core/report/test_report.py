@@ -190,9 +190,9 @@ def test_html_what_if_table_shows_every_profile(sample):
     header = table[0][1:]
     assert [h.split(" (")[0] for h in header] == [p.label for p in PRICES.values()]
     assert header[1].endswith("*")  # the session's own profile
-    totals = dict(zip(header, next(row for row in table if row[0] == "Total (USD)")[1:]))
-    saved = dict(zip(header, next(row for row in table if row[0] == "Cache saved (USD)")[1:]))
-    for h, profile in zip(header, PRICES.values()):
+    totals = dict(zip(header, next(row for row in table if row[0] == "Total (USD)")[1:], strict=False))
+    saved = dict(zip(header, next(row for row in table if row[0] == "Cache saved (USD)")[1:], strict=False))
+    for h, profile in zip(header, PRICES.values(), strict=False):
         total, cache_saved = _by_hand(exported[0][1], profile)
         assert totals[h] == f"{total:.6f}"
         assert saved[h].startswith(f"{cache_saved:.6f}")
@@ -240,7 +240,7 @@ def test_html_chart_data_equals_the_stored_metrics(sample):
         drawn.setdefault(key, {})
     # Segments follow their bar in document order.
     current = None
-    for tag, attrs in page.elements:
+    for _tag, attrs in page.elements:
         cls = (attrs.get("class") or "").split()
         if "bar" in cls:
             current = (attrs["data-session"], int(attrs["data-turn"]))
@@ -280,6 +280,74 @@ def test_failed_and_stopped_turns_are_charted_as_such(sample):
     error_points = [a for a in page.marks("point") if a["data-turn"] == "3"]
     assert {a["data-status"] for a in error_points} == {"error"}
     assert not [a for a in error_points if "data-tok-s" in a]
+
+
+def test_a_stopped_turns_mark_sits_at_its_value_not_above_its_bar(sample):
+    # A 12 px glyph above a short bar read as an 8-second bar on a 100,000 ms axis.
+    _, _, exported = sample
+    text = render_report(exported[:1], "html", PRICES)
+    ttft_svg = re.search(r'<section id="chart-ttft">(.*?)</svg>', text, re.S).group(1)
+    assert "■" not in ttft_svg
+    page = Page(ttft_svg + "</svg>")
+    stopped_bar = None
+    for _tag, attrs in page.elements:
+        cls = (attrs.get("class") or "").split()
+        if "bar" in cls:
+            stopped_bar = attrs["data-status"] == "stopped"
+            top = None
+        elif "seg" in cls and stopped_bar:
+            top = float(attrs["y"])  # segments are drawn bottom to top: the last is the bar's top
+            x, width = float(attrs["x"]), float(attrs["width"])
+        elif "stopped" in cls:
+            assert stopped_bar
+            assert float(attrs["cy"]) == pytest.approx(top, abs=0.01)
+            assert float(attrs["cx"]) == pytest.approx(x + width / 2, abs=0.01)
+            assert float(attrs["r"]) <= 4
+            break
+    else:
+        raise AssertionError("no stopped mark on the TTFT chart")
+
+
+def test_the_y_unit_is_above_the_top_tick_label_on_every_chart(sample):
+    _, _, exported = sample
+    text = render_report(exported, "html", PRICES)
+    charts = re.findall(r'<svg class="chart".*?</svg>', text, re.S)
+    assert len(charts) == 3
+    for svg in charts:
+        ticks = [float(y) for y in re.findall(r'<text class="tick" x="58" y="([\d.]+)"', svg)]
+        unit = re.findall(r'<text class="axis-title" ([^>]*)>(ms|tokens/s|USD)</text>', svg)
+        assert len(unit) == 1 and "rotate" not in unit[0][0], unit
+        unit_y = float(re.search(r'y="([\d.]+)"', unit[0][0]).group(1))
+        # Baselines: the 12 px unit must end above the top tick label's ascent.
+        assert unit_y <= min(ticks) - 12 - 2, (unit_y, min(ticks))
+
+
+def test_long_texts_get_a_messages_table_of_their_own(sample):
+    _, _, exported = sample
+    text = render_report(exported[:1], "html", PRICES)
+    page = Page(text)
+    turns = page.table_with("#", "TTFT ms")
+    assert "user" not in turns[0] and "reply" not in turns[0]
+    messages = page.table_with("#", "user")
+    assert messages[0] == ["#", "user", "reply"]
+    records = exported[0][1]
+    assert [row[0] for row in messages[1:]] == [str(r.index) for r in records]
+    assert messages[1][1:] == [records[0].user_text, records[0].reply]
+    assert "table.messages td:not(.n) { width: 50%;" in text
+    md = render_report(exported[:1], "md", PRICES)
+    assert "### Messages\n\n| # | user | reply |\n" in md
+    assert "| cost USD | user |" not in md
+
+
+def test_a_price_table_without_label_or_date_is_a_column_marked_no_date(tmp_path, capsys, isolated_dirs):
+    db = tmp_path / "chatterm.db"
+    first, _ = build_sample(db)
+    config = isolated_dirs["CHATTERM_CONFIG_DIR"]
+    config.mkdir(parents=True)
+    (config / "models.toml").write_text("[prices.mine]\ninput = 0.10\noutput = 0.40\n")
+    assert main(["--db", str(db), "export", str(first), "--format", "md"]) == 0
+    out = capsys.readouterr()
+    assert "mine (no date)" in out.out and "skipped" not in out.err
 
 
 def test_html_is_self_contained_and_inert(sample):
@@ -427,14 +495,14 @@ def test_report_of_real_turns_matches_the_stored_times(tmp_path):
     page = Page(out.read_text(encoding="utf-8"))
     parts: dict[int, dict[str, float]] = {}
     turn = None
-    for tag, attrs in page.elements:
+    for _tag, attrs in page.elements:
         cls = (attrs.get("class") or "").split()
         if "bar" in cls:
             turn = int(attrs["data-turn"])
         elif "seg" in cls:
             parts.setdefault(turn, {})[attrs["data-part"]] = float(attrs["data-ms"])
     table = page.table_with("#", "state")
-    for record, row in zip(records, table[1:]):
+    for record, row in zip(records, table[1:], strict=False):
         m = record.metrics
         assert parts[record.index]["prefill"] == m.prefill_ms
         assert parts[record.index]["restore"] == (m.restore_ms or 0.0)

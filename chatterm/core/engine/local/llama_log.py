@@ -4,6 +4,12 @@ llama-cpp-python's stock callback maps ggml's levels from an old enum, so with
 verbose=False errors are hidden (docs/engine.md). ggml's current enum is
 NONE=0, DEBUG=1, INFO=2, WARN=3, ERROR=4, CONT=5 (continue the previous line).
 Records go to the "llama.cpp" logger; lines are joined until a newline.
+
+A decode stopped by chatterm's own abort flag (a cancel, or a type-ahead
+prefill making way for the send: `model.AbortFlag`) is expected, so the lines
+llama.cpp writes for it (ERROR: the graph's status 1, GGML_STATUS_ABORTED;
+llama_decode's ret = 2, "aborted"; and the WARN between them about the
+rolled-back KV cells) are logged at DEBUG. Any other decode failure keeps its level.
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import logging
+import re
 import threading
 from typing import Iterator
 
@@ -22,6 +29,21 @@ _LEVELS = {0: logging.DEBUG, 1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNI
 _state = threading.local()
 _installed = False
 
+_ABORTED = re.compile(r"failed with error 1$|compute status: 1$|failed to decode, ret = 2$")
+_ABORT_END = "ret = 2"
+"""llama_decode's own line, the last of an abort's."""
+_ROLLED_BACK = "removing memory module entries"
+
+
+def _level(line: str, level: int) -> int:
+    """`level`, or DEBUG for the lines of an abort that chatterm asked for."""
+    if _ABORTED.search(line):
+        _state.aborting = not line.endswith(_ABORT_END)
+        return logging.DEBUG
+    if getattr(_state, "aborting", False) and _ROLLED_BACK in line:
+        return logging.DEBUG
+    return level
+
 
 def _emit(level: int, text: str) -> None:
     pending = getattr(_state, "pending", "")
@@ -32,7 +54,7 @@ def _emit(level: int, text: str) -> None:
     *lines, pending = pending.split("\n")
     for line in lines:
         if line.strip():
-            logger.log(pending_level, "%s", line)
+            logger.log(_level(line.rstrip(), pending_level), "%s", line)
     _state.pending = pending
     _state.level = pending_level
 
