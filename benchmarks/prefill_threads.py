@@ -5,7 +5,7 @@ thread that shares its core with another process holds all of them up. This
 measures, with the real default model, a prefill of a short message (16 tokens)
 and of a paste (200 tokens) by two contexts in the same run:
 - fixed: llama-cpp-python's default, one prefill thread per core;
-- adaptive: chatterm's `BatchThreads`, every core less those other processes
+- adaptive: chatterm's `Threads`, every core less those other processes
   keep busy (sampled by `OtherLoad`).
 First on the machine as it is, then with busy processes (pure-Python loops)
 taking half the cores. The contexts take turns, so both see the same load.
@@ -33,7 +33,7 @@ sys.path.insert(0, str(REPO))
 
 from chatterm.core.config.catalog import load_catalog  # noqa: E402
 from chatterm.core.engine.local import kv_state  # noqa: E402
-from chatterm.core.engine.local.model import BatchThreads, open_model  # noqa: E402
+from chatterm.core.engine.local.model import Threads, open_model  # noqa: E402
 from chatterm.core.system.machine import busy_fraction, calibration_ms, cpu_name  # noqa: E402
 
 LOADED_TARGET = 0.8
@@ -42,7 +42,7 @@ SIZES = (16, 200)
 TEXT = "Quarterly report. Revenue grew in every region, led by the north, while costs rose. " * 12
 
 
-def prefill_ms(llm, threads: BatchThreads, tokens: list[int]) -> float:
+def prefill_ms(llm, threads: Threads, tokens: list[int]) -> float:
     kv_state.clear(llm)
     threads.apply()
     return kv_state.prefill(llm, tokens).ms
@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"CPU: {cpu_name()} ({cores} cores); calibration {calib_before:.1f} ms; other processes busy {busy}")
     spec = load_catalog(None).get(None)
     contexts = {}
-    for name, threads in (("fixed", BatchThreads(adaptive=False)), ("adaptive", BatchThreads())):
+    for name, threads in (("fixed", Threads(adapt_decode=False, adapt_batch=False)), ("adaptive", Threads())):
         llm = open_model(spec).llm  # llama-cpp-python's default: one prefill thread per core
         threads.bind(llm)
         contexts[name] = (llm, threads)
@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             time.sleep(1.5)  # OtherLoad needs two samples of the new load
             results[scenario] = measure(contexts, tokens, opts.runs)
-            threads_used[scenario] = contexts["adaptive"][1].current
+            threads_used[scenario] = contexts["adaptive"][1].batch
         finally:
             for proc in procs:
                 proc.kill()

@@ -1,4 +1,8 @@
-"""`chatterm bench`: cold vs restored vs in-memory TTFT on this machine (see core.bench)."""
+"""`chatterm bench`: cold vs restored vs in-memory TTFT on this machine (see core.bench).
+
+Every command's module is imported to build the parser, so the runner and rich
+are imported when the benchmark runs, not when another command starts.
+"""
 
 from __future__ import annotations
 
@@ -6,11 +10,7 @@ import argparse
 import time
 from pathlib import Path
 
-from rich.console import Console
-from rich.table import Table
-
 from chatterm.cli.common import require_positive, workspace
-from chatterm.core.bench.runner import run_bench, write_json
 from chatterm.core.metrics.format import fmt_ms, fmt_tok_s
 from chatterm.errors import ChattermError
 
@@ -38,7 +38,18 @@ def _fmt_ratio(value: float | None, digits: int = 3) -> str:
     return "–" if value is None else f"{value:.{digits}f}x"
 
 
+def _fmt_counts(counts: list[int]) -> str:
+    """"2", or "1–2" when the count changed between runs."""
+    low, high = min(counts), max(counts)
+    return str(low) if low == high else f"{low}–{high}"
+
+
 def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from chatterm.core.bench.runner import run_bench, write_json
+
     err = Console(stderr=True)
     require_positive("--runs", args.runs)
     require_positive("--max-tokens", args.max_tokens)
@@ -91,6 +102,9 @@ def run(args: argparse.Namespace) -> int:
             ("state file bytes", f"{result['state_file_bytes']:,} ({_fmt_ratio(r['file_over_state_bytes'], 4)})"),
             ("decode", fmt_tok_s(result["decode_tok_s"])),
             ("decode (llama.cpp perf counters)", fmt_tok_s(result["decode_tok_s_llama_perf"])),
+            ("threads: decode / prefill", f"{_fmt_counts(result['threads']['decode'])} / "
+                                          f"{_fmt_counts(result['threads']['prefill'])} "
+                                          f"of {result['host']['physical_cores']} cores"),
             ("baseline create_chat_completion cold", fmt_ms(result["baseline_ttft_cold_ms"])),
             ("baseline create_chat_completion warm", fmt_ms(result["baseline_ttft_warm_ms"])),
             ("in memory / library warm (<= 1.05x)", _fmt_ratio(r["memory_over_baseline_warm"], 2)),

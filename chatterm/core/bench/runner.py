@@ -7,7 +7,9 @@ median of N runs after a warm-up run:
   only the user's tokens prefilled (the restore is inside the TTFT);
 - memory TTFT: the persona prefix already in the context;
 - restore ms, the time to read the same file, state bytes and file bytes;
-- decode tokens/s (chatterm's own loop and llama.cpp's perf counters);
+- decode tokens/s (chatterm's own loop and llama.cpp's perf counters), and
+  the decode and prefill thread counts each measured turn ran on (read back
+  from llama.cpp: they follow the load of other processes);
 - the same cold and warm TTFT for plain llama-cpp-python
   `create_chat_completion(stream=True)` on the same loaded model, as a baseline;
 - with `resume=True`, the resume series (`_bench_resume`): the next turn of a
@@ -39,7 +41,14 @@ from chatterm.core.config.personas import Persona
 from chatterm.core.engine.interface import Engine
 from chatterm.core.metrics.turn_metrics import CacheOutcome, StopReason
 from chatterm.core.system.atomic import atomic_write_bytes
-from chatterm.core.system.machine import BUSY_WARNING, busy_fraction, calibration_ms, cpu_name
+from chatterm.core.system.machine import (
+    BUSY_WARNING,
+    busy_fraction,
+    calibration_ms,
+    cpu_name,
+    physical_cores,
+    usable_cpus,
+)
 from chatterm.errors import ChattermError
 
 QUESTIONS = [
@@ -92,7 +101,8 @@ def run_bench(
         "chatterm_version": __version__,
         "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "host": {"machine": platform.machine(), "python": platform.python_version(), "cpu": cpu_name(),
-                 "cores": os.cpu_count(), "calibration_ms": calibration, "busy_before": busy},
+                 "cores": os.cpu_count(), "usable_cpus": len(usable_cpus()), "physical_cores": physical_cores(),
+                 "calibration_ms": calibration, "busy_before": busy},
         "model_id": engine.spec.id,
         "engine": engine.kind,
         "device": engine.device().__dict__,
@@ -151,6 +161,8 @@ def _bench_turns(engine: Engine, persona: Persona, runs: int, say: Report) -> di
 
 def _bench_local(engine, persona: Persona, runs: int, say: Report) -> dict[str, Any]:
     """Cold / restored / in-memory series on an engine with `kv_control`."""
+    from chatterm.core.engine.local.model import threads_in_use
+
     cache = engine.kv_cache
     if cache is None:
         raise ChattermError("the benchmark needs the persona KV cache (no cache folder)")
@@ -180,6 +192,7 @@ def _bench_local(engine, persona: Persona, runs: int, say: Report) -> dict[str, 
     series: dict[str, list] = {"cold": [], "restored": [], "memory": []}
     perf_rates: list[float] = []
     restore_ms: list[float] = []
+    threads: list[tuple[int, int]] = []
     for label, fn in (("cold", cold), ("restored", restored), ("memory", memory)):
         q = _question(0)
         say(f"{label}: warm-up")
@@ -194,6 +207,7 @@ def _bench_local(engine, persona: Persona, runs: int, say: Report) -> dict[str, 
                     f"benchmark expected a {label} turn, got {m.cache_outcome} ({m.cache_detail})"
                 )
             series[label].append(m)
+            threads.append(threads_in_use(engine.llm))  # set before this turn's prefill, kept for its decode
             if label == "restored" and m.restore_ms is not None:
                 restore_ms.append(m.restore_ms)
             if turn.perf.get("n_eval") and turn.perf.get("t_eval_ms"):
@@ -228,6 +242,7 @@ def _bench_local(engine, persona: Persona, runs: int, say: Report) -> dict[str, 
         "state_file_bytes": file_bytes,
         "decode_tok_s": _median(all_rates),
         "decode_tok_s_llama_perf": _median(perf_rates),
+        "threads": {"decode": [d for d, _ in threads], "prefill": [p for _, p in threads]},
         "baseline_ttft_cold_ms": baseline["cold"],
         "baseline_ttft_warm_ms": baseline["warm"],
         "ratios": {

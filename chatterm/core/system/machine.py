@@ -12,9 +12,16 @@ Contract:
   where /proc/stat cannot be read. Ratios measured within one run survive a
   steady load, not a load that comes and goes, so benchmarks warn above
   `BUSY_WARNING`.
+- `usable_cpus()`: the CPU numbers this process may run on (its affinity
+  mask; every CPU of the machine where there is no mask).
+- `physical_cores(cpus, sys_cpu)`: how many physical cores those CPUs sit on,
+  from the OS's sibling lists (`topology/core_cpus_list`, else the older
+  `thread_siblings_list`): hardware threads of one core count once. A CPU
+  without a readable list counts as a core of its own, so a machine without
+  /sys gets one thread per CPU, never a guess that halves it.
 - `OtherLoad`: how many of this process's CPUs other processes keep busy at
-  normal priority, sampled by a daemon thread (what llama.cpp's prefill
-  threads will compete with; see `chatterm.core.engine.local.model.BatchThreads`).
+  normal priority, sampled by a daemon thread (what llama.cpp's threads will
+  compete with; see `chatterm.core.engine.local.model.Threads`).
 """
 
 from __future__ import annotations
@@ -24,6 +31,8 @@ import platform
 import threading
 import time
 import timeit
+from pathlib import Path
+from typing import Iterable
 
 BUSY_WARNING = 0.25
 """Share of the CPU in use by others above which a benchmark says its figures may not hold."""
@@ -42,6 +51,49 @@ def cpu_name() -> str:
 
 def calibration_ms() -> float:
     return min(timeit.repeat("sum(range(10**6))", number=1, repeat=5)) * 1000.0
+
+
+SYS_CPU = Path("/sys/devices/system/cpu")
+SIBLING_LISTS = ("core_cpus_list", "thread_siblings_list")
+"""Per-CPU files under `topology/` naming the CPUs of the same core, newest name first."""
+
+
+def usable_cpus() -> frozenset[int]:
+    try:
+        return frozenset(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return frozenset(range(os.cpu_count() or 1))
+
+
+def physical_cores(cpus: Iterable[int] | None = None, sys_cpu: Path = SYS_CPU) -> int:
+    cpus = usable_cpus() if cpus is None else frozenset(cpus)
+    cores = {_siblings(cpu, sys_cpu) for cpu in cpus}
+    return max(len(cores), 1)
+
+
+def _siblings(cpu: int, sys_cpu: Path) -> frozenset[int]:
+    """The CPUs sharing `cpu`'s core (just `cpu` where the OS does not say)."""
+    for name in SIBLING_LISTS:
+        try:
+            text = (sys_cpu / f"cpu{cpu}" / "topology" / name).read_text(encoding="ascii")
+        except (OSError, ValueError):
+            continue
+        found = _parse_cpu_list(text)
+        if cpu in found:
+            return found
+    return frozenset({cpu})
+
+
+def _parse_cpu_list(text: str) -> frozenset[int]:
+    """A kernel CPU list ("0-3,8,10-11"); empty when it does not parse."""
+    cpus: set[int] = set()
+    try:
+        for part in text.strip().split(","):
+            first, _, last = part.partition("-")
+            cpus.update(range(int(first), int(last or first) + 1))
+    except ValueError:
+        return frozenset()
+    return frozenset(cpus)
 
 
 def _cpu_jiffies(cpus: frozenset[str] = frozenset({"cpu"})) -> tuple[int, int, int] | None:

@@ -1,5 +1,6 @@
-"""Prefill threads follow the load of other processes (BatchThreads over OtherLoad),
-measured on the real machine with real busy processes and the real default model."""
+"""Decode and prefill threads follow the load of other processes (Threads over
+OtherLoad), measured on the real machine with real busy processes and the real
+default model."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import time
 import pytest
 
 from chatterm.core.config.catalog import load_catalog
-from chatterm.core.engine.local.model import BatchThreads, open_model
+from chatterm.core.engine.local.model import Threads, open_model, threads_in_use
 from chatterm.core.system.machine import OtherLoad
 
 pytestmark = pytest.mark.skipif(
@@ -72,26 +73,30 @@ def test_work_at_a_lower_priority_is_not_counted():
     assert niced_busy < 0.5
 
 
-def test_prefill_gives_a_busy_core_back_and_a_fixed_count_stays():
+def test_decode_and_prefill_give_a_busy_core_back_and_a_fixed_count_stays():
     hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     time.sleep(0.2)  # the busy loop is running
     try:
-        adaptive = BatchThreads()  # as the engine does: sampling starts before the load
+        adaptive = Threads()  # as the engine does: sampling starts before the load
         llm = open_model(load_catalog(None).get(None)).llm
         adaptive.bind(llm)
-        most = llm.n_threads_batch
+        most = threads_in_use(llm)
+        assert most == (adaptive.cores, adaptive.cores)
         threads = adaptive.apply()  # the first prefill, right after the load (no full window yet)
-        assert 1 <= threads <= min(most, len(os.sched_getaffinity(0)) - 1) and threads == adaptive.current
+        assert 1 <= threads <= adaptive.cores - 1 and threads == adaptive.batch
+        assert 1 <= adaptive.decode <= adaptive.cores - 1
+        assert threads_in_use(llm) == (adaptive.decode, adaptive.batch)  # what llama.cpp holds
     finally:
         hog.kill()
         hog.wait()
         adaptive.close()
-    fixed = BatchThreads(adaptive=False)
+    fixed = Threads(adapt_decode=False, adapt_batch=False)
     fixed.bind(llm)
     hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         time.sleep(SETTLE_S)
-        assert fixed.apply() == most  # models.toml n_threads_batch: never adapted
+        assert fixed.apply() == most[1] and fixed.decode == most[0]  # set in models.toml: never adapted
+        assert threads_in_use(llm) == most
     finally:
         hog.kill()
         hog.wait()

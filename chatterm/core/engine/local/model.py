@@ -9,15 +9,20 @@ Contract:
   load that fails for good is one ChattermError carrying llama.cpp's first
   error, the specific one. The device name (a GPU probe or /proc/cpuinfo) is
   worked out here, once.
-- `BatchThreads` picks how many threads llama.cpp prefills with, before each
-  prefill: the models.toml `n_threads_batch` when set, else one per core this
-  process may run on (llama-cpp-python's default counts every core of the
-  machine, also those an affinity mask or a container leaves out) less the
-  cores other processes keep busy at normal priority (`OtherLoad`). llama.cpp's
-  threads meet at a spinning barrier after every graph node, so a thread that
-  has to share its core with another process stalls all of them: measured on
-  2 cores with one busy process, a 2-thread prefill is 1.3-3x slower than a
-  1-thread one (docs/engine.md, benchmarks/prefill_threads.py).
+- `Threads` picks how many threads llama.cpp decodes and prefills with,
+  before each prefill (the reply's decode follows it): the models.toml
+  `n_threads` / `n_threads_batch` when set, else one per physical core this
+  process may run on (`machine.physical_cores`: its affinity mask and the OS's
+  sibling lists; llama-cpp-python's own default halves the machine's CPU
+  count for decode and counts CPUs an affinity mask or a container leaves
+  out) less the cores other processes keep busy at normal priority
+  (`OtherLoad`). llama.cpp's threads meet at a spinning barrier after every
+  graph node, so a thread that has to share its core with another process
+  stalls all of them: measured on 2 cores with one busy process, a 2-thread
+  prefill is 1.3-3x slower than a 1-thread one and a 2-thread decode about 4x
+  slower (docs/engine.md, benchmarks/prefill_threads.py,
+  benchmarks/decode_threads.py). `threads_in_use(llm)` reads back the counts
+  llama.cpp holds.
 - `AbortFlag` is llama.cpp's abort callback for one context: `set(True)`
   makes the decode in progress stop at its next graph node (CPU backend), and
   the decode raises RuntimeError; `set(False)` before the next decode.
@@ -28,17 +33,15 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import logging
-import os
 import threading
 from dataclasses import dataclass
-from pathlib import Path
 
 import llama_cpp
 
 from chatterm.core.config.catalog import ModelSpec
 from chatterm.core.engine.interface import Progress
 from chatterm.core.engine.local import llama_log, offload
-from chatterm.core.system.machine import OtherLoad, cpu_name
+from chatterm.core.system.machine import OtherLoad, cpu_name, physical_cores, usable_cpus
 from chatterm.errors import ChattermError
 
 log = logging.getLogger(__name__)
@@ -60,10 +63,11 @@ class OpenedModel:
 
 
 def open_model(spec: ModelSpec, progress: Progress | None = None) -> OpenedModel:
-    path = spec.model_path()
-    _check_gguf(path)
+    path = spec.gguf_file()
     llama_log.install()
     plan = offload.plan_offload(spec, llama_cpp.llama_supports_gpu_offload())
+
+    cores = physical_cores()
 
     def try_load(n_gpu_layers: int, flash_attn: bool) -> llama_cpp.Llama:
         with _load_progress(progress):
@@ -74,8 +78,8 @@ def open_model(spec: ModelSpec, progress: Progress | None = None) -> OpenedModel
                 flash_attn=flash_attn,
                 type_k=plan.type_k,
                 type_v=plan.type_v,
-                n_threads=spec.n_threads,
-                n_threads_batch=spec.n_threads_batch,
+                n_threads=spec.n_threads or cores,
+                n_threads_batch=spec.n_threads_batch or cores,
                 verbose=False,
             )
 
@@ -91,45 +95,58 @@ def open_model(spec: ModelSpec, progress: Progress | None = None) -> OpenedModel
     return OpenedModel(llm, loaded_plan, tuple(notes), _gpu_name() if on_gpu else cpu_name())
 
 
-class BatchThreads:
-    """The prefill thread count of one context (see the module docstring).
-    Made before the model loads, so that the load of other processes is
-    already known at the first prefill; `bind()` it to the loaded model."""
+class Threads:
+    """The decode and prefill thread counts of one context (see the module
+    docstring). Made before the model loads, so that the load of other
+    processes is already known at the first prefill; `bind()` it to the loaded
+    model, whose counts are the most it uses. A count that is not adaptive
+    (set in models.toml) stays as loaded."""
 
-    def __init__(self, adaptive: bool = True):
+    def __init__(self, adapt_decode: bool = True, adapt_batch: bool = True):
         self._llm: llama_cpp.Llama | None = None
-        self._adaptive = adaptive
-        self._most = self.current = 1
-        try:
-            self._cores = len(os.sched_getaffinity(0))
-        except (AttributeError, OSError):
-            self._cores = os.cpu_count() or 1
-        self._load = OtherLoad().start() if adaptive and self._cores > 1 else None
+        self._adapt_decode, self._adapt_batch = adapt_decode, adapt_batch
+        self.cores = physical_cores()
+        self._most_decode = self._most_batch = 1
+        self.decode = self.batch = 1
+        adaptive = adapt_decode or adapt_batch
+        self._load = OtherLoad().start() if adaptive and len(usable_cpus()) > 1 else None
 
     def bind(self, llm: llama_cpp.Llama) -> None:
         self._llm = llm
-        self._most = self.current = llm.n_threads_batch
-        if self._adaptive:
-            self._most = min(self._most, self._cores)
+        self.decode, self.batch = threads_in_use(llm)
+        # The counts it was loaded with: llama_set_n_threads leaves these alone.
+        self._most_decode = min(llm.n_threads, self.cores) if self._adapt_decode else llm.n_threads
+        self._most_batch = min(llm.n_threads_batch, self.cores) if self._adapt_batch else llm.n_threads_batch
 
     def apply(self) -> int:
-        """Set the thread count for the next prefill; returns it."""
+        """Set the thread counts for the next prefill and the decode after it;
+        returns the prefill count."""
         assert self._llm is not None, "bind() the loaded model first"
-        wanted = self._most
         others = self._load.cores if self._load is not None else None
-        if others is not None:
-            # A core another process keeps busy at least half the time is taken.
-            wanted = max(1, min(self._most, self._cores - int(others + 0.5)))
-        if wanted != self.current:
-            log.debug("prefill threads %d -> %d (other processes busy: %s cores)", self.current, wanted,
-                      "?" if others is None else f"{others:.1f}")
-            llama_cpp.llama_set_n_threads(self._llm.ctx, self._llm.n_threads, wanted)
-            self.current = wanted
-        return wanted
+        # A core another process keeps busy at least half the time is taken.
+        free = self.cores - int(others + 0.5) if others is not None else self.cores
+        decode = max(1, min(self._most_decode, free)) if self._adapt_decode else self._most_decode
+        batch = max(1, min(self._most_batch, free)) if self._adapt_batch else self._most_batch
+        if (decode, batch) != (self.decode, self.batch):
+            log.debug("threads %d/%d -> %d/%d decode/prefill (other processes busy: %s cores)",
+                      self.decode, self.batch, decode, batch, "?" if others is None else f"{others:.1f}")
+            llama_cpp.llama_set_n_threads(self._llm.ctx, decode, batch)
+            self.decode, self.batch = decode, batch
+        return batch
+
+    def describe(self) -> str:
+        """The counts in use, for the dashboard: "2 decode · 2 prefill of 2 cores"."""
+        text = f"{self.decode} decode · {self.batch} prefill of {self.cores} core{'s' if self.cores != 1 else ''}"
+        return f"{text} (fewer while others keep cores busy)" if self._load is not None else text
 
     def close(self) -> None:
         if self._load is not None:
             self._load.stop()
+
+
+def threads_in_use(llm: llama_cpp.Llama) -> tuple[int, int]:
+    """(decode, prefill) thread counts llama.cpp holds for `llm`'s context."""
+    return llama_cpp.llama_n_threads(llm.ctx), llama_cpp.llama_n_threads_batch(llm.ctx)
 
 
 class AbortFlag:
@@ -189,20 +206,6 @@ def _load_progress(progress: Progress | None):
             yield
         finally:
             llama_cpp.llama_cpp.llama_model_default_params = original
-
-
-def _check_gguf(path: Path) -> None:
-    if not path.exists():
-        raise ChattermError(f"{path}: model file not found")
-    if not path.is_file():
-        raise ChattermError(f"{path}: not a file")
-    try:
-        with open(path, "rb") as fh:
-            magic = fh.read(4)
-    except OSError as exc:
-        raise ChattermError(f"{path}: cannot read model file: {exc.strerror}") from None
-    if magic != b"GGUF":
-        raise ChattermError(f"{path}: not a GGUF model file (bad magic {magic!r})")
 
 
 def _gpu_name() -> str:
