@@ -9,10 +9,10 @@ Contract:
   slot holds one entry per model; saving a slot replaces its entry.
 - Two tiers. RAM: entries kept as captured (no copy), least recently used
   evicted beyond `ram_budget_bytes` (default 1 GiB). Disk: one state file per
-  (model, slot), `<folder>/<model>/<kind>-<key>.kvstate`, in the format of
-  `chatterm.core.cache.state_file` (magic, JSON header, raw payload; file bytes <=
-  1.01x the state), written atomically by one background writer, least
-  recently used files evicted beyond `disk_budget_bytes`. A failed write turns
+  (model, slot), `<folder>/<model>/<kind>-<key>.kvstate`, written and read
+  through `chatterm.core.cache.state_file` (magic, JSON header, raw payload;
+  file bytes <= 1.01x the state), by one background writer, least recently
+  used files evicted beyond `disk_budget_bytes`. A failed write turns
   disk saving off for the process and keeps the reason in `write_error`.
 - `lookup(model_id, compat, prompt)` returns every usable entry sharing at
   least `min_shared` tokens with `prompt`, best first: most shared tokens,
@@ -29,38 +29,26 @@ Contract:
   a truncated, corrupt or unreadable file, a file from another model or
   build (the first differing compat field is named). A disk entry's payload
   is checked against the CRC-32s in its header while it is restored
-  (`OpenedState.verify`); `verify_files()` checks `payload_sha256` too.
+  (`OpenedState.verify`); `verify_files()` checks its sha256 too.
 - Nothing here touches llama.cpp: the payload is bytes in, bytes out.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
-import mmap
 import os
 import queue
 import stat
 import threading
 import time
-import zlib
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from chatterm.core.cache.state_file import (
-    _PREAMBLE,
-    CHUNK_BYTES,
-    FORMAT_VERSION,
-    MAGIC,
-    SUFFIX,
-    chunk_crc32s,
-    read_header,
-)
+from chatterm.core.cache import state_file
 from chatterm.core.cache.tokens import common_prefix_len
-from chatterm.core.system.atomic import TEMP_SUFFIX, atomic_write_chunks, ensure_private_dir, sweep_temp_files
+from chatterm.core.system.atomic import TEMP_SUFFIX, ensure_private_dir, sweep_temp_files
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +91,7 @@ class Slot:
 
     @property
     def file_name(self) -> str:
-        return f"{self.kind}-{_safe_name(self.key)}{SUFFIX}"
+        return f"{self.kind}-{_safe_name(self.key)}{state_file.SUFFIX}"
 
 
 @dataclass
@@ -181,16 +169,6 @@ def _first_difference(found: dict[str, Any], expected: dict[str, Any]) -> str | 
     return None
 
 
-def _open_regular(path: Path):
-    """Open for reading without blocking on a FIFO planted at `path`; ValueError
-    when it is not a regular file."""
-    fh = open(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb")
-    if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
-        fh.close()
-        raise ValueError("not a regular file")
-    return fh
-
-
 def _compat_miss(label: str, difference: str) -> str:
     what = "build" if "llama cpp" in difference else "model or settings"
     return f"{label}: other {what}: {difference}"
@@ -213,7 +191,8 @@ class _Indexed:
     stamp: tuple[int, int, int, int]
     """`_stamp` of the file whose header `entry` was parsed from."""
     entry: Entry
-    payload_offset: int
+    header: state_file.Header | None
+    """None when the file had no header to read (`entry.problem` says why)."""
 
 
 class PromptCache:
@@ -320,27 +299,12 @@ class PromptCache:
         """Write a state file now (atomic); its path, or None when disk saving is off."""
         if self.write_error is not None:
             return None
-        view = memoryview(payload).cast("B")
-        header = {
-            **(info or {}),
-            "kind": slot.kind,
-            "key": slot.key,
-            "model_id": model_id,
-            "n_tokens": len(tokens),
-            "tokens": list(tokens),
-            "compat": compat,
-            "payload_len": view.nbytes,
-            "payload_sha256": hashlib.sha256(view).hexdigest(),
-            "chunk_bytes": CHUNK_BYTES,
-            "chunk_crc32": chunk_crc32s(view),
-            "created_at": time.time(),
-        }
-        blob = json.dumps(header, separators=(",", ":")).encode("utf-8")
+        meta = {**(info or {}), "kind": slot.kind, "key": slot.key, "model_id": model_id}
         path = self.path_for(model_id, slot)
         try:
             ensure_private_dir(self.folder)
             ensure_private_dir(path.parent)
-            atomic_write_chunks(path, [_PREAMBLE.pack(MAGIC, FORMAT_VERSION, len(blob)), blob, view])
+            state_file.write(path, tokens, compat, payload, meta)
         except OSError as exc:
             self.write_error = f"cannot write {path}: {exc.strerror or exc}"
             return None
@@ -358,36 +322,26 @@ class PromptCache:
         if known is not None and known.stamp == stamp:
             known.entry.last_used = st.st_mtime
             return known
-        problem, offset = "", 0
+        problem, header = "", None
         model_id, slot, tokens, compat, info = path.parent.name, _slot_of_file(path), [], {}, {}
         try:
             if not stat.S_ISREG(st.st_mode):
                 raise ValueError("not a regular file")  # opening a FIFO would block
-            with _open_regular(path) as fh:
+            with state_file.open_regular(path) as fh:
                 st = os.fstat(fh.fileno())  # the file read here, should a save replace it meanwhile
                 stamp = _stamp(st)
-                header = read_header(fh)
-                offset = fh.tell()
-            compat = header["compat"]
-            model_id = str(header.get("model_id", model_id))
-            if "kind" not in header:
-                slot = Slot.persona(str(header.get("persona_id", path.stem)))
+                header = state_file.read(fh, st.st_size)
+            fields = header.fields
+            compat = header.compat
+            model_id = str(fields.get("model_id", model_id))
+            if "kind" not in fields:  # v0.1 wrote persona prefixes only, their tokens in compat
+                slot = Slot.persona(str(fields.get("persona_id", path.stem)))
                 tokens = list(compat.get("prefix_tokens") or [])
                 problem = "v0.1 persona state file (rebuilt on next use)"
             else:
-                slot = Slot(str(header["kind"]), str(header["key"]))
-                tokens = header["tokens"]
-                size = header.get("payload_len")
-                if (not isinstance(tokens, list)
-                        or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens)
-                        or not isinstance(size, int) or isinstance(size, bool) or size <= 0
-                        or not isinstance(header.get("chunk_crc32"), list)):
-                    problem, tokens = "corrupt header (tokens, payload length or digests)", []
-                elif st.st_size < offset + size:
-                    problem = f"payload truncated ({st.st_size - offset:,} of {size:,} bytes)"
-                elif st.st_size > offset + size:
-                    problem = "corrupt (trailing bytes after the payload)"
-            info = {k: v for k, v in header.items() if k not in ("tokens", "compat")}
+                slot = Slot(str(fields["kind"]), str(fields["key"]))
+                tokens, problem = header.tokens, header.problem
+            info = {k: v for k, v in fields.items() if k not in ("tokens", "compat")}
         except ValueError as exc:
             problem = str(exc) if "truncated" in str(exc) or "regular" in str(exc) else f"corrupt: {exc}"
         except OSError as exc:
@@ -395,7 +349,7 @@ class PromptCache:
         except (KeyError, TypeError):
             problem = "corrupt header"
         entry = Entry(slot, model_id, tokens, st.st_size, DISK, st.st_mtime, compat, info, path, problem=problem)
-        indexed = _Indexed(stamp, entry, offset)
+        indexed = _Indexed(stamp, entry, header)
         with self._lock:
             self._index[path] = indexed
         return indexed
@@ -403,7 +357,8 @@ class PromptCache:
     def _disk_entries(self, model_id: str | None = None) -> list[_Indexed]:
         if not self.folder.is_dir():
             return []
-        pattern = f"{_safe_name(model_id)}/*{SUFFIX}" if model_id is not None else f"*/*{SUFFIX}"
+        suffix = state_file.SUFFIX
+        pattern = f"{_safe_name(model_id)}/*{suffix}" if model_id is not None else f"*/*{suffix}"
         found = []
         for path in sorted(self.folder.glob(pattern)):
             try:
@@ -480,7 +435,7 @@ class PromptCache:
         assert path is not None
         label = f"{entry.slot.label} (disk)"
         try:
-            fh = _open_regular(path)
+            fh = state_file.open_regular(path)
         except FileNotFoundError:
             return Miss(f"{label}: missing (removed meanwhile)")
         except ValueError as exc:
@@ -492,8 +447,9 @@ class PromptCache:
                 indexed = self._index.get(path)
             if indexed is None or indexed.entry is not entry or indexed.stamp != _stamp(os.fstat(fh.fileno())):
                 return Miss(f"{label}: replaced on disk since the lookup")
+            assert indexed.header is not None  # an entry without a problem was read from one
             try:
-                mapping = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY)
+                mapped = state_file.map_payload(fh, indexed.header)
             except (OSError, ValueError) as exc:
                 return Miss(f"{label}: unreadable: {exc}")
             try:
@@ -507,17 +463,7 @@ class PromptCache:
                 with self._lock:
                     indexed.stamp = _stamp(st)
                 entry.last_used = st.st_mtime
-        if hasattr(mapping, "madvise"):
-            mapping.madvise(mmap.MADV_WILLNEED)
-        offset, size = indexed.payload_offset, entry.info["payload_len"]
-        payload = memoryview(mapping)[offset : offset + size]
-        digests = entry.info["chunk_crc32"]
-
-        def close() -> None:
-            payload.release()
-            mapping.close()
-
-        return OpenedState(entry.tokens, payload, lambda: chunk_crc32s(payload) == digests, close)
+        return OpenedState(entry.tokens, mapped.payload, mapped.verify, mapped.close)
 
     def clear_ram(self) -> None:
         """Drop the RAM tier (benchmarks measure restores from disk)."""
@@ -590,20 +536,15 @@ class PromptCache:
             if entry.problem:
                 results.append(FileCheck(path, label, False, entry.problem))
                 continue
+            assert indexed.header is not None  # an entry without a problem was read from one
             try:
-                with _open_regular(path) as fh:
-                    fh.seek(indexed.payload_offset)
-                    digest, crcs = hashlib.sha256(), []
-                    while chunk := fh.read(CHUNK_BYTES):  # what every writer uses
-                        digest.update(chunk)
-                        crcs.append(zlib.crc32(chunk))
+                with state_file.open_regular(path) as fh:
+                    problem = state_file.check_payload(fh, indexed.header)
             except (OSError, ValueError) as exc:
                 results.append(FileCheck(path, label, False, f"unreadable: {getattr(exc, 'strerror', None) or exc}"))
                 continue
-            if digest.hexdigest() != entry.info.get("payload_sha256"):
-                results.append(FileCheck(path, label, False, "payload sha256 mismatch"))
-            elif crcs != entry.info.get("chunk_crc32"):
-                results.append(FileCheck(path, label, False, "chunk CRC-32 mismatch"))
+            if problem is not None:
+                results.append(FileCheck(path, label, False, problem))
             else:
                 results.append(FileCheck(path, label, True, f"{len(entry.tokens):,} tokens, {entry.nbytes:,} bytes"))
         return results

@@ -325,6 +325,12 @@ class Engine(ABC):
         """Tokens currently held in the context (0 when unknown)."""
         return 0
 
+    def persona_tokens(self, persona: Persona) -> int | None:
+        """Tokens `persona`'s prompt takes in the context before any message,
+        once this engine has measured it (it prepared the persona); None when
+        unknown. Never computes: cheap from any thread."""
+        return None
+
     def cached_personas(self) -> dict[str, str]:
         """Personas whose prefix state is cached, from one look at the cache:
         persona id -> where a restore would read it, "ram" (first) or "disk".
@@ -342,11 +348,11 @@ class Engine(ABC):
         prefill reports `progress` after each batch."""
         return PrefixReport(CacheOutcome.SERVER, 0.0, 0)
 
-    def note_conversation(self, session_id: int | None) -> None:
+    def note_conversation(self, session_id: int | None) -> None:  # noqa: B027 - optional: a no-op where the engine has nothing to do
         """The next turn continues stored session `session_id` (None: a new one),
         so an engine with a conversation cache can name that session's misses."""
 
-    def keep_conversation(self, session_id: int) -> None:
+    def keep_conversation(self, session_id: int) -> None:  # noqa: B027 - optional: a no-op where the engine has nothing to do
         """A turn of session `session_id` was recorded: an engine with a
         conversation cache keeps the context's state for it (no-op here)."""
 
@@ -368,13 +374,13 @@ class Engine(ABC):
         `progress(ready, total)` is called after each batch."""
         return None
 
-    def drop_ahead(self) -> None:
+    def drop_ahead(self) -> None:  # noqa: B027 - optional: a no-op where the engine has nothing to do
         """Stop a type-ahead prefill and forget it (persona switch, new
         conversation, the draft was cleared); callable from any thread."""
 
-    def interrupt(self) -> None:
+    def interrupt(self) -> None:  # noqa: B027 - optional: a no-op where the engine has nothing to do
         """Stop whatever the engine is computing as soon as it can (app exit);
         callable from any thread. A running turn ends as cancelled."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional: a no-op where the engine has nothing to do
         """Release the model / connections. Safe to call twice."""

@@ -13,8 +13,8 @@ import time
 import llama_cpp
 import pytest
 
+from chatterm.core.cache import state_file
 from chatterm.core.cache.prompt_cache import DISK, RAM, Miss, OpenedState, PromptCache, Slot
-from chatterm.core.cache.state_file import read_header
 from chatterm.core.engine.local import kv_state, llama_log
 from chatterm.core.workspace import Workspace
 
@@ -61,7 +61,8 @@ def test_longest_shared_prefix_wins_and_ram_is_preferred_on_a_tie(tmp_path):
 
     # A new conversation with the persona: both share 10; the smaller entry is cheaper.
     found = cache.lookup("m", COMPAT, tokens(10) + [500, 501])
-    assert (found.candidates[0].entry.slot, found.candidates[0].entry.tier, found.candidates[0].shared) == (PERSONA, RAM, 10)
+    best = found.candidates[0]
+    assert (best.entry.slot, best.entry.tier, best.shared) == (PERSONA, RAM, 10)
 
     # The prompt IS the entry: one token is always left to decode.
     assert cache.lookup("m", COMPAT, tokens(50)).candidates[0].shared == 49
@@ -127,12 +128,11 @@ def test_disk_payload_is_checked_and_a_replaced_file_is_a_miss(tmp_path):
 
 
 def test_a_state_file_header_is_parsed_once_however_often_it_is_restored(tmp_path, monkeypatch):
-    from chatterm.core.cache import prompt_cache
-
     cache = PromptCache(tmp_path / "kv")
     cache.save("m", SESSION, tokens(30), payload(7, 1 << 20), COMPAT)
     parses = []
-    monkeypatch.setattr(prompt_cache, "read_header", lambda fh: parses.append(1) or read_header(fh))
+    read = state_file.read
+    monkeypatch.setattr(state_file, "read", lambda fh, size: parses.append(1) or read(fh, size))
     reader = fresh(cache)
     for _ in range(3):  # each open also touches the file (LRU): still the parsed version
         opened = reader.open(reader.lookup("m", COMPAT, tokens(31)).candidates[0])

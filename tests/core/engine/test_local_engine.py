@@ -328,7 +328,9 @@ def test_context_overflow_drops_oldest_turns_never_the_persona(ws, tmp_path):
         # On the real template and tokenizer, the bisection keeps what dropping one
         # turn at a time would keep.
         long = [ChatMessage("user" if i % 3 else "assistant", f"{i}: " + "word " * (3 + i % 23)) for i in range(150)]
-        render = lambda kept: engine._prompt_tokens(persona, kept, "What is a dict?")
+        def render(kept):
+            return engine._prompt_tokens(persona, kept, "What is a dict?")
+
         expected = linear_rule(long, render, len, 512 - reply_room(16, 512))
         assert engine.fit_prompt(persona, long, "What is a dict?", 16)[:2] == expected
         assert expected[1] > 50

@@ -25,16 +25,19 @@ Contract (beyond chatterm.core.engine.interface):
   (the live context) or COLD (fewer than MIN_REUSE tokens reused), and
   `cache_detail` says what was reused (persona prefix / conversation of N
   tokens / live context / nothing), how many tokens, and every miss's reason.
-- A turn waits for the engine's lock (a persona being prepared, a type-ahead
-  batch); a cancel while it waits ends it within LOCK_POLL_S, and what it
-  waited for goes on (a persona prefill is the persona's work: the next turn
-  reuses it). Such a turn reused and prefilled nothing: `CacheOutcome.NONE`.
-- "Saved" prefill time is the reused tokens at the fastest prefill rate known
-  (measured here, this turn's own prefill included, or stored with a restored
-  state), net of what the turn spent getting them: its restore and the time it
-  waited (`wait_ms`); 0 for a turn stopped before its prefill ended.
-- Each prefill runs on the threads `llama_model.BatchThreads` picks: fewer
-  while other processes keep cores busy.
+- A turn waits for the context (a persona being prepared, a type-ahead
+  batch: `chatterm.core.engine.local.context_gate`); a cancel while it waits
+  ends it within LOCK_POLL_S, and what it waited for goes on (a persona
+  prefill is the persona's work: the next turn reuses it). Such a turn reused
+  and prefilled nothing: `CacheOutcome.NONE`.
+- "Saved" prefill time (`chatterm.core.engine.local.outcome.saved_prefill_ms`)
+  is the reused tokens at the fastest prefill rate known (measured here, this
+  turn's own prefill included, or stored with a restored state), net of what
+  the turn spent getting them: its restore and the time it waited
+  (`wait_ms`); 0 for a turn stopped before its prefill ended.
+- Each prefill, and the decode after it, runs on the threads
+  `chatterm.core.engine.local.model.Threads` picks: one per physical core,
+  fewer while other processes keep cores busy.
 - Metrics are exact: TTFT from submit to the first sampled token; decode
   tokens/s from first to last token; a turn stopped during its prefill keeps
   the time that prefill ran and the tokens it did; llama.cpp's own perf counters for the
@@ -54,7 +57,6 @@ import contextlib
 import ctypes
 import logging
 import time
-from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
 
 import llama_cpp
@@ -62,7 +64,7 @@ import llama_cpp
 from chatterm.core.cache.prompt_cache import RAM, Miss, PromptCache, Slot
 from chatterm.core.cache.tokens import common_prefix_len
 from chatterm.core.config.catalog import ModelSpec, PriceProfile
-from chatterm.core.config.personas import Persona
+from chatterm.core.config.personas import Persona, Sampling
 from chatterm.core.engine.interface import (
     AheadReport,
     ChatMessage,
@@ -78,7 +80,15 @@ from chatterm.core.engine.interface import (
     trim_history,
 )
 from chatterm.core.engine.local import kv_state, offload, templates
-from chatterm.core.engine.local.model import AbortFlag, BatchThreads, open_model
+from chatterm.core.engine.local.context_gate import ContextGate
+from chatterm.core.engine.local.model import AbortFlag, Threads, open_model
+from chatterm.core.engine.local.outcome import (
+    MIN_REUSE,
+    PreparedPersona,
+    Reuse,
+    classify,
+    saved_prefill_ms,
+)
 from chatterm.core.engine.local.type_ahead import TypeAhead
 from chatterm.core.metrics.turn_metrics import CacheOutcome, StopReason, TurnMetrics
 from chatterm.core.system.file_identity import sha256_of_file
@@ -86,21 +96,21 @@ from chatterm.errors import ChattermError
 
 log = logging.getLogger(__name__)
 
-MIN_REUSE = 8
-"""Fewer reused tokens than this is not called a reuse (a template's own few
-opening tokens are "a handful"), and a cached state must share this many more
-tokens than the live context to be restored: a restore replaces the whole
-context and costs a few ms per 1k tokens, prefilling 8 tokens costs more."""
-
-
-LOCK_POLL_S = 0.05
-"""How often a turn waiting for the engine's lock looks for its cancel: a
-persona prefill may hold the lock for many seconds."""
-
 RATE_MIN_TOKENS = MIN_REUSE
 """A prefill this long gives a prefill rate for "saved" estimates. Short
 prefills overstate the cost per token, but the fastest rate known is kept, and
 a first use of a short persona must still have an estimate."""
+
+
+def _perf_counters(llm: llama_cpp.Llama) -> dict[str, float]:
+    """llama.cpp's own counters for the context since its last perf reset."""
+    perf = llama_cpp.llama_perf_context(llm.ctx)
+    return {
+        "t_p_eval_ms": perf.t_p_eval_ms,
+        "n_p_eval": perf.n_p_eval,
+        "t_eval_ms": perf.t_eval_ms,
+        "n_eval": perf.n_eval,
+    }
 
 
 class _StopFlag:
@@ -111,35 +121,6 @@ class _StopFlag:
 
     def is_set(self) -> bool:
         return self._turn.cancelled
-
-
-@dataclass
-class _Reuse:
-    """What a turn (or a persona switch) started from."""
-
-    source: str
-    """"live", "ram", "disk", or "" (nothing)."""
-    tokens: int
-    """Tokens of the target now in the context."""
-    slot: Slot | None = None
-    ms: float = 0.0
-    """Lookup + restore + trim time (0 for the live context)."""
-    misses: list[str] = field(default_factory=list)
-    info: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def restored(self) -> bool:
-        return self.source in ("ram", "disk")
-
-    def label(self) -> str:
-        n = f"{self.tokens:,}"
-        if self.restored and self.slot is not None and self.slot.kind == "session":
-            return f"reused conversation of {n} tokens (session {self.slot.key}, restored from {self.source})"
-        if self.restored:
-            return f"reused persona prefix: {n} tokens (restored from {self.source})"
-        if self.source == "live" and self.tokens >= MIN_REUSE:
-            return f"reused live context: {n} tokens"
-        return "nothing reused"
 
 
 class LocalEngine(Engine):
@@ -157,20 +138,18 @@ class LocalEngine(Engine):
         self._model_sha256 = ""
         self._compat: dict[str, Any] = {}
         self._prefixes: dict[str, templates.PersonaPrefix] = {}
-        self._switch_report: tuple[str, PrefixReport] | None = None
-        """(persona fingerprint, report) of a prefix made ready by prepare_persona
-        and not yet used by a turn; cleared whenever the context is cleared."""
+        self._prepared: PreparedPersona | None = None
+        """The persona prefix prepare_persona made ready and no turn has used
+        yet; cleared whenever the context is cleared."""
         self._session: int | None = None
         """The session the next turn continues (note_conversation)."""
-        self._running: Turn | None = None
-        self._ahead = TypeAhead()
-        self._abort = AbortFlag()
+        self._gate = ContextGate(self._lock, AbortFlag())
+        """Who holds the context, and how a turn or a cancel makes it let go."""
+        self._ahead = TypeAhead(self._gate.turn_waiting)
         self._cache_warned = False
         self._prefill_ms_per_token: float | None = None
         """The fastest prefill rate known (ms per token), for "saved" estimates:
         measured here, or stored with a state restored from the cache."""
-        self._preparing: str | None = None
-        """The id of the persona prepare_persona is preparing (holding the lock)."""
         self._device_name = ""
         """The GPU or CPU name, worked out once at load (a GPU probe is not free)."""
 
@@ -178,13 +157,14 @@ class LocalEngine(Engine):
     def load(self, progress: Progress | None = None) -> None:
         path = self.spec.model_path()
         # Sampling other processes starts now, so the first prefill knows their load.
-        threads = BatchThreads(adaptive=self.spec.n_threads_batch is None)
+        threads = Threads(adapt_decode=self.spec.n_threads is None, adapt_batch=self.spec.n_threads_batch is None)
         try:
             opened = open_model(self.spec, progress)
         except BaseException:
             threads.close()
             raise
         threads.bind(opened.llm)
+        threads.apply()  # the warm-up decodes too: not on a core another process holds
         self._threads = threads
         self.llm, self.plan, self._device_name = opened.llm, opened.plan, opened.device_name
         self.load_notes = list(opened.notes)
@@ -200,7 +180,7 @@ class LocalEngine(Engine):
             raise
         self._vocab = llama_cpp.llama_model_get_vocab(self.llm.model)
         self._piece = ctypes.create_string_buffer(64)
-        self._abort.install(self.llm)
+        self._gate.abort.install(self.llm)
         self._warm_up()
         if progress is not None:
             progress(1.0)
@@ -221,7 +201,7 @@ class LocalEngine(Engine):
     def _clear_context(self) -> None:
         llm = self.llm
         assert llm is not None
-        self._switch_report = None
+        self._prepared = None
         self._ahead.forget()
         kv_state.clear(llm)
 
@@ -248,6 +228,10 @@ class LocalEngine(Engine):
 
     def context_used(self) -> int:
         return self.llm.n_tokens if self.llm is not None else 0
+
+    def persona_tokens(self, persona: Persona) -> int | None:
+        prefix = self._prefixes.get(persona.fingerprint)
+        return len(prefix.tokens) if prefix is not None else None
 
     def cached_personas(self) -> dict[str, str]:
         found: dict[str, str] = {}
@@ -327,7 +311,7 @@ class LocalEngine(Engine):
         assert llm is not None
         return llm.input_ids[: llm.n_tokens].tolist()
 
-    def _reuse(self, target: list[int], use_cache: bool, expect: Sequence[Slot] = ()) -> _Reuse:
+    def _reuse(self, target: list[int], use_cache: bool, expect: Sequence[Slot] = ()) -> Reuse:
         """Start the context from the state sharing the longest prefix with `target`
         (live context, RAM, disk), trimmed to that prefix. At least one token of
         `target` is always left to decode."""
@@ -352,18 +336,18 @@ class LocalEngine(Engine):
                     reason = kv_state.restore(llm, opened.payload, opened.tokens, opened.verify)
                 finally:
                     opened.close()
-                self._switch_report = None
+                self._prepared = None
                 if reason is None and kv_state.trim(llm, candidate.shared):
                     ms = (time.perf_counter() - t0) * 1000.0
                     self._adopt_rate(entry.info.get("prefill_ms_per_token"))
-                    return _Reuse(entry.tier, llm.n_tokens, entry.slot, ms, misses, entry.info)
+                    return Reuse(entry.tier, llm.n_tokens, entry.slot, ms, misses, entry.info)
                 reason = reason or "the memory cannot drop a suffix"
                 misses.append(f"{entry.slot.label} ({entry.tier}): rejected: {reason}")
                 cache.discard(entry, reason)
                 live = 0  # a failed restore leaves an empty context
         if not kv_state.trim(llm, live):
             live = 0
-        return _Reuse("live" if live else "", llm.n_tokens, misses=misses)
+        return Reuse("live" if live else "", llm.n_tokens, misses=misses)
 
     def _note_rate(self, ms: float, tokens: int) -> None:
         """Keep the fastest prefill rate seen: one measured on a busy machine must
@@ -424,7 +408,8 @@ class LocalEngine(Engine):
         prefix = pp.tokens
         if not pp.helps or len(prefix) < MIN_REUSE:
             self._clear_context()
-            return PrefixReport(CacheOutcome.COLD, 0.0, 0, pp.reason or f"persona prefix too short to cache ({len(prefix)} tokens)")
+            why = pp.reason or f"persona prefix too short to cache ({len(prefix)} tokens)"
+            return PrefixReport(CacheOutcome.COLD, 0.0, 0, why)
         reuse = self._reuse(prefix + [-1], use_cache)  # -1: no token, so all of `prefix` may be reused
         detail = "; ".join(reuse.misses)
         if reuse.tokens == len(prefix):
@@ -455,36 +440,38 @@ class LocalEngine(Engine):
         # Called from a turn's finish callbacks: a consumer that abandoned the
         # stream may still hold the generation (and its lock) on this thread, and
         # a busy engine has moved on anyway; either way there is nothing to keep.
-        if not self._lock.acquire(blocking=False):
+        if not self._gate.lock.acquire(blocking=False):
             return
         try:
             if self.llm is not None and self.llm.n_tokens >= MIN_REUSE:
                 self._keep(Slot.session(session_id), {})
         finally:
-            self._lock.release()
+            self._gate.lock.release()
 
     def interrupt(self) -> None:
-        if self._running is not None:
-            self._running.cancel()
-        self._abort.set(True)
+        running = self._gate.running
+        if running is not None:
+            running.cancel()
+        self._gate.abort.set(True)
 
     def prepare_persona(
         self, persona: Persona, progress: Callable[[PrefillProgress], None] | None = None
     ) -> PrefixReport:
-        with self._lock:
-            self._abort.set(False)
-            self._preparing = persona.id
+        gate = self._gate
+        with gate.lock:
+            gate.abort.set(False)
+            gate.preparing = persona.id
             try:
                 report = self._ensure_persona(persona, report=progress)
             except RuntimeError:
-                if not self._abort.is_set:
+                if not gate.abort.is_set:
                     raise
                 self._clear_context()
                 raise ChattermError(f"preparing persona {persona.id!r} was interrupted") from None
             finally:
-                self._preparing = None
-                self._abort.set(False)
-            self._switch_report = (persona.fingerprint, report)
+                gate.preparing = None
+                gate.abort.set(False)
+            self._prepared = PreparedPersona(persona.fingerprint, report)
             return report
 
     def cache_notice(self) -> str | None:
@@ -511,21 +498,17 @@ class LocalEngine(Engine):
         turn = Turn(
             metrics, self.price, lambda t: self._generate(t, persona, history, user_text, use_cache)
         )
-        turn.on_cancel(lambda: self._abort_if_running(turn))
+        turn.on_cancel(lambda: self._gate.abort_if_running(turn))  # interrupts a prefill in progress
         return turn
-
-    def _abort_if_running(self, turn: Turn) -> None:
-        if self._running is turn:
-            self._abort.set(True)  # interrupts a prefill in progress
 
     def reset_context(self, keep: Persona | None = None) -> None:
         """Forget the context; with `keep`, keep that persona's prefix when it is
         there (a new conversation with the same persona). Waits for a running turn."""
-        with self._lock:
+        with self._gate.lock:
             assert self.llm is not None
             prefix = self.prefix_tokens(keep) if keep is not None else []
             if prefix and self._live_tokens()[: len(prefix)] == prefix and kv_state.trim(self.llm, len(prefix)):
-                self._switch_report = None
+                self._prepared = None
             else:
                 self._clear_context()
 
@@ -533,9 +516,9 @@ class LocalEngine(Engine):
     def exclusive(self) -> Iterator[llama_cpp.Llama]:
         """The underlying `llama_cpp.Llama`, alone, for measuring the bare library
         against chatterm on the same loaded model; the context is cleared after."""
-        with self._lock:
+        with self._gate.lock:
             assert self.llm is not None
-            self._abort.set(False)
+            self._gate.abort.set(False)
             self._clear_context()
             try:
                 yield self.llm
@@ -550,25 +533,25 @@ class LocalEngine(Engine):
         draft: str,
         progress: Callable[[int, int], None] | None = None,
     ) -> AheadReport | None:
-        ahead = self._ahead
-        if self.llm is None or ahead.turn_waiting.is_set():
+        ahead, gate = self._ahead, self._gate
+        if self.llm is None or gate.turn_waiting.is_set():
             return None
-        if not self._lock.acquire(blocking=False):
+        if not gate.lock.acquire(blocking=False):
             return None  # a turn (or a persona switch) has the context
         epoch = ahead.epoch
         try:
             if ahead.stopped(epoch):
                 return None
-            self._abort.set(False)
+            gate.abort.set(False)
             ahead.running = True
             return self._prefill_ahead(persona, list(history), draft, progress, epoch)
         except RuntimeError:
-            if self._abort.is_set:
+            if gate.abort.is_set:
                 return None  # a turn or drop_ahead() interrupted the batch
             raise
         finally:
             ahead.running = False
-            self._lock.release()
+            gate.lock.release()
 
     def _prefill_ahead(
         self,
@@ -608,18 +591,19 @@ class LocalEngine(Engine):
 
     def drop_ahead(self) -> None:
         if self._ahead.drop():
-            self._abort.set(True)  # stops the batch in progress; cleared by the lock's next user
+            self._gate.abort.set(True)  # stops the batch in progress; cleared by the lock's next user
 
     def _generate(
         self, turn: Turn, persona: Persona, history: list[ChatMessage], user_text: str, use_cache: bool
     ) -> Iterator[str]:
+        gate = self._gate
         # A type-ahead prefill holding the lock stops within its current batch.
-        self._ahead.turn_waiting.set()
+        gate.turn_waiting.set()
         if self._ahead.running:
-            self._abort.set(True)
-        if not self._lock_for(turn):
-            self._ahead.turn_waiting.clear()
-            busy_with = self._preparing
+            gate.abort.set(True)
+        if not gate.acquire_for(turn):
+            gate.turn_waiting.clear()
+            busy_with = gate.preparing
             turn.stopped_waiting(
                 f"stopped while waiting for the engine to prepare persona {busy_with!r} (that goes on)"
                 if busy_with is not None else "stopped while waiting for the engine"
@@ -627,14 +611,14 @@ class LocalEngine(Engine):
             return
         try:
             turn.engine_started()
-            self._ahead.turn_waiting.clear()
+            gate.turn_waiting.clear()
             if self.llm is None:
                 raise ChattermError("the model is not loaded")
             if turn.cancelled:
                 turn.stopped_waiting("stopped before the engine started it")
                 return
-            self._abort.set(False)
-            self._running = turn
+            gate.abort.set(False)
+            gate.running = turn
             try:
                 yield from self._run_turn(turn, persona, history, user_text, use_cache)
             except RuntimeError:
@@ -642,68 +626,83 @@ class LocalEngine(Engine):
                     raise
                 # llama_decode returned 2: the prefill was aborted by cancel().
             finally:
-                self._running = None
-                self._abort.set(False)
+                gate.running = None
+                gate.abort.set(False)
             if turn.cancelled and not turn.metrics.stop_reason:
                 turn.metrics.stop_reason = StopReason.CANCELLED
         finally:
-            self._lock.release()
-
-    def _lock_for(self, turn: Turn) -> bool:
-        """Take the engine's lock for `turn`; False when the turn is cancelled
-        first. Whoever holds the lock is not stopped: a persona prefill goes on
-        (its state is kept for the next turn), a type-ahead batch was already
-        told to yield."""
-        while not self._lock.acquire(timeout=LOCK_POLL_S):
-            if turn.cancelled:
-                return False
-        return True
+            gate.lock.release()
 
     def _run_turn(
         self, turn: Turn, persona: Persona, history: list[ChatMessage], user_text: str, use_cache: bool
     ) -> Iterator[str]:
+        """Fit the prompt, start from the state sharing most of it, prefill the
+        rest and stream the reply sampled after it."""
         llm = self.llm
         assert llm is not None
         m = turn.metrics
-        s = persona.sampling
         llama_cpp.llama_synchronize(llm.ctx)
         llama_cpp.llama_perf_context_reset(llm.ctx)
-        tokens, m.dropped_turns, notices = self.fit_prompt(persona, history, user_text, s.max_tokens)
+        tokens, m.dropped_turns, notices = self.fit_prompt(persona, history, user_text, persona.sampling.max_tokens)
         turn.notices.extend(notices)
         pp = self.persona_prefix(persona)
-        switch, self._switch_report = self._switch_report, None
+        prepared, self._prepared = self._prepared, None
         expect = [Slot.session(self._session)] if self._session is not None else []
         reuse = self._reuse(tokens, use_cache, expect)
+        self._record_start(m, persona, pp, reuse, prepared, len(tokens))
+        t_prefill = time.perf_counter()
+        if not self._prefill_prompt(turn, persona, pp, tokens, use_cache, t_prefill):
+            return
+        # Worked out after this turn's own prefill, whose rate counts: a fresh
+        # process would otherwise have only the rate stored with the restored
+        # state, which may have been measured while the machine was busy.
+        m.saved_prefill_ms = saved_prefill_ms(
+            m.reused_tokens, self._prefill_ms_per_token, m.restore_ms, m.wait_ms, m.restore_at_switch
+        )
+        notice = self.cache_notice()
+        if notice:
+            turn.notices.append(notice)
+        yield from self._sample(turn, persona.sampling, tokens, t_prefill)
 
-        m.prompt_tokens = len(tokens)
+    def _record_start(
+        self,
+        m: TurnMetrics,
+        persona: Persona,
+        pp: templates.PersonaPrefix,
+        reuse: Reuse,
+        prepared: PreparedPersona | None,
+        prompt_tokens: int,
+    ) -> None:
+        """What the turn starts from, in its metrics: the token counts, the
+        cache outcome and its detail, and the credit for tokens prefilled ahead."""
+        m.prompt_tokens = prompt_tokens
         m.cached_tokens = reuse.tokens
-        m.prefilled_tokens = len(tokens) - reuse.tokens
-        details = [reuse.label()]
-        if reuse.restored:
-            m.cache_outcome, m.restore_ms = CacheOutcome.RESTORED, reuse.ms
-        elif reuse.tokens >= MIN_REUSE:
-            m.cache_outcome = CacheOutcome.MEMORY
-        else:
-            m.cache_outcome = CacheOutcome.COLD
-        if (switch is not None and switch[0] == persona.fingerprint and reuse.source == "live"
-                and reuse.tokens <= switch[1].tokens):
-            # The persona was made ready when it was switched to: report how, not "memory".
-            prepared = switch[1]
-            if prepared.outcome == CacheOutcome.RESTORED:
-                m.cache_outcome, m.restore_ms = CacheOutcome.RESTORED, prepared.ms
-                m.restore_at_switch = True  # before this turn: not in its TTFT
-            elif prepared.outcome == CacheOutcome.COLD:
-                m.cache_outcome = CacheOutcome.SWITCH
-        if not pp.helps:
-            details.append(pp.reason)
-        details += reuse.misses
-        credit = self._ahead.take(m.cached_tokens if reuse.source == "live" else 0)
+        m.prefilled_tokens = prompt_tokens - reuse.tokens
+        outcome = classify(reuse, prepared, persona.fingerprint)
+        m.cache_outcome, m.restore_ms, m.restore_at_switch = (
+            outcome.label, outcome.restore_ms, outcome.restore_at_switch)
+        details = [reuse.label(), "" if pp.helps else pp.reason, *reuse.misses]
+        credit = self._ahead.take(reuse.tokens if reuse.source == "live" else 0)
         if credit is not None:
             m.ahead_tokens, m.ahead_ms = credit
         m.cache_detail = "; ".join(d for d in details if d)
-        # Prefill what is left, saving the persona prefix on the way when this turn
-        # computes it; generate() then samples from the last batch's logits.
-        t_prefill = time.perf_counter()
+
+    def _prefill_prompt(
+        self,
+        turn: Turn,
+        persona: Persona,
+        pp: templates.PersonaPrefix,
+        tokens: list[int],
+        use_cache: bool,
+        t_prefill: float,
+    ) -> bool:
+        """Prefill what the context lacks of `tokens`, saving the persona prefix
+        on the way when this turn is the one computing it; False when the turn
+        was stopped during it, with the time the prefill ran and the tokens it
+        did in the metrics."""
+        llm = self.llm
+        assert llm is not None
+        m = turn.metrics
         todo = len(tokens) - llm.n_tokens
         prefix = pp.tokens
         prefilled = False
@@ -713,38 +712,27 @@ class LocalEngine(Engine):
                     and tokens[: len(prefix)] == prefix):
                 part = self._prefill(prefix[llm.n_tokens :], turn, 0, todo, t_prefill)
                 if part.aborted:
-                    return
+                    return False
                 self._keep(Slot.persona(persona.id), {"prefill_ms": part.ms})
-                m.cache_detail = "; ".join(d for d in [*details, "persona prefix saved for next time"] if d)
+                m.cache_detail += "; persona prefix saved for next time"
             rest = self._prefill(tokens[llm.n_tokens :], turn, todo - (len(tokens) - llm.n_tokens), todo, t_prefill)
             prefilled = not rest.aborted
         finally:
             if not prefilled:
-                # Stopped during the prefill (between batches, or inside one by
-                # the abort callback): the time it ran and the tokens it did.
+                # Stopped between batches, or inside one by the abort flag (the
+                # decode raises): what ran is kept.
                 m.prefill_ms = (time.perf_counter() - t_prefill) * 1000.0
                 m.prefilled_tokens = max(llm.n_tokens - m.cached_tokens, 0)
-        if not prefilled:
-            return
-        # Saved = reused tokens at the fastest known prefill rate, net of what the
-        # turn spent getting them: its restore, and the time it waited (for a
-        # type-ahead batch; a persona prefilled at the switch is not reuse at
-        # all: CacheOutcome.SWITCH). A restore at the switch is
-        # either waited for (in wait_ms) or was done before: counted once.
-        # Tokens prefilled ahead were paid for while the user typed. Worked out
-        # after this turn's own prefill, whose rate counts: a fresh process would
-        # otherwise have only the rate stored with the restored state, which may
-        # have been measured while the machine was busy.
-        rate = self._prefill_ms_per_token
-        if rate and m.reused_tokens >= MIN_REUSE:
-            restore = m.restore_ms or 0.0
-            spent = max(m.wait_ms, restore) if m.restore_at_switch else m.wait_ms + restore
-            m.saved_prefill_ms = max(m.reused_tokens * rate - spent, 0.0)
-        notice = self.cache_notice()
-        if notice:
-            turn.notices.append(notice)
-        max_tokens = min(s.max_tokens, llm.n_ctx() - len(tokens))
+        return prefilled
 
+    def _sample(self, turn: Turn, s: Sampling, tokens: list[int], t_prefill: float) -> Iterator[str]:
+        """Stream the reply sampled after the prefilled `tokens` (from the last
+        batch's logits), until end of generation, a cancel or the token limit;
+        llama.cpp's perf counters for the turn go to `turn.perf`."""
+        llm = self.llm
+        assert llm is not None
+        m = turn.metrics
+        max_tokens = min(s.max_tokens, llm.n_ctx() - len(tokens))
         decoder = codecs.getincrementaldecoder("utf-8")("replace")
         if s.temperature > 0:
             llm.set_seed(s.seed)
@@ -779,17 +767,11 @@ class LocalEngine(Engine):
             tail = decoder.decode(b"", final=True)
             if tail:
                 turn.reply += tail
-            perf = llama_cpp.llama_perf_context(llm.ctx)
-            turn.perf = {
-                "t_p_eval_ms": perf.t_p_eval_ms,
-                "n_p_eval": perf.n_p_eval,
-                "t_eval_ms": perf.t_eval_ms,
-                "n_eval": perf.n_eval,
-            }
+            turn.perf = _perf_counters(llm)
 
     def close(self) -> None:
         self.wait_for_saves()  # every kept state reaches the disk before exit
-        with self._lock:  # never free the model under a running turn
+        with self._gate.lock:  # never free the model under a running turn
             if self.llm is not None:
                 self._threads.close()
                 self.llm.close()

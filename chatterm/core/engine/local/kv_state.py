@@ -2,9 +2,8 @@
 trim, and a chunked prefill with progress that can be stopped between batches.
 
 Contract:
-- `capture(llm)` copies sequence 0's KV state (a few ms; ~745 + 23,052 x N
-  bytes for N tokens on the default model with an f16 KV cache) and the N
-  tokens it holds. The payload is a writable ctypes buffer: it can be kept in
+- `capture(llm)` copies sequence 0's KV state (its size grows linearly with
+  the tokens held) and the N tokens it holds. The payload is a writable ctypes buffer: it can be kept in
   RAM, written to a file, or handed back to `restore` without another copy.
 - `restore(llm, payload, tokens, verify)` loads a payload that the caller has
   already matched to this model and build (llama.cpp itself would accept a

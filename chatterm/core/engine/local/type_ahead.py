@@ -3,8 +3,9 @@
 Contract:
 - A `TypeAhead` is one engine's type-ahead state: the current prefill's epoch
   (`drop()` starts a new one; a prefill of an older epoch stops), whether a
-  prefill is running, whether a turn waits for the context, and what was
-  prefilled ahead since the last turn.
+  prefill is running, and what was prefilled ahead since the last turn. It
+  reads whether a turn waits for the context from the event it is given (the
+  engine's `ContextGate.turn_waiting`).
 - `prefill()` brings the context from the tokens it holds to the draft's
   tokens: it trims to their common prefix and prefills the rest in
   AHEAD_BATCH-token batches, stopping between batches for a waiting turn or a
@@ -46,8 +47,8 @@ class _Stop:
 
 
 class TypeAhead:
-    def __init__(self) -> None:
-        self.turn_waiting = threading.Event()
+    def __init__(self, turn_waiting: threading.Event) -> None:
+        self.turn_waiting = turn_waiting
         """Set while a turn waits for the engine's lock: a prefill yields to it."""
         self.epoch = 0
         """Bumped by drop(): a prefill of an older epoch stops."""

@@ -1,0 +1,120 @@
+"""What a local turn started from, what its cache outcome is called, and what
+its reuse saved: plain data and pure functions, so the labels and the
+arithmetic hold without a model.
+
+Contract:
+- `Reuse` is what a turn (or a persona prepare) started from: the live
+  context, a state restored from the prompt cache's RAM or disk tier, or
+  nothing; `label()` says so in the words of `TurnMetrics.cache_detail`.
+- `PreparedPersona` is a persona prefix that `prepare_persona` made ready and
+  no turn has used yet.
+- `classify(reuse, prepared, fingerprint)` names the outcome: RESTORED (from
+  RAM or disk, by this turn or at the persona switch just before it, which
+  `restore_at_switch` tells apart), SWITCH (the live context holds the
+  persona prefix prefilled cold at the switch for this turn), MEMORY (at least
+  MIN_REUSE tokens of the live context), else COLD.
+- `saved_prefill_ms(...)` is the prefill time the reuse saved: the reused
+  tokens at the fastest prefill rate known, net of what the turn spent getting
+  them; 0 when no rate is known or fewer than MIN_REUSE tokens were reused.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from chatterm.core.cache.prompt_cache import Slot
+from chatterm.core.engine.interface import PrefixReport
+from chatterm.core.metrics.turn_metrics import CacheOutcome
+
+MIN_REUSE = 8
+"""Fewer reused tokens than this is not called a reuse (a template's own few
+opening tokens are "a handful"), and a cached state must share this many more
+tokens than the live context to be restored: a restore replaces the whole
+context, which costs more than prefilling a handful of tokens."""
+
+
+@dataclass
+class Reuse:
+    """What a turn (or a persona prepare) started from."""
+
+    source: str
+    """"live", "ram", "disk", or "" (nothing)."""
+    tokens: int
+    """Tokens of the target now in the context."""
+    slot: Slot | None = None
+    ms: float = 0.0
+    """Lookup + restore + trim time (0 for the live context)."""
+    misses: list[str] = field(default_factory=list)
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def restored(self) -> bool:
+        return self.source in ("ram", "disk")
+
+    def label(self) -> str:
+        n = f"{self.tokens:,}"
+        if self.restored and self.slot is not None and self.slot.kind == "session":
+            return f"reused conversation of {n} tokens (session {self.slot.key}, restored from {self.source})"
+        if self.restored:
+            return f"reused persona prefix: {n} tokens (restored from {self.source})"
+        if self.source == "live" and self.tokens >= MIN_REUSE:
+            return f"reused live context: {n} tokens"
+        return "nothing reused"
+
+
+class PreparedPersona(NamedTuple):
+    """A persona prefix made ready by `prepare_persona`, not yet used by a turn."""
+
+    fingerprint: str
+    """`Persona.fingerprint` of the persona prepared."""
+    report: PrefixReport
+    """How its prefix was made ready."""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    label: CacheOutcome
+    restore_ms: float | None = None
+    """The restore's time, when a state was restored (by the turn or at the switch)."""
+    restore_at_switch: bool = False
+    """The restore happened at the persona switch, before the turn was sent."""
+
+
+def classify(reuse: Reuse, prepared: PreparedPersona | None, fingerprint: str) -> Outcome:
+    """The cache outcome of a turn of the persona `fingerprint` that started from `reuse`."""
+    if (prepared is not None and prepared.fingerprint == fingerprint and reuse.source == "live"
+            and reuse.tokens <= prepared.report.tokens):
+        # The live context is the prefix made ready at the switch: report how it
+        # was made ready, not "memory".
+        if prepared.report.outcome == CacheOutcome.RESTORED:
+            return Outcome(CacheOutcome.RESTORED, prepared.report.ms, restore_at_switch=True)
+        if prepared.report.outcome == CacheOutcome.COLD:
+            return Outcome(CacheOutcome.SWITCH)
+    if reuse.restored:
+        return Outcome(CacheOutcome.RESTORED, reuse.ms)
+    if reuse.tokens >= MIN_REUSE:
+        return Outcome(CacheOutcome.MEMORY)
+    return Outcome(CacheOutcome.COLD)
+
+
+def saved_prefill_ms(
+    reused_tokens: int,
+    ms_per_token: float | None,
+    restore_ms: float | None,
+    wait_ms: float,
+    restore_at_switch: bool,
+) -> float:
+    """Prefill time saved by reusing `reused_tokens` (`TurnMetrics.reused_tokens`).
+
+    The reused tokens at `ms_per_token` (the fastest rate known), less what
+    the turn spent getting them: its restore and the time it waited (for a
+    persona prepare or a type-ahead batch). A restore at the switch was either
+    waited for (it is inside `wait_ms`) or done before the turn was sent, so it
+    is counted once. Tokens prefilled ahead and a persona prefilled cold at the
+    switch are not in `reused_tokens`: they were new work, not reuse."""
+    if not ms_per_token or reused_tokens < MIN_REUSE:
+        return 0.0
+    restore = restore_ms or 0.0
+    spent = max(wait_ms, restore) if restore_at_switch else wait_ms + restore
+    return max(reused_tokens * ms_per_token - spent, 0.0)

@@ -1,0 +1,101 @@
+"""A local turn's cache outcome and its "saved" prefill time, from what it started
+from: pure functions, no model (the engine tests check them on real turns)."""
+
+from __future__ import annotations
+
+import pytest
+
+from chatterm.core.cache.prompt_cache import Slot
+from chatterm.core.engine.interface import PrefixReport
+from chatterm.core.engine.local.outcome import (
+    MIN_REUSE,
+    Outcome,
+    PreparedPersona,
+    Reuse,
+    classify,
+    saved_prefill_ms,
+)
+from chatterm.core.metrics.turn_metrics import CacheOutcome
+
+PERSONA = "fingerprint-of-shop-support"
+PREFIX = 120
+
+
+def prepared(outcome: CacheOutcome, ms: float = 40.0, fingerprint: str = PERSONA) -> PreparedPersona:
+    return PreparedPersona(fingerprint, PrefixReport(outcome, ms, PREFIX))
+
+
+@pytest.mark.parametrize(
+    "reuse, expected",
+    [
+        (Reuse("ram", 300, Slot.session(3), ms=12.5), Outcome(CacheOutcome.RESTORED, 12.5)),
+        (Reuse("disk", 120, Slot.persona("p"), ms=30.0), Outcome(CacheOutcome.RESTORED, 30.0)),
+        (Reuse("live", MIN_REUSE), Outcome(CacheOutcome.MEMORY)),
+        (Reuse("live", MIN_REUSE - 1), Outcome(CacheOutcome.COLD)),
+        (Reuse("", 0), Outcome(CacheOutcome.COLD)),
+    ],
+)
+def test_without_a_prepared_persona_the_outcome_is_where_the_tokens_came_from(reuse, expected):
+    assert classify(reuse, None, PERSONA) == expected
+
+
+def test_a_prefix_restored_at_the_switch_is_reported_as_that_restore():
+    assert classify(Reuse("live", PREFIX), prepared(CacheOutcome.RESTORED, 40.0), PERSONA) == Outcome(
+        CacheOutcome.RESTORED, 40.0, restore_at_switch=True
+    )
+
+
+def test_a_prefix_prefilled_cold_at_the_switch_is_a_switch_not_memory():
+    assert classify(Reuse("live", PREFIX), prepared(CacheOutcome.COLD), PERSONA) == Outcome(CacheOutcome.SWITCH)
+
+
+@pytest.mark.parametrize(
+    "reuse, report, why",
+    [
+        (Reuse("live", PREFIX), prepared(CacheOutcome.COLD, fingerprint="another persona"), "another persona"),
+        (Reuse("live", PREFIX + 1), prepared(CacheOutcome.COLD), "the live context holds more than the prefix"),
+        (Reuse("live", PREFIX), prepared(CacheOutcome.MEMORY), "the prefix was in memory at the switch too"),
+    ],
+)
+def test_the_switch_report_counts_only_for_its_own_prefix(reuse, report, why):
+    assert classify(reuse, report, PERSONA) == Outcome(CacheOutcome.MEMORY), why
+
+
+def test_a_restore_by_the_turn_itself_outranks_the_switch_report():
+    reuse = Reuse("disk", 300, Slot.session(3), ms=25.0)
+    assert classify(reuse, prepared(CacheOutcome.RESTORED, 40.0), PERSONA) == Outcome(CacheOutcome.RESTORED, 25.0)
+
+
+@pytest.mark.parametrize(
+    "reuse, label",
+    [
+        (Reuse("ram", 1234, Slot.session(3)), "reused conversation of 1,234 tokens (session 3, restored from ram)"),
+        (Reuse("disk", 120, Slot.persona("p")), "reused persona prefix: 120 tokens (restored from disk)"),
+        (Reuse("live", 2000), "reused live context: 2,000 tokens"),
+        (Reuse("live", MIN_REUSE - 1), "nothing reused"),
+        (Reuse("", 0), "nothing reused"),
+    ],
+)
+def test_labels_say_what_was_reused(reuse, label):
+    assert reuse.label() == label
+
+
+def test_saved_is_the_reused_tokens_at_the_rate_less_the_wait_and_the_restore():
+    assert saved_prefill_ms(1000, 0.5, 30.0, 20.0, False) == pytest.approx(450.0)
+
+
+def test_a_restore_at_the_switch_that_the_turn_waited_for_is_counted_once():
+    assert saved_prefill_ms(1000, 0.5, 30.0, 20.0, True) == pytest.approx(470.0)  # restore done before the send
+    assert saved_prefill_ms(1000, 0.5, 30.0, 45.0, True) == pytest.approx(455.0)  # waited for it: in wait_ms
+
+
+@pytest.mark.parametrize(
+    "reused, rate, restore, wait",
+    [
+        (1000, None, None, 0.0),  # no rate known yet
+        (MIN_REUSE - 1, 0.5, None, 0.0),  # a handful is not reuse
+        (100, 0.5, 30.0, 40.0),  # spent more than it saved: never negative
+    ],
+)
+def test_nothing_is_saved_without_a_rate_a_real_reuse_or_a_gain(reused, rate, restore, wait):
+    assert saved_prefill_ms(reused, rate, restore, wait, False) == 0.0
