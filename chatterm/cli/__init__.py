@@ -17,7 +17,7 @@ from chatterm.core.metrics.format import printable
 from chatterm.errors import ChattermError
 
 # Subcommand modules, in the order `chatterm --help` lists them.
-COMMAND_MODULES = ("launch", "ask", "bench", "sessions", "export", "cache", "paths")
+COMMAND_MODULES = ("launch", "ask", "bench", "sessions", "export", "cache", "models", "paths")
 
 
 def _common_options() -> argparse.ArgumentParser:

@@ -1,0 +1,64 @@
+"""`chatterm models`: the GGUFs already on this machine (Ollama, LM Studio, the
+Hugging Face cache, models.toml's `model_folders`), one row a model.
+
+Each row: the id `--model` takes, architecture, parameters, quantization,
+file size, trained context, chat template, KV bytes per token, whether it
+fits this machine's memory (GPU when one is seen, else RAM) and at what
+default context, and where it was found. Entries that cannot be used are
+listed after, each with its reason; they never make the command fail.
+`--json` prints one object: the memory judged against and every row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from chatterm.cli.common import catalog
+from chatterm.core.discovery.fit import BUDGET_SHARE, machine_memory
+from chatterm.core.discovery.listing import list_models
+from chatterm.core.discovery.row_text import COLUMNS, cells, memory_label, where
+from chatterm.core.metrics.format import printable
+
+
+def register(sub, common) -> None:
+    p = sub.add_parser(
+        "models", parents=[common], help="list the GGUF models on this machine (Ollama, LM Studio, HF cache)",
+        description="List the GGUF models Ollama, LM Studio and the Hugging Face cache keep on this machine, "
+        "and those in models.toml's [defaults] model_folders. Each id works as --model.",
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object (memory and every row)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    folders = [Path(f) for f in catalog(args).defaults.model_folders]
+    memory = machine_memory()
+    rows = list_models(folders, memory=memory)
+    if args.json:
+        print(json.dumps({
+            "memory": {"kind": memory.kind, "available_bytes": memory.available_bytes,
+                       "budget_share": BUDGET_SHARE},
+            "models": [row.to_dict() for row in rows],
+        }, indent=2))
+        return 0
+    usable = [row for row in rows if row.usable]
+    unusable = [row for row in rows if not row.usable]
+    if not rows:
+        print("No GGUF models found (see docs/models.md for where chatterm looks).")
+        return 0
+    if usable:
+        _print_table(COLUMNS, [cells(row) for row in usable])
+        print(f"\nfits: weights + f16 KV cache at the default n_ctx, against {memory_label(memory)}")
+    if unusable:
+        print(f"\n{len(unusable)} unusable:")
+        for row in unusable:
+            print(f"  {printable(row.id)}: {printable(row.problem or '')} ({where(row)})")
+    return 0
+
+
+def _print_table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+    for line in (header, *rows):
+        print("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip())

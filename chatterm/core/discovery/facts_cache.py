@@ -1,0 +1,89 @@
+"""Header facts remembered by file identity, so a listing reads each GGUF once.
+
+Contract:
+- The key is each file's device, inode, size and mtime_ns: a hard link or a
+  symlink to the same blob (Ollama, the HF cache, a folder of links) is one
+  entry, and a file rewritten in place is read again.
+- An entry holds the `GgufFacts` or the `Unusable` reason: a truncated file
+  is not re-read on every listing either.
+- The cache is a JSON file in chatterm's cache folder, written atomically
+  (`save()`), only when something new was read, and keeping the newest
+  `MAX_ENTRIES`. A missing, unreadable or garbled file is an empty cache;
+  one that cannot be written costs a re-read next time, nothing else.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Sequence
+
+from chatterm.core.config import paths
+from chatterm.core.discovery.gguf_facts import GgufFacts, Unusable, read_facts
+from chatterm.core.system.atomic import atomic_write_bytes
+
+MAX_ENTRIES = 2000
+
+
+def default_cache_file() -> Path:
+    return paths.cache_dir() / "gguf-facts.json"
+
+
+def _identity(files: Sequence[Path]) -> str:
+    parts = []
+    for f in files:
+        st = os.stat(f)
+        parts.append(f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}")
+    return "|".join(parts)
+
+
+class FactsCache:
+    def __init__(self, cache_file: Path | None = None):
+        self.file = cache_file or default_cache_file()
+        self._entries: dict[str, dict] = {}
+        self._dirty = False
+        try:
+            loaded = json.loads(self.file.read_bytes())
+        except (OSError, ValueError):
+            loaded = {}
+        if isinstance(loaded, dict):
+            self._entries = {k: v for k, v in loaded.items() if isinstance(v, dict)}
+
+    def facts(self, files: Sequence[Path]) -> GgufFacts:
+        """The facts of a model's files; `Unusable` when they are not a usable model."""
+        try:
+            key = _identity(files)
+        except OSError as exc:
+            raise Unusable(f"cannot read {Path(exc.filename or files[0]).name}: {exc.strerror or exc}") from None
+        entry = self._entries.get(key)
+        if entry is not None:
+            try:
+                if "problem" in entry:
+                    raise Unusable(str(entry["problem"]))
+                return GgufFacts.from_dict(entry["facts"])
+            except (KeyError, TypeError):
+                pass  # an entry of another shape: read the file again
+        try:
+            facts = read_facts(files)
+        except Unusable as exc:
+            self._remember(key, {"problem": str(exc)})
+            raise
+        self._remember(key, {"facts": facts.to_dict()})
+        return facts
+
+    def _remember(self, key: str, entry: dict) -> None:
+        self._entries.pop(key, None)
+        self._entries[key] = entry
+        self._dirty = True
+
+    def save(self) -> None:
+        if not self._dirty:
+            return
+        kept = dict(list(self._entries.items())[-MAX_ENTRIES:])
+        try:
+            self.file.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_bytes(self.file, json.dumps(kept).encode())
+        except OSError:
+            return  # an unwritable cache folder: the next listing reads the headers again
+        self._dirty = False

@@ -1,0 +1,107 @@
+"""Every model on this machine: what `chatterm models` and the model picker show.
+
+Contract:
+- `discover(model_folders)` scans each store's folders that exist (a folder
+  reached twice, through a symlink or two variables, once) and then the
+  folders models.toml names, in that order; it never writes to them.
+- `list_models(...)` adds each model's header facts (through `FactsCache`),
+  its default context and whether it fits `machine_memory()`. A bad entry is
+  a row with its reason (`ModelRow.problem`), never an exception.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Mapping
+
+from chatterm.core.discovery import folders
+from chatterm.core.discovery.facts_cache import FactsCache
+from chatterm.core.discovery.fit import MIN_CTX, Memory, default_n_ctx, machine_memory, needed_bytes
+from chatterm.core.discovery.found import Found
+from chatterm.core.discovery.gguf_facts import GgufFacts, Unusable
+from chatterm.core.discovery.names import STORES
+
+
+@dataclass(frozen=True)
+class ModelRow:
+    found: Found
+    facts: GgufFacts | None = None
+    problem: str | None = None
+    n_ctx: int | None = None
+    """The default context on this machine; None: it does not fit."""
+    needed_bytes: int | None = None
+    """Weights + KV cache at `n_ctx` (at the smallest context when it does not fit)."""
+
+    @property
+    def id(self) -> str:
+        return self.found.id
+
+    @property
+    def usable(self) -> bool:
+        return self.problem is None
+
+    @property
+    def fits(self) -> bool:
+        return self.usable and self.n_ctx is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        facts = self.facts.to_dict() if self.facts else dict.fromkeys(GgufFacts.field_names())
+        return {
+            "id": self.id,
+            "store": self.found.store,
+            "location": str(self.found.location),
+            "files": [str(f) for f in self.found.files],
+            "usable": self.usable,
+            "problem": self.problem,
+            **facts,
+            "default_n_ctx": self.n_ctx,
+            "needed_bytes": self.needed_bytes,
+            "fits": self.fits,
+        }
+
+
+def store_roots(env: Mapping[str, str], home: Path) -> Iterator[tuple[str, Path]]:
+    seen: set[str] = set()
+    for store in STORES:
+        for root in store.roots(env, home):
+            real = os.path.realpath(root)
+            if real not in seen and (root.exists() or root.is_symlink()):
+                seen.add(real)
+                yield store.name, root
+
+
+def discover(model_folders: Iterable[Path] = (), env: Mapping[str, str] | None = None,
+             home: Path | None = None) -> list[Found]:
+    env = os.environ if env is None else env
+    home = Path.home() if home is None else home
+    scanners = {store.name: store.scan for store in STORES}
+    found: list[Found] = []
+    for name, root in store_roots(env, home):
+        found.extend(scanners[name](root))
+    for folder in model_folders:
+        found.extend(folders.scan(Path(folder).expanduser()))
+    return found
+
+
+def describe(found: Found, cache: FactsCache, memory: Memory) -> ModelRow:
+    if found.problem:
+        return ModelRow(found, problem=found.problem)
+    try:
+        facts = cache.facts(found.files)
+    except Unusable as exc:
+        return ModelRow(found, problem=str(exc))
+    n_ctx = default_n_ctx(facts, memory)
+    smallest = min(facts.context_length or MIN_CTX, MIN_CTX)
+    return ModelRow(found, facts, n_ctx=n_ctx, needed_bytes=needed_bytes(facts, n_ctx or smallest))
+
+
+def list_models(model_folders: Iterable[Path] = (), *, env: Mapping[str, str] | None = None,
+                home: Path | None = None, cache: FactsCache | None = None,
+                memory: Memory | None = None) -> list[ModelRow]:
+    cache = cache or FactsCache()
+    memory = memory or machine_memory()
+    rows = [describe(f, cache, memory) for f in discover(model_folders, env, home)]
+    cache.save()
+    return rows

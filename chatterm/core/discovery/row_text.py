@@ -1,0 +1,71 @@
+"""A model row's facts as short texts, the same in `chatterm models` and the
+model picker. Texts that come from files (names, paths, reasons) are passed
+through `printable`: a GGUF's or a folder's name is untrusted."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from chatterm.core.discovery.fit import Memory
+from chatterm.core.discovery.listing import ModelRow
+from chatterm.core.metrics.format import printable
+
+COLUMNS = ("id", "arch", "params", "quant", "size", "trained ctx", "template", "KV/token", "fits", "found in")
+
+
+def fmt_count(n: int) -> str:
+    for unit, size in (("T", 10**12), ("B", 10**9), ("M", 10**6), ("K", 10**3)):
+        if n >= size:
+            return f"{n / size:.3g}{unit}"
+    return str(n)
+
+
+def fmt_bytes(n: int | None) -> str:
+    if n is None:
+        return "?"
+    for unit, size in (("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.3g} {unit}"
+    return f"{n} B"
+
+
+def memory_label(memory: Memory) -> str:
+    return f"{fmt_bytes(memory.available_bytes)} {memory.kind} free"
+
+
+def fits_text(row: ModelRow) -> str:
+    if not row.usable:
+        return "unusable"
+    if row.n_ctx is None:
+        return f"no: needs {fmt_bytes(row.needed_bytes)}"
+    return f"yes: n_ctx {row.n_ctx:,}, {fmt_bytes(row.needed_bytes)}"
+
+
+def where(row: ModelRow) -> str:
+    """Where the model was found, the home folder written as ~."""
+    path = str(row.found.location)
+    home = str(Path.home())
+    if home not in ("", "/") and (path == home or path.startswith(home + os.sep)):
+        path = "~" + path[len(home):]
+    return printable(path)
+
+
+def cells(row: ModelRow) -> tuple[str, ...]:
+    """One text per `COLUMNS` entry."""
+    found_in = where(row)
+    if row.facts is None:
+        return (printable(row.id), "–", "–", "–", "–", "–", "–", "–", fits_text(row), found_in)
+    f = row.facts
+    return (
+        printable(row.id),
+        printable(f.architecture),
+        fmt_count(f.parameters),
+        printable(f.quantization),
+        fmt_bytes(f.file_size),
+        "?" if f.context_length is None else f"{f.context_length:,}",
+        "yes" if f.has_chat_template else "no",
+        "?" if f.kv_bytes_per_token is None else f"{f.kv_bytes_per_token:,} B",
+        fits_text(row),
+        found_in,
+    )

@@ -1,0 +1,76 @@
+"""`chatterm models` and `--model STORE:NAME` as a user runs them: real processes
+over real store layouts around the real default model and Gemma 3."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+from tests.conftest import CHATTERM, subprocess_env
+from tests.core.discovery.layouts import STORE_ENV_VARS, gemma_file, layout  # noqa: F401 - session fixtures
+
+
+def run(tmp_path, layout, *args):  # noqa: F811 - the fixture's value
+    layout.seed_cache(tmp_path / "cache")
+    env = subprocess_env(tmp_path, HOME=str(layout.home))
+    for name in STORE_ENV_VARS:
+        env.pop(name, None)
+    return subprocess.run([*CHATTERM, *args], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+
+
+def test_models_lists_every_store_and_the_unusable_with_reasons(tmp_path, layout):  # noqa: F811
+    result = run(tmp_path, layout, "models")
+    assert result.returncode == 0, result.stderr
+    table, _, unusable = result.stdout.partition(" unusable:\n")
+    header, *lines = table.split("\n\n")[0].strip().splitlines()
+    assert header.split()[:4] == ["id", "arch", "params", "quant"]
+    listed = {line.split()[0] for line in lines}
+    assert listed == {mid for mid in layout.usable if not mid.startswith("/")}  # no model_folders set
+    smol = next(line for line in lines if line.startswith("ollama:smollm2:135m "))
+    assert smol.split()[1:4] == ["llama", "135M", "Q4_1"]
+    assert "23,040 B" in smol and "yes: n_ctx 8,192" in smol and "~/.ollama/models/manifests" in smol
+    for mid, reason in layout.unusable.items():
+        line = next(line for line in unusable.splitlines() if line.strip().startswith(mid + ":"))
+        assert reason in line
+
+
+def test_models_json_and_model_folders(tmp_path, layout):  # noqa: F811
+    (tmp_path / "config").mkdir()
+    (tmp_path / "config" / "models.toml").write_text(f'[defaults]\nmodel_folders = ["{layout.folder}"]\n')
+    result = run(tmp_path, layout, "models", "--json")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["memory"]["kind"] in ("RAM", "GPU") and data["memory"]["available_bytes"] > 0
+    rows = {row["id"]: row for row in data["models"]}
+    assert set(rows) == set(layout.usable) | set(layout.unusable)
+    folder_model = rows[str(layout.folder / "nested" / "SmolLM2-135M-Instruct.Q4_1.gguf")]
+    assert folder_model["store"] == "folder" and folder_model["usable"] and folder_model["context_length"] == 8192
+    split = rows["hf:chatterm/split-test"]
+    assert len(split["files"]) == 2 and split["fits"] is True and split["default_n_ctx"] == 8192
+
+
+def test_ask_with_an_ollama_name_loads_the_blob(tmp_path, layout):  # noqa: F811
+    result = run(tmp_path, layout, "ask", "--model", "ollama:smollm2:135m", "--json", "--no-store", "Say hi.")
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    assert out["reply"].strip() and out["metrics"]["model_id"] == "ollama:smollm2:135m"
+
+
+def test_ask_with_a_split_from_the_hf_cache_and_a_models_toml_source(tmp_path, layout):  # noqa: F811
+    (tmp_path / "config").mkdir()
+    (tmp_path / "config" / "models.toml").write_text(
+        '[models.split]\nsource = "hf:chatterm/split-test"\nn_ctx = 1024\nprice_profile = "gpt-4.1"\n'
+    )
+    result = run(tmp_path, layout, "ask", "--model", "split", "--json", "--no-store", "Say hi.")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["reply"].strip()
+
+
+def test_a_bad_name_is_one_line_and_exit_2(tmp_path, layout):  # noqa: F811
+    for name, words in (("ollama:gemma3:9b", "not found in Ollama"),
+                        ("ollama:missing-blob:latest", "is missing"),
+                        ("lmstudio:broken/truncated-GGUF", "truncated or damaged")):
+        result = run(tmp_path, layout, "ask", "--model", name, "--no-store", "hi")
+        assert result.returncode == 2, (name, result.stderr)
+        (line,) = result.stderr.strip().splitlines()
+        assert line.startswith("chatterm: error: ") and words in line and name in line

@@ -1,0 +1,88 @@
+"""Header facts and the cache that keeps them: real GGUFs, and small ones
+written with the `gguf` package's GGUFWriter."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from chatterm.core.discovery.facts_cache import FactsCache
+from chatterm.core.discovery.gguf_facts import Unusable, read_facts
+from tests.core.discovery.layouts import link
+
+
+def tiny_gguf(path, arch="llama", general_type=None):
+    import gguf
+
+    writer = gguf.GGUFWriter(path, arch)
+    writer.add_block_count(2)
+    writer.add_context_length(512)
+    writer.add_embedding_length(64)
+    writer.add_head_count(4)
+    writer.add_head_count_kv(2)
+    if general_type:
+        writer.add_type(general_type)
+    writer.add_tensor("token_embd.weight", np.zeros((8, 64), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_facts_of_a_small_gguf(tmp_path):
+    facts = read_facts([tiny_gguf(tmp_path / "t.gguf")])
+    assert (facts.architecture, facts.parameters, facts.context_length) == ("llama", 8 * 64, 512)
+    assert facts.kv_bytes_per_token == 2 * 2 * (16 + 16) * 2  # layers x KV heads x (K + V dims) x f16
+    assert not facts.has_chat_template
+
+
+def test_a_projector_is_not_a_chat_model(tmp_path):
+    with pytest.raises(Unusable, match="projector"):
+        read_facts([tiny_gguf(tmp_path / "p.gguf", arch="clip")])
+
+
+@pytest.mark.parametrize("content, words", [
+    (b"", "not a GGUF file"),
+    (b"PK\x03\x04 a zip", "not a GGUF file"),
+    (b"GGUF\x03\x00\x00\x00", "truncated or damaged (8 bytes"),
+])
+def test_files_that_are_not_whole_ggufs(tmp_path, content, words):
+    path = tmp_path / "x.gguf"
+    path.write_bytes(content)
+    with pytest.raises(Unusable, match=words.replace("(", r"\(")):
+        read_facts([path])
+
+
+def test_cache_keys_by_file_identity(tmp_path):
+    small = tiny_gguf(tmp_path / "a.gguf")
+    other = link(small, tmp_path / "links" / "b.gguf")
+    cache_file = tmp_path / "facts.json"
+    cache = FactsCache(cache_file)
+    assert cache.facts([small]) == cache.facts([other])
+    cache.save()
+    assert len(json.loads(cache_file.read_text())) == 1  # a hard link is the same file
+    st = small.stat()
+    os.utime(small, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # rewritten in place
+    again = FactsCache(cache_file)
+    again.facts([small])
+    again.save()
+    assert len(json.loads(cache_file.read_text())) == 2
+
+
+def test_cache_remembers_why_a_file_is_unusable_and_survives_garbage(tmp_path):
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(b"GGUF\x03\x00\x00\x00")
+    cache_file = tmp_path / "facts.json"
+    cache_file.write_text("{ garbage")
+    cache = FactsCache(cache_file)
+    with pytest.raises(Unusable, match="truncated"):
+        cache.facts([cut])
+    cache.save()
+    (entry,) = json.loads(cache_file.read_text()).values()
+    assert "truncated" in entry["problem"]
+    with pytest.raises(Unusable, match="truncated"):
+        FactsCache(cache_file).facts([cut])

@@ -1,0 +1,95 @@
+"""Discovery over real store layouts (Ollama, LM Studio, HF cache, a folder)
+around the real default model and Gemma 3: every model listed once with its
+header facts, every damaged entry listed with its reason, nothing written."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from chatterm.core.discovery.facts_cache import FactsCache
+from chatterm.core.discovery.fit import Memory
+from chatterm.core.discovery.listing import list_models
+from tests.core.discovery.layouts import tree
+
+PLENTY = Memory("RAM", 64 << 30)
+
+
+def rows_of(layout, cache_file: Path | None = None, memory: Memory = PLENTY):
+    rows = list_models([layout.folder], env={}, home=layout.home,
+                       cache=FactsCache(cache_file or layout.facts_file), memory=memory)
+    return {row.id: row for row in rows}
+
+
+def test_every_store_model_is_listed_with_the_file_it_loads(layout):
+    rows = rows_of(layout)
+    for mid, first_file in layout.usable.items():
+        assert mid in rows, mid
+        assert rows[mid].usable, (mid, rows[mid].problem)
+        assert rows[mid].found.files[0] == first_file
+    assert set(rows) == set(layout.usable) | set(layout.unusable)
+
+
+def test_each_damaged_entry_is_a_row_with_its_reason(layout):
+    rows = rows_of(layout)
+    for mid, reason in layout.unusable.items():
+        assert not rows[mid].usable
+        assert reason in rows[mid].problem, (mid, rows[mid].problem)
+        assert rows[mid].problem.isprintable()
+
+
+def test_projector_files_are_not_chat_models(layout):
+    rows = rows_of(layout)
+    assert not [mid for mid in rows if "mmproj" in mid.lower()]
+    assert not any("mmproj" in str(f) for row in rows.values() for f in row.found.files)
+
+
+def test_header_facts_of_the_two_real_models(layout):
+    rows = rows_of(layout)
+    smol = rows["ollama:smollm2:135m"].facts
+    # SmolLM2-135M: 30 layers, 3 KV heads of 64 dims (its published config).
+    assert (smol.architecture, smol.quantization, smol.context_length) == ("llama", "Q4_1", 8192)
+    assert smol.kv_bytes_per_token == 30 * 3 * (64 + 64) * 2
+    assert 134e6 < smol.parameters < 136e6 and smol.has_chat_template
+    assert smol.file_size == layout.smol.stat().st_size
+    gemma = rows["ollama:gemma3:270m"].facts
+    # Gemma 3 270M: 18 layers, 1 KV head of 256 dims; its GGUF has no chat template.
+    assert (gemma.architecture, gemma.quantization, gemma.context_length) == ("gemma3", "Q4_K_M", 32768)
+    assert gemma.kv_bytes_per_token == 18 * 1 * (256 + 256) * 2
+    assert 260e6 < gemma.parameters < 280e6 and not gemma.has_chat_template
+
+
+def test_a_split_gguf_is_one_model_of_all_its_shards(layout):
+    rows = rows_of(layout)
+    split = rows["hf:chatterm/split-test"]
+    assert [f.name for f in split.found.files] == ["smol-00001-of-00002.gguf", "smol-00002-of-00002.gguf"]
+    single = rows["ollama:smollm2:135m"].facts
+    assert split.facts.parameters == single.parameters
+    assert split.facts.file_size == sum(f.stat().st_size for f in layout.split)
+    assert not [mid for mid in rows if "00002-of" in mid]
+
+
+def test_fit_and_default_context_follow_the_memory_given(layout):
+    rows = rows_of(layout)
+    assert rows["ollama:gemma3:270m"].n_ctx == 32768 and rows["ollama:gemma3:270m"].fits
+    gemma = rows["ollama:gemma3:270m"].facts
+    # Room for the weights and 4,000 tokens of KV cache: 3,840 (in steps of 256).
+    tight = Memory("GPU", int((gemma.file_size + 4000 * gemma.kv_bytes_per_token) / 0.9) + 1)
+    squeezed = rows_of(layout, memory=tight)["ollama:gemma3:270m"]
+    assert squeezed.n_ctx == 3840 and squeezed.fits
+    too_small = rows_of(layout, memory=Memory("GPU", 100 << 20))["ollama:gemma3:270m"]
+    assert too_small.n_ctx is None and not too_small.fits and too_small.usable
+    assert too_small.to_dict()["fits"] is False
+
+
+def test_listing_writes_nothing_in_the_stores(layout):
+    # The layout fixture's first listing read every header (and the cache was empty).
+    rows_of(layout)
+    assert tree(layout.home) == layout.tree_before
+    assert layout.facts_file.exists()
+
+
+def test_json_rows_have_one_shape(layout):
+    dicts = [row.to_dict() for row in rows_of(layout).values()]
+    assert len({tuple(d) for d in dicts}) == 1
+    bad = next(d for d in dicts if d["id"] == "ollama:missing-blob:latest")
+    assert bad["usable"] is False and bad["architecture"] is None and bad["files"] == []
