@@ -26,7 +26,9 @@ def register(sub, common) -> None:
     actions = p.add_subparsers(dest="cache_action", metavar="ACTION", required=True)
     ls = actions.add_parser("ls", parents=[common], help="list cached states (kind, model, tokens, bytes, tier)")
     ls.set_defaults(func=run_ls)
-    clear = actions.add_parser("clear", parents=[common], help="delete cached states (all, a kind, a persona's, a session's)")
+    clear = actions.add_parser(
+        "clear", parents=[common], help="delete cached states (all, a kind, a persona's, a session's)"
+    )
     # Not dest "persona": that is how cli.common.workspace knows a command will
     # load a persona (and leaves its file out of the skipped-file warnings).
     clear.add_argument("persona_id", nargs="?", metavar="PERSONA", help="only this persona's prefix state")

@@ -371,7 +371,7 @@ def test_sessions_command_lists_sessions(env, capsys):
     row_first = next(line for line in lines if "terse-coder" in line)
     assert row_first.split()[0] == str(first)  # no border: the id comes first
     assert "smollm2-135m" in row_first and " 3 " in row_first and "50 ms" in row_first
-    assert "$0.0051" in row_first  # 3 x 0.00169
+    assert "0.005070" in row_first  # 3 x 0.00169
     # Persona ids are shown literally, newest first.
     assert "[bold]odd[/]" in out and out.index("[bold]odd[/]") < out.index("terse-coder")
     assert sha(env) == before
