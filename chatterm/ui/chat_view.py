@@ -1,10 +1,13 @@
 """The chat: conversation pane, status line and prompt, and the turn loop that joins them.
 
 Contract:
-- `ChatView` owns the `Conversation` it shows, the turn worker, and the one
-  `TurnPhase` that says what the chat is doing. The app hands it a
-  conversation once the model is loaded (`attach`, `start_over`) and tells it
-  when the model failed (`no_model`); everything else happens here.
+- `ChatView` owns the `Conversation` it shows, the turn worker, the one
+  `TurnPhase` that says what the chat is doing, and the status line. Its
+  owner (ui/chat_session.py) hands it a conversation once the model is loaded
+  (`attach`, `start_over`), tells it when the model failed (`no_model`) and
+  how the persona's prefix is coming along (`prefix_*`: a message sent before
+  the prefix is ready waits for it, and the status says so); everything else
+  happens here.
 - What happens when the user presses Enter, in order:
   1. `_submitted` (PromptArea.Submitted): refused with a notification unless the
      phase is IDLE (while the model loads, the prompt is sent once `attach`
@@ -14,7 +17,7 @@ Contract:
      (`gc_policy`), the timers start, `_run_turn` starts.
   2. `_run_turn` (thread worker): `Conversation.send` starts the engine's turn,
      and each delta goes onto `_unshown`, a deque (nothing runs on the UI thread
-     per token: `call_from_thread` per token capped a producer at 365 tok/s).
+     per token, so the stream's rate does not depend on the event loop's).
   3. `_flush_tick` (timer): everything on `_unshown` goes to the reply in ONE
      write. The timer's period adapts to what a frame costs (`FrameBudget`):
      when the stream outruns the screen, writes get fewer and larger instead of
@@ -34,7 +37,8 @@ Contract:
   preempts a prefill in progress and reuses whatever matches. Esc in an empty
   prompt, a persona switch or a new conversation drop it (`drop_ahead`). Off
   when `type_ahead` is False or the engine cannot (served models).
-- Errors in drawing never kill the app (logged); engine errors become notices.
+- Errors in drawing never kill the app (logged); engine errors become notices;
+  notifications show their text literally (ui/notices.py).
 - The dashboard is given, not looked up; the app learns about status changes
   and finished turns through `StatusChanged` and `TurnFinished`.
 """
@@ -57,16 +61,17 @@ from textual.widgets import ProgressBar, Static
 from chatterm.core.engine.conversation import Conversation
 from chatterm.core.metrics.format import SEP, fmt_ms, fmt_tok_s, prefill_progress_line, printable
 from chatterm.core.metrics.turn_metrics import SessionSummary, StopReason, TurnMetrics
-from chatterm.errors import describe
 from chatterm.ui import gc_policy
 from chatterm.ui.engine_lease import EngineClosing, EngineLease
+from chatterm.ui.notices import notify_plain
 from chatterm.ui.prompt import PromptArea
 from chatterm.ui.transcript import AssistantReply, ConversationView, OlderTurns
+from chatterm.ui.worker_errors import reported
 
 if TYPE_CHECKING:
     from textual.timer import Timer
 
-    from chatterm.core.engine.interface import Turn
+    from chatterm.core.engine.interface import PrefillProgress, Turn
     from chatterm.core.store.session_store import TurnRecord
     from chatterm.ui.dashboard import Dashboard
 
@@ -170,8 +175,7 @@ class ChatView(Vertical):
         """The draft the last type-ahead prefill was given."""
         self.persona_name = persona_name
         """Title of the replies shown from now on."""
-        self.prefix_pending = False
-        """The persona's prefix is being prepared (only changes the wording of the status)."""
+        self._prefix_pending = False
         self._dashboard = dashboard
         self._lease = lease
         self._conversation: Conversation | None = None
@@ -228,16 +232,20 @@ class ChatView(Vertical):
         self._conversation = conversation
         if self._phase is TurnPhase.NO_MODEL:
             self._phase = TurnPhase.IDLE
+        self._show_context()
         if self._send_when_ready and self._phase is TurnPhase.IDLE:
             self._send_when_ready = False
             prompt = self.query_one(PromptArea)
             if prompt.text.strip():
                 prompt.post_message(PromptArea.Submitted(prompt, prompt.text))
 
-    def no_model(self, reason: str) -> None:
-        """The model failed to load: Enter says why instead of sending."""
+    async def no_model(self, reason: str) -> None:
+        """The model failed to load: the conversation says why, and so does Enter."""
         self._no_model_reason = reason
         self._send_when_ready = False
+        self.show_load_progress(None)
+        self.set_status("model failed to load")
+        await self.messages.add_notice(f"Model failed to load: {reason}", "error")
 
     async def start_over(
         self,
@@ -261,6 +269,7 @@ class ChatView(Vertical):
             self.attach(conversation)
         await view.add_notice(notice)
         self._dashboard.show_turn(None)
+        self._show_context()
         self.show_session()
         self.set_status("ready" if self._conversation is not None else "loading…")
         self.call_after_refresh(self.collect_garbage, True)
@@ -283,20 +292,52 @@ class ChatView(Vertical):
             # long reply are counted towards one).
             gc_policy.allow_full_passes(True)
 
+    # -- the persona's prefix (made ready by ui/engine_setup.py) ------------------------
+    @property
+    def prefix_pending(self) -> bool:
+        """The persona's prefix is being made ready: a message sent now waits for it."""
+        return self._prefix_pending
+
+    def prefix_started(self) -> None:
+        """A persona's prefix is being made ready (the model loaded, the persona changed)."""
+        self._prefix_pending = True
+
+    def prefix_preparing(self, how: str) -> None:
+        """Say how the pending prefix is made ready (a streaming message's status stays)."""
+        if self._prefix_pending and self._phase is not TurnPhase.STREAMING:
+            self.set_status(how)
+
+    def prefix_progressed(self, persona_name: str, progress: "PrefillProgress") -> None:
+        """A long prefill's progress, for the user waiting to type or for the message waiting for it."""
+        line = prefill_progress_line(progress)
+        if self._phase is TurnPhase.IDLE:
+            self.set_status(f"{persona_name}: {line}")
+        elif self._phase is TurnPhase.STREAMING and self._prefix_pending:
+            self.set_status(f"your message is next · {line}")
+
+    def prefix_done(self) -> None:
+        """The prefix is ready, or preparing it failed (the dashboard says which)."""
+        self._prefix_pending = False
+        self.show_ready()
+
+    def show_ready(self) -> None:
+        """Say "ready" when Enter would send at once: idle, no prefix pending."""
+        if self._phase is TurnPhase.IDLE and not self._prefix_pending:
+            self.set_status("ready")
+
     # -- Enter: sending and streaming -----------------------------------------------
     @on(PromptArea.Submitted)
     async def _submitted(self, event: PromptArea.Submitted) -> None:
         event.stop()
         if self._phase is TurnPhase.NO_MODEL or self._conversation is None:
             if self._no_model_reason:
-                self.notify(f"No model: {self._no_model_reason}", severity="error", markup=False)
+                notify_plain(self.app, f"No model: {self._no_model_reason}", severity="error")
             else:
                 self._send_when_ready = True
-                self.notify("The model is still loading: your message is sent as soon as it is ready.",
-                            markup=False)
+                notify_plain(self.app, "The model is still loading: your message is sent as soon as it is ready.")
             return
         if self._phase is not TurnPhase.IDLE:
-            self.notify("A reply is streaming: Esc stops it.", markup=False)
+            notify_plain(self.app, "A reply is streaming: Esc stops it.")
             return
         text = event.text
         self._stop_ahead_timer()
@@ -308,7 +349,7 @@ class ChatView(Vertical):
         self._phase = TurnPhase.STREAMING
         self.set_status(
             "waiting for the persona's prompt…"
-            if self.prefix_pending
+            if self._prefix_pending
             else "waiting for the first token…"
         )
         self._budget = FrameBudget()
@@ -321,7 +362,8 @@ class ChatView(Vertical):
     def _run_turn(self, conversation: Conversation, text: str, reply: AssistantReply) -> None:
         unshown = self._unshown
         turn: "Turn | None" = None
-        try:
+        # stream() never raises; send() might, and then `turn` is still None.
+        with reported(self, lambda error: self.TurnEnded(reply, turn, conversation, error), "starting the turn"):
             with self._lease.use():
                 # send() may tokenize a long prompt: off the UI thread too.
                 turn = conversation.send(text)
@@ -330,13 +372,7 @@ class ChatView(Vertical):
                     turn.cancel()
                 for delta in turn.stream():
                     unshown.append(delta)
-        except EngineClosing:
-            return
-        except Exception as exc:  # noqa: BLE001 - stream() never raises; send() might
-            log.exception("turn failed to start")
-            self.post_message(self.TurnEnded(reply, turn, conversation, describe(exc)))
-            return
-        self.post_message(self.TurnEnded(reply, turn, conversation))
+            self.post_message(self.TurnEnded(reply, turn, conversation))
 
     async def _flush_tick(self) -> None:
         started = time.perf_counter()
@@ -382,6 +418,7 @@ class ChatView(Vertical):
                 return
             m = turn.metrics
             self._dashboard.show_turn(m, running=not turn.done)
+            self._show_context()
             if m.ttft_ms is None and turn.prefill_progress is not None and self._phase is TurnPhase.STREAMING:
                 self.set_status(prefill_progress_line(turn.prefill_progress))
             if m.ttft_ms is not None and self._phase is TurnPhase.STREAMING:
@@ -412,9 +449,9 @@ class ChatView(Vertical):
         self.collect_garbage_later()
 
     IDLE_COLLECT_S = 2.0
-    """A collection waits this long after a reply: a pause of 20-30 ms then is
-    one the user reading the reply does not notice, and one right at the end
-    of a reply would delay its last frame or the next keystroke."""
+    """A collection waits this long after a reply: a pause then is one the
+    user reading the reply does not notice, and one right at the end of a
+    reply would delay its last frame or the next keystroke."""
 
     def collect_garbage_later(self) -> None:
         """Collect once the finished reply is on screen and the user reads it."""
@@ -442,13 +479,19 @@ class ChatView(Vertical):
         store_error = event.conversation.store_error
         if store_error and store_error != self._store_error_shown:
             self._store_error_shown = store_error
-            self.notify(store_error, title="Session store", severity="warning", markup=False)
+            notify_plain(self.app, store_error, title="Session store", severity="warning")
         self._dashboard.show_turn(m)
+        self._show_context()
         self._dashboard.show_type_ahead(None, None)
         self._ahead_last = ""
         self.show_session()
         self.post_message(self.TurnFinished(m))
         self.set_status({StopReason.CANCELLED: "stopped", StopReason.ERROR: "error"}.get(m.stop_reason, "ready"))
+
+    # -- the context figure ----------------------------------------------------------------
+    def _show_context(self) -> None:
+        """The dashboard's context figure, for the conversation on screen."""
+        self._dashboard.show_context(context_tokens(self._conversation, self._turn))
 
     # -- type-ahead ----------------------------------------------------------------------
     @on(PromptArea.Changed)
@@ -548,3 +591,17 @@ class ChatView(Vertical):
             self.set_status("stopping…")
         elif not self.query_one(PromptArea).text.strip():
             self.drop_ahead()
+
+
+def context_tokens(conversation: Conversation | None, turn: "Turn | None") -> int | None:
+    """Tokens `conversation` holds in the context: the running turn's prompt and
+    what it generated so far, else the last turn's, else the persona's prompt
+    alone (None where the engine has not measured it, or no conversation)."""
+    if conversation is None:
+        return None
+    if turn is not None and turn.metrics.prompt_tokens:
+        return turn.metrics.prompt_tokens + turn.metrics.generated_tokens
+    for m in reversed(conversation.turns):
+        if m.prompt_tokens:  # a turn that failed before its prompt left nothing
+            return m.prompt_tokens + m.generated_tokens
+    return conversation.engine.persona_tokens(conversation.persona)

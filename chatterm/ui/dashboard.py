@@ -1,6 +1,15 @@
 """The latency dashboard: current turn, session, history sparklines, persona, model.
 
 Contract:
+- The figures watched most stay in view however tall the terminal and wherever
+  the panel is scrolled: context used, TTFT and decode rate are a headline
+  docked at the top (`#dash-now`); the sections below it scroll. A line docked
+  at the bottom (`#dash-hint`) says when more is below and how to reach it, and
+  marks the panel while it has the focus (with its accent edge).
+- The context figure describes the conversation on screen (`show_context`,
+  which the chat calls on every change, live while a reply streams); the
+  engine's own count (`show_model`) stands in only while the chat does not know
+  it (the persona's prompt not measured yet).
 - The app calls the `show_*` methods from timers and message handlers (4-10 Hz
   while a reply streams, never per token). Each section is one `Static` of
   `Rows` (label column fixed, values wrap under themselves, nothing cut),
@@ -81,10 +90,15 @@ class _FromZero(SparklineRenderable):
 
 
 class ZeroSparkline(Sparkline):
-    """A `Sparkline` to scale from zero: TTFTs of 189, 199 and 219 ms draw as
-    ▇▇█, not ▁▃█, which made a 16 % difference look like a tenfold one."""
+    """A `Sparkline` to scale from zero, one cell per value: TTFTs of 189, 199
+    and 219 ms draw as ▇▇█, not ▁▃█, which made a 16 % difference look like a
+    tenfold one, and one turn is one bar (Textual stretches the data over the
+    whole width: one turn filled every cell). More values than cells share
+    cells (the highest of each shows). No data draws `–`, not a flat line."""
 
     def render(self):
+        if not self.data:
+            return Content("–")
         stock = super().render()  # Textual's own, with the theme's colours resolved
         # Another Textual (within the pinned range) may draw its sparkline
         # differently: then its own scale, never a crash or a stray zero bar.
@@ -92,11 +106,16 @@ class ZeroSparkline(Sparkline):
             return stock
         try:
             return _FromZero(
-                stock.data, width=stock.width, height=stock.height, min_color=stock.min_color.color,
-                max_color=stock.max_color.color, summary_function=stock.summary_function,
+                stock.data, width=min(stock.width or len(stock.data), len(stock.data)), height=stock.height,
+                min_color=stock.min_color.color, max_color=stock.max_color.color,
+                summary_function=stock.summary_function,
             )
         except (AttributeError, TypeError):
             return stock
+
+
+HINT_FOCUSED = "▶ dashboard · ↑↓ PgUp PgDn Home End scroll · Tab leaves"
+HINT_MORE = "↓ more below · Tab to here, then ↓ or PgDn"
 
 
 class Dashboard(VerticalScroll):
@@ -107,8 +126,16 @@ class Dashboard(VerticalScroll):
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
         self._lines: dict[str, int] = {}
+        self._now: TurnMetrics | None = None
+        self._now_running = False
+        self._context: int | None = None
+        """The conversation's tokens in the context (`show_context`); None: unknown."""
+        self._engine_context: int | None = None
+        self._n_ctx: int | None = None
 
     def compose(self):
+        yield Static(self._now_rows(), id="dash-now")
+        yield Static(Content(""), id="dash-hint")
         yield Static(Content("Turn"), classes="title")
         yield Static(Rows([("state", "no turn yet")]), id="dash-turn")
         ahead = Static(Content(""), id="dash-ahead")
@@ -128,6 +155,64 @@ class Dashboard(VerticalScroll):
         yield Static(Content("Model"), classes="title")
         yield Static(Rows([("model", "loading…")]), id="dash-model")
 
+    # -- the headline and the hint ------------------------------------------------
+    def _now_rows(self) -> Rows:
+        used = self._context if self._context is not None else self._engine_context
+        context = fmt_int(used)
+        if self._n_ctx:
+            context += f" / {fmt_int(self._n_ctx)}"
+            if used is not None:
+                context += f" · {used / self._n_ctx * 100:.0f} %"
+        m = self._now
+        if m is None:
+            ttft, decode = "–", "–"
+        else:
+            ttft = fmt_ms(m.ttft_ms) if m.ttft_ms is not None or not self._now_running else "prefilling…"
+            decode = fmt_tok_s(m.decode_tok_s)
+        return Rows([("context", context), ("TTFT", ttft), ("decode", decode)])
+
+    def _show_now(self, live: bool = False) -> None:
+        self._set("dash-now", self._now_rows(), live=live)
+
+    def show_context(self, used: int | None) -> None:
+        """Tokens the conversation on screen holds in the context: its persona's
+        prompt, its turns and, while a reply streams, that turn's prompt and
+        what it generated so far. None: not known yet; the engine's count stands
+        in from its next `show_model` (the one before describes another conversation)."""
+        if used is None:
+            self._engine_context = None
+        if used != self._context or used is None:
+            self._context = used
+            self._show_now(live=True)
+
+    def _update_hint(self) -> None:
+        for hint in self.query("#dash-hint").results(Static):  # none while the app closes
+            if self.has_focus:
+                text = HINT_FOCUSED
+            elif self.scroll_y < self.max_scroll_y:
+                text = HINT_MORE
+            else:
+                text = ""
+            hint.update(Content(text), layout=False)
+            hint.set_class(self.has_focus, "-focused")
+
+    def watch_scroll_y(self, old_value: float, new_value: float) -> None:
+        super().watch_scroll_y(old_value, new_value)
+        self._update_hint()
+
+    def watch_virtual_size(self) -> None:
+        self.call_after_refresh(self._update_hint)
+
+    def on_resize(self) -> None:
+        self.call_after_refresh(self._update_hint)
+
+    def on_focus(self) -> None:
+        self._update_hint()
+
+    def on_blur(self) -> None:
+        self._update_hint()
+
+    # -- the sections ------------------------------------------------------------------
     def _set(self, widget_id: str, content: Rows, live: bool = False) -> None:
         # A live update (5 Hz while streaming) skips layout unless its number of
         # lines at the widget's width changed: a same-size update repaints one
@@ -140,15 +225,17 @@ class Dashboard(VerticalScroll):
         widget.update(content, layout=relayout)
 
     def show_turn(self, m: TurnMetrics | None, running: bool = False) -> None:
+        """The turn on screen (None: a new conversation, no turn yet). Its TTFT
+        and decode rate are in the headline, the rest in the Turn section."""
+        self._now, self._now_running = m, running
+        self._show_now(live=running)
         if m is None:
             self._set("dash-turn", Rows([("state", "no turn yet")]))
             return
         pairs = [
             ("state", turn_state(m, running)),
-            ("TTFT", fmt_ms(m.ttft_ms)),
             *timeline_rows(m),
             ("prefill", fmt_ms(m.prefill_ms) if m.ttft_ms is not None else "…"),
-            ("decode", fmt_tok_s(m.decode_tok_s)),
             ("per token", token_cost_line(token_costs(m)) if not running else "…"),
             ("prompt", fmt_int(m.prompt_tokens)),
             ("cached", fmt_int(m.cached_tokens)),
@@ -173,7 +260,8 @@ class Dashboard(VerticalScroll):
             ("tokens", f"{fmt_int(summary.prompt_tokens)} in · {fmt_int(summary.generated_tokens)} out"),
             ("per token", token_cost_line(session_token_costs(turns))),
             ("total cost", fmt_usd(summary.cost_usd)),
-            ("input share", f"{fmt_share(split.input_token_share)} of tokens · {fmt_share(split.input_cost_share)} of cost"),
+            ("input share",
+             f"{fmt_share(split.input_token_share)} of tokens · {fmt_share(split.input_cost_share)} of cost"),
             ("cache saved", f"{summary.saved_prefill_s:,.2f} s prefill · {fmt_usd(summary.saved_usd)}"),
         ]
         if summary.energy_wh is not None:
@@ -206,6 +294,11 @@ class Dashboard(VerticalScroll):
         gpu: "GpuStatus | None",
         status: str = "",
     ) -> None:
+        """The model section; `context_used` is the engine's count, shown in the
+        headline only while the conversation's own is unknown (`show_context`)."""
+        self._engine_context = context_used
+        self._n_ctx = device.n_ctx if device is not None else None
+        self._show_now()
         pairs = [("model", label)]
         if status:
             pairs.append(("status", status))
@@ -215,8 +308,6 @@ class Dashboard(VerticalScroll):
                 pairs.append(("layers", f"{fmt_int(device.layers_offloaded or 0)}/{fmt_int(device.n_layers)} on GPU"))
             flash = {True: "flash attn on", False: "flash attn off"}.get(device.flash_attn, "")
             pairs.append(("KV", " · ".join(p for p in (device.kv_type or "–", flash) if p)))
-            used = fmt_int(context_used) if context_used is not None else "–"
-            pairs.append(("context", f"{used} / {fmt_int(device.n_ctx)}"))
             pairs += [("note", note) for note in device.notes]
         if gpu is not None:
             pairs.append(("GPU", gpu.name))

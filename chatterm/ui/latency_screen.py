@@ -46,7 +46,16 @@ from textual.widgets import DataTable, Footer, Static, TabbedContent, TabPane, T
 from textual_plotext import PlotextPlot
 
 from chatterm.core.config.catalog import PriceProfile
-from chatterm.core.metrics.format import SEP, cache_label, fmt_int, fmt_ms, fmt_tok_s, fmt_usd, printable
+from chatterm.core.metrics.format import (
+    SEP,
+    cache_label,
+    fmt_int,
+    fmt_ms,
+    fmt_tok_s,
+    fmt_usd,
+    input_breakdown,
+    printable,
+)
 from chatterm.core.metrics.timeline import PART_LABELS, TTFT_PARTS, Timeline, session_token_costs, timeline, token_costs
 from chatterm.core.metrics.turn_metrics import TurnMetrics
 from chatterm.core.metrics.whatif import cost_split, priced_with, what_if
@@ -223,7 +232,8 @@ class LatencyScreen(Screen[None]):
                 turn_label(index, m), tl.status, fmt_ms(m.ttft_ms), fmt_ms(tl.waiting_ms), fmt_ms(tl.restore_ms),
                 fmt_ms(tl.prefill_ms), fmt_ms(tl.first_token_ms) if tl.reached_first_token else "–",
                 fmt_ms(tl.decode_ms), fmt_tok_s(m.decode_tok_s).removesuffix(" tok/s"),
-                per_token(c.prefill_ms_per_token, c.prefill_note, ""), per_token(c.decode_ms_per_token, c.decode_note, ""),
+                per_token(c.prefill_ms_per_token, c.prefill_note, ""),
+                per_token(c.decode_ms_per_token, c.decode_note, ""),
                 ratio, fmt_usd(m.cost_usd),
             ]
             table.add_row(*(Text(cell, justify="left" if i == 1 else "right") for i, cell in enumerate(cells)),
@@ -240,8 +250,10 @@ class LatencyScreen(Screen[None]):
         grid.add_row("input, cached", fmt_int(split.cached_tokens), fmt_usd(split.cached_usd))
         grid.add_row("output", fmt_int(split.output_tokens), fmt_usd(split.output_usd))
         share = split.input_token_share, split.input_cost_share
-        share_note = Text(f"input share: {fmt_share(share[0])} of tokens, {fmt_share(share[1])} of cost",
-                          style="dim")
+        note = f"input share: {fmt_share(share[0])} of tokens, {fmt_share(share[1])} of cost"
+        if split.switch_tokens:
+            note += f"{SEP}uncached includes {fmt_int(split.switch_tokens)} prefilled at the switch"
+        share_note = Text(note, style="dim")
         rows = what_if(self._turns, self._prices)
         own = priced_with(self._turns)
         # Totals only, so the table fits 80 columns; the reports split each profile's cost.
@@ -306,8 +318,9 @@ class TurnDetailScreen(ModalScreen[None]):
             if note:
                 lines.append(f"  {note}")
         approx = "~" if m.tokens_estimated else ""
+        before = input_breakdown(m)
         lines.append(
-            f"tokens: {approx}{fmt_int(m.prompt_tokens)} prompt ({fmt_int(m.cached_tokens)} cached, "
+            f"tokens: {approx}{fmt_int(m.prompt_tokens)} prompt ({before + ', ' if before else ''}"
             f"{fmt_int(m.prefilled_tokens)} prefilled){SEP}{approx}{fmt_int(m.generated_tokens)} generated"
         )
         lines.append(f"decode: {fmt_tok_s(m.decode_tok_s)}{SEP}total {fmt_ms(m.total_ms)}")

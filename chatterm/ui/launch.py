@@ -3,7 +3,10 @@
 Contract: it resolves model, persona, theme and the session to resume (bad ids
 raise `ChattermError` naming them, before anything is drawn: the CLI prints one
 line and exits 2) and returns a `ChatApp`. Nothing is loaded here: the model
-loads in the app's worker once its first frame is on screen.
+loads in the app's worker once its first frame is on screen, and a load that
+fails is reported in the app. `chatterm launch` checks the model file itself
+(`ModelSpec.check_file`) before the session database is opened, so a missing
+file is its one line and exit 2, not a screen.
 """
 
 from __future__ import annotations

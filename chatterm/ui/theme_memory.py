@@ -16,6 +16,7 @@ from textual.app import App
 from textual.timer import Timer
 
 from chatterm.errors import ChattermError
+from chatterm.ui.notices import notify_plain
 from chatterm.ui.settings import remember_theme
 
 
@@ -45,4 +46,4 @@ class ThemeMemory:
         try:
             remember_theme(self.settings_path, self.app.theme)
         except ChattermError as exc:
-            self.app.notify(str(exc), severity="warning", markup=False)
+            notify_plain(self.app, str(exc), severity="warning")

@@ -6,8 +6,8 @@ Contract:
   Parts differ by glyph and by theme colour, so the bar reads in any theme and
   without colour.
 - `timeline_legend(tl)` names each part with its milliseconds and share, one per
-  line (waiting and restore only when they took time), then a restore done at the persona switch on a line apart (it is not
-  part of the turn, nor of the bar).
+  line (waiting and restore only when they took time), then a restore done at the
+  persona switch on a line apart (it is not part of the turn, nor of the bar).
 - `token_cost_line(costs)` is the measured ms per input and per output token and
   their ratio, or `too few` (tokens) / `n/a` (no time recorded) where one is missing.
 Only numbers and fixed words: nothing here comes from the model or a file.

@@ -51,6 +51,7 @@ class FakeEngine(Engine):
         self.cached: dict[str, str] = {"assistant": "disk"}
         """Persona id -> cache tier, as cached_personas() reports it."""
         self.cache_scans = 0
+        self.cache_scan_threads: list[threading.Thread] = []
         self.received: list[tuple[str, list[ChatMessage], str]] = []
         self.loaded = False
         self.closed = False
@@ -79,6 +80,7 @@ class FakeEngine(Engine):
 
     def cached_personas(self) -> dict[str, str]:
         self.cache_scans += 1
+        self.cache_scan_threads.append(threading.current_thread())
         return dict(self.cached)
 
     def prepare_persona(self, persona: Persona, progress=None) -> PrefixReport:

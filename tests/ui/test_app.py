@@ -180,6 +180,7 @@ async def test_persona_switch_starts_a_new_conversation_and_shows_restore(build)
         scans = engines[0].cache_scans
         engines[0].cached["shop-support"] = "ram"
         await pilot.press("f2")
+        await wait_for(pilot, lambda: isinstance(app.screen, PersonaPicker), what="the picker")
         assert engines[0].cache_scans == scans + 1  # one look at the cache for every persona
         picker = app.screen
         assert isinstance(picker, PersonaPicker)
@@ -210,6 +211,8 @@ async def test_persona_switch_starts_a_new_conversation_and_shows_restore(build)
         assert "turns       0" in rendered(app.query_one("#dash-session"))
         await send(pilot, "Code?")
         assert engines[0].received[-1][0] == "terse-coder" and engines[0].received[-1][1] == []
+        # The cache folder is scanned in worker threads, never on the UI thread.
+        assert engines[0].cache_scan_threads and threading.main_thread() not in engines[0].cache_scan_threads
 
 
 async def test_theme_switch_through_the_palette_is_remembered(build, isolated_dirs):
@@ -315,7 +318,7 @@ async def test_markup_and_escapes_in_model_output_are_literal(build):
 async def test_engine_errors_are_shown_not_raised(build):
     app, engines = build(engine_kwargs={"fail_load": "model [/] file [bold]broken[/bold]: bad magic"})
     async with app.run_test(size=SIZE) as pilot:
-        await wait_for(pilot, lambda: app.engine_error is not None, what="the load failure")
+        await wait_for(pilot, lambda: app.session.engine_error is not None, what="the load failure")
         await pilot.pause(0.05)
         notice = app.query_one(Notice)
         assert "model [/] file [bold]broken[/bold]: bad magic" in rendered(notice)
@@ -450,7 +453,7 @@ async def test_the_dashboard_scrolls_from_the_keyboard_at_80x24(build):
 
 async def test_a_message_waiting_for_the_persona_prefill_shows_its_progress(build):
     from chatterm.core.engine.interface import PrefillProgress
-    from chatterm.ui.engine_setup import PersonaProgressed
+    from chatterm.ui.engine_setup import EngineSetup
 
     gate = threading.Event()
     app, engines = build(["Fine."], engine_kwargs={"prepare_gate": gate})
@@ -461,7 +464,7 @@ async def test_a_message_waiting_for_the_persona_prefill_shows_its_progress(buil
             app.query_one("#prompt").insert("Hi")
             await pilot.press("enter")
             await wait_for(pilot, lambda: app.chat.phase is TurnPhase.STREAMING, what="the send")
-            app.post_message(PersonaProgressed(app.persona, PrefillProgress(512, 2365, 2.0)))
+            app.session.post_message(EngineSetup.PersonaProgressed(app.persona, PrefillProgress(512, 2365, 2.0)))
             status = app.query_one("#status", Static)
             await wait_for(pilot, lambda: "your message is next · prefilling 512 / 2,365 tokens"
                            in str(status.content), what="the progress in the status")
@@ -641,6 +644,12 @@ def test_importing_the_app_loads_no_model():
     assert out.stdout.split() == ["False", "False"]
 
 
+def test_the_palette_entries_do_not_import_the_app():
+    code = "import sys, chatterm.ui.palette; print('chatterm.ui.app' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False"]
+
+
 async def test_command_palette_switches_persona_and_exports_csv(build, workspace, isolated_dirs):
     store = SessionStore(workspace.db_path)
     app, engines = build(store=store)
@@ -717,6 +726,7 @@ async def test_persona_names_with_markup_are_literal_everywhere(isolated_dirs, t
         assert any(f"Persona: {name}" in t for t in hit_texts), hit_texts
         await pilot.press("escape")
         await pilot.press("f2")
+        await wait_for(pilot, lambda: isinstance(app.screen, PersonaPicker), what="the picker")
         options = app.screen.query_one(OptionList)
         assert any(name in str(options.get_option_at_index(i).prompt) for i in range(options.option_count))
         await pilot.press("escape")

@@ -138,7 +138,7 @@ async def test_resume_mounts_the_tail_and_scrolling_up_pages_in_the_rest_in_orde
         while view.has_older:
             view.scroll_home(animate=False)
             before = len(app.query(UserMessage))
-            await wait_for(pilot, lambda: len(app.query(UserMessage)) > before or not view.has_older,
+            await wait_for(pilot, lambda before=before: len(app.query(UserMessage)) > before or not view.has_older,
                            what="an older page")
             pages += 1
             # The user's place is kept: after a page comes in, the view is no

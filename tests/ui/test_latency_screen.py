@@ -186,7 +186,7 @@ def _is_round_step(labels: list[str]) -> bool:
     mantissa = step / 10 ** math.floor(math.log10(step))
     decimals = max(len(v.partition(".")[2]) for v in labels)
     return (values[0] == 0 and any(math.isclose(mantissa, m) for m in (1, 2, 2.5, 5))
-            and all(math.isclose(b - a, step, rel_tol=1e-6) for a, b in zip(values, values[1:]))
+            and all(math.isclose(b - a, step, rel_tol=1e-6) for a, b in zip(values, values[1:], strict=False))
             and decimals <= max(0, -math.floor(math.log10(step))) + 1)
 
 

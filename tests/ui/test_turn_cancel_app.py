@@ -58,7 +58,7 @@ async def test_esc_while_waiting_for_the_persona_prefill_stops_at_once(isolated_
 
             release.set()
             await wait_for(pilot, lambda: not app.chat.prefix_pending, timeout=120, what="the persona prefix")
-            assert app._persona_state.startswith("prefilled cold")
+            assert app.session.persona_state.startswith("prefilled cold")
             prompt.insert("Do you sell tents?")
             await pilot.press("enter")
             await wait_for(pilot, lambda: len(app.conversation.turns) == 2 and app.chat.phase is TurnPhase.IDLE,

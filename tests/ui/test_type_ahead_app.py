@@ -45,7 +45,7 @@ async def finished_turn(pilot):
 async def prepared(pilot) -> None:
     """The model is loaded and the persona's prefix is in the context."""
     await loaded(pilot)
-    await wait_for(pilot, lambda: pilot.app._persona_state.startswith(("restored", "prefilled", "already")),
+    await wait_for(pilot, lambda: pilot.app.session.persona_state.startswith(("restored", "prefilled", "already")),
                    timeout=120, what="the persona prefix")
 
 

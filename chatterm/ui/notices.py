@@ -1,0 +1,19 @@
+"""Notifications (Textual toasts) that show their text literally.
+
+Contract: every notification in chatterm.ui goes through `notify_plain`, which
+never lets Textual parse the text as markup: the text may come from a file, the
+database, an exception or the model, and `[` in it must stay a `[` (markup
+could style it, link it, run an action or raise a MarkupError).
+"""
+
+from __future__ import annotations
+
+from textual.app import App
+from textual.notifications import SeverityLevel
+
+
+def notify_plain(
+    app: App, text: str, *, title: str = "", severity: SeverityLevel = "information", timeout: float | None = None
+) -> None:
+    """Show `text` (and `title`) as a notification, markup never interpreted."""
+    app.notify(text, title=title, severity=severity, timeout=timeout, markup=False)
