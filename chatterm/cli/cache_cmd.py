@@ -1,11 +1,16 @@
 """`chatterm cache ls | clear | verify`: the prompt cache's state files on disk.
 
 - `ls` lists every entry: kind (persona ID / session N), model, tokens, bytes,
-  tier and last use, with the reason when a file cannot be used.
+  tier and last use, with the reason when a file cannot be used; then, per
+  model, the block tier: bytes per token, blocks, bytes, and the bytes of
+  blocks that several entries share (stored once). Whole-state files (an
+  older chatterm's, or a model whose states are kept whole) are counted in
+  the caption.
 - `clear` removes all entries, one persona's (`clear PERSONA`), one kind
   (`--kind persona|session`) or one conversation's (`--session N`).
-- `verify` checks every file's header, size, payload sha256 and chunk CRC-32s
-  and exits 1 when one fails (nothing is deleted: `clear` does that).
+- `verify` checks every file: a state file's header, size, payload sha256 and
+  chunk CRC-32s, every block's sha256 and CRC-32, every chain record; it exits
+  1 when one fails (nothing is deleted: `clear` does that).
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import datetime as dt
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from chatterm.cli.common import workspace
 from chatterm.core.cache.prompt_cache import KINDS, PromptCache
@@ -59,19 +65,32 @@ def run_ls(args: argparse.Namespace) -> int:
     for e in entries:
         table.add_row(
             e.slot.label,
-            e.model_id,
+            Text(e.model_id),  # a model id from a file: literal, not rich markup
             f"{len(e.tokens):,}",
             f"{e.nbytes:,}",
             e.tier,
             dt.datetime.fromtimestamp(e.last_used).strftime("%Y-%m-%d %H:%M:%S"),
             e.problem or "ok",
         )
-    total = sum(e.nbytes for e in entries)
+    usage = cache.usage()
+    whole = [e for e in entries if e.chain is None and e.tier == "disk"]
+    total = sum(e.nbytes for e in whole) + sum(u.bytes for u in usage)
     table.caption = (
         f"{total / (1 << 20):,.1f} MiB on disk of a {cache.disk_budget_bytes / (1 << 20):,.0f} MiB budget "
         "(the RAM tier lives inside each running chatterm)"
     )
+    if whole:
+        table.caption += (f"; {len(whole)} whole-state file{'s' if len(whole) != 1 else ''} "
+                          "(stored as blocks when saved again, where the model allows)")
     console.print(table)
+    if usage:
+        blocks = Table(title="Blocks by model (a block shared by several entries is stored once)")
+        for column in ("model", "bytes/token", "blocks", "bytes", "shared bytes", "entries"):
+            blocks.add_column(column, justify="left" if column == "model" else "right", no_wrap=True)
+        for u in usage:
+            blocks.add_row(Text(u.model_id), f"{u.bytes_per_token:,}", f"{u.blocks:,}", f"{u.bytes:,}",
+                           f"{u.shared_bytes:,}", f"{u.chains:,}")
+        console.print(blocks)
     return 0
 
 

@@ -7,34 +7,47 @@ Contract:
   KV types, rope ...). It occupies a slot: ("persona", persona id) for a
   persona's shareable prefix, ("session", session id) for a conversation. A
   slot holds one entry per model; saving a slot replaces its entry.
-- Two tiers. RAM: entries kept as captured (no copy), least recently used
-  evicted beyond `ram_budget_bytes` (default 1 GiB). Disk: one state file per
-  (model, slot), `<folder>/<model>/<kind>-<key>.kvstate`, written and read
-  through `chatterm.core.cache.state_file` (magic, JSON header, raw payload;
-  file bytes <= 1.01x the state), by one background writer, least recently
-  used files evicted beyond `disk_budget_bytes`. A failed write turns
-  disk saving off for the process and keeps the reason in `write_error`.
+- A state in llama.cpp's sequence layout (`state_layout.parse`) is kept as a
+  chain of blocks (`chatterm.core.cache.block_store`): blocks shared with
+  other entries (a session's persona, the previous turn) are stored once, a
+  save writes only the new blocks and a small chain record, a restore
+  assembles the blob in memory. The first state of each (model, compat) must
+  survive `state_layout.split` + `join` byte for byte; when it does not, or a
+  state cannot be cut (a shifted context), the state is kept whole, as one
+  state file, and the mismatch is logged once: nothing is lost.
+- Two tiers. RAM: blocks (or whole states as captured, no copy), least
+  recently used evicted beyond `ram_budget_bytes` (default 1 GiB). Disk:
+  `<folder>/<model>/blocks/*.kvblock` and `<kind>-<key>.kvchain` records, or
+  one whole state file `<kind>-<key>.kvstate` (`state_file`: magic, JSON
+  header, raw payload; earlier versions wrote only these, and they are still
+  read, and replaced by blocks when their slot is saved again), written by one
+  background writer; beyond `disk_budget_bytes` whole-state files go first,
+  then blocks, least recently used. A failed write turns disk saving off for
+  the process and keeps the reason in `write_error`.
 - `lookup(model_id, compat, prompt)` returns every usable entry sharing at
   least `min_shared` tokens with `prompt`, best first: most shared tokens,
   then RAM before disk. `shared` is capped at len(prompt) - 1 (one prompt
-  token is always decoded, for its logits). The caller compares with its live
-  context first, restores the best candidate with `open()` +
-  `kv_state.restore`, trims it to `shared`, and on a failed restore
-  `discard()`s it and tries the next one.
+  token is always decoded, for its logits), and, for a chain, at the tokens
+  its present blocks hold. The caller compares with its live context first,
+  restores the best candidate with `open()` + `kv_state.restore`, trims it to
+  `shared`, and on a failed restore `discard()`s it and tries the next one.
+  A chain's `open()` assembles just the `shared` tokens.
 - A state file's JSON header is parsed once per version of the file (device,
   inode, size, mtime): lookups and `open()` use that parse. A file saved again
   since the lookup is a miss at `open()`, never a payload under another header.
 - Every miss has a reason in `Lookup.misses`: an expected slot with no entry
   ("missing"), one whose tokens the prompt no longer starts with ("stale"),
   a truncated, corrupt or unreadable file, a file from another model or
-  build (the first differing compat field is named). A disk entry's payload
-  is checked against the CRC-32s in its header while it is restored
-  (`OpenedState.verify`); `verify_files()` checks its sha256 too.
+  build (the first differing compat field is named), evicted, damaged or
+  foreign blocks. A disk entry's payload is checked against its CRC-32s while
+  it is restored (`OpenedState.verify`); `verify_files()` checks every state
+  file, block and chain record, sha256 included.
 - Nothing here touches llama.cpp: the payload is bytes in, bytes out.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import queue
@@ -46,15 +59,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from chatterm.core.cache import state_file
+from chatterm.core.cache import state_file, state_layout
+from chatterm.core.cache.block_store import DEFAULT_BLOCK_TOKENS, BadRecord, BlockStore, Chain, ModelUsage
+from chatterm.core.cache.state_layout import Layout, LayoutError
 from chatterm.core.cache.tokens import common_prefix_len
 from chatterm.core.system.atomic import TEMP_SUFFIX, ensure_private_dir, sweep_temp_files
 
 log = logging.getLogger(__name__)
 
 KINDS = ("persona", "session")
-_STATE_TEMP_FILES = "*/.*" + TEMP_SUFFIX
-"""Temp files of state writers, in the per-model folders."""
+_STATE_TEMP_FILES = ("*/.*" + TEMP_SUFFIX, "*/blocks/.*" + TEMP_SUFFIX)
+"""Temp files of state and block writers, in the per-model folders."""
 DEFAULT_RAM_BUDGET_BYTES = 1 << 30
 DEFAULT_DISK_BUDGET_BYTES = 2 << 30
 RAM, DISK = "ram", "disk"
@@ -111,6 +126,8 @@ class Entry:
     """RAM only: the captured buffer."""
     problem: str = ""
     """Why this entry cannot be used (shown by `cache ls`); empty when fine."""
+    chain: Chain | None = None
+    """The blocks holding this state; None for a whole-state entry."""
 
 
 @dataclass(frozen=True)
@@ -201,6 +218,7 @@ class PromptCache:
         folder: Path,
         disk_budget_bytes: int = DEFAULT_DISK_BUDGET_BYTES,
         ram_budget_bytes: int = DEFAULT_RAM_BUDGET_BYTES,
+        block_tokens: int = DEFAULT_BLOCK_TOKENS,
     ):
         self.folder = folder
         self.disk_budget_bytes = disk_budget_bytes
@@ -213,6 +231,10 @@ class PromptCache:
         self._queued_seq: dict[tuple[str, Slot], int] = {}
         self._writer: threading.Thread | None = None
         self._seq = 0
+        self.blocks = BlockStore(folder, ram_budget_bytes, block_tokens)
+        self._layouts: dict[tuple[str, str], bool] = {}
+        """(model, compat) -> whether its states survived a split and join."""
+        self._noted: set[tuple[str, str]] = set()
 
     # -- paths -----------------------------------------------------------
     def path_for(self, model_id: str, slot: Slot) -> Path:
@@ -229,14 +251,23 @@ class PromptCache:
         info: dict[str, Any] | None = None,
         disk: bool = True,
     ) -> None:
-        """Keep a captured state: in RAM now (no copy), on disk in the background.
+        """Keep a captured state: in RAM now (as blocks, only the tokens no RAM
+        block holds yet are copied; a whole state is kept as captured), on disk
+        in the background.
 
         `payload` must not change afterwards (`kv_state.capture` always returns
         a new buffer)."""
         tokens = list(tokens)
         info = dict(info or {})
         nbytes = memoryview(payload).nbytes
-        if nbytes <= self.ram_budget_bytes:
+        layout = self._layout_for(model_id, compat, payload)
+        if layout is not None:
+            with self._lock:
+                self._ram.pop((model_id, slot), None)  # a slot holds one entry: now its chain
+            self.blocks.store(model_id, slot.kind, slot.key, tokens, payload, layout, compat, info, disk=False)
+        else:
+            self.blocks.forget_ram(model_id, slot.kind, slot.key)
+        if layout is None and nbytes <= self.ram_budget_bytes:
             entry = Entry(slot, model_id, tokens, nbytes, RAM, time.time(), compat, info, payload=payload)
             with self._lock:
                 self._ram.pop((model_id, slot), None)
@@ -252,8 +283,36 @@ class PromptCache:
                                                     daemon=True)
                     self._writer.start()
 
+    def _layout_for(self, model_id: str, compat: dict[str, Any], payload: Any) -> Layout | None:
+        """The payload's layout when it is stored as blocks; None for a whole state.
+        The first state of each (model, compat) must survive a split and join
+        byte for byte, else that model keeps whole states (said once)."""
+        try:
+            layout = state_layout.parse(payload)
+        except LayoutError as exc:
+            if (model_id, str(exc)) not in self._noted:
+                self._noted.add((model_id, str(exc)))
+                log.info("prompt cache: %s: whole states kept (%s)", model_id, exc)
+            return None
+        key = (model_id, json.dumps(compat, sort_keys=True, default=str))
+        with self._lock:
+            ok = self._layouts.get(key)
+        if ok is None:
+            n, step = layout.n_tokens, self.blocks.block_tokens
+            ranges = [(a, min(a + step, n)) for a in range(0, n, step)]
+            joined = state_layout.join(layout.frame, state_layout.split(payload, layout, ranges),
+                                       [b - a for a, b in ranges])
+            ok = joined == memoryview(payload).cast("B")
+            with self._lock:
+                self._layouts[key] = ok
+            if not ok:
+                log.warning("prompt cache: %s: a KV state did not survive a split and join byte for byte; "
+                            "keeping whole states for this model and settings", model_id)
+        return layout if ok else None
+
     def _evict_ram(self) -> None:
-        total = sum(e.nbytes for e in self._ram.values())
+        """Whole states beyond what the RAM budget leaves after the blocks, oldest first."""
+        total = sum(e.nbytes for e in self._ram.values()) + self.blocks.ram_bytes()
         while total > self.ram_budget_bytes and self._ram:
             _, oldest = self._ram.popitem(last=False)
             total -= oldest.nbytes
@@ -301,12 +360,21 @@ class PromptCache:
             return None
         meta = {**(info or {}), "kind": slot.kind, "key": slot.key, "model_id": model_id}
         path = self.path_for(model_id, slot)
+        layout = self._layout_for(model_id, compat, payload)
         try:
             ensure_private_dir(self.folder)
             ensure_private_dir(path.parent)
-            state_file.write(path, tokens, compat, payload, meta)
+            if layout is not None:
+                written = self.blocks.store(model_id, slot.kind, slot.key, tokens, payload, layout, compat,
+                                            dict(info or {}), ram=False)
+                path.unlink(missing_ok=True)  # the slot's whole state (an older format) is superseded
+                assert written is not None
+                path = written
+            else:
+                state_file.write(path, tokens, compat, payload, meta)
+                self.blocks.remove_slot(model_id, slot.kind, slot.key, ram=False)
         except OSError as exc:
-            self.write_error = f"cannot write {path}: {exc.strerror or exc}"
+            self.write_error = f"cannot write {getattr(exc, 'filename', None) or path}: {exc.strerror or exc}"
             return None
         self.evict_disk(keep=path)
         return path
@@ -370,12 +438,40 @@ class PromptCache:
                 del self._index[path]
         return found
 
+    def _chain_entries(self, model_id: str | None) -> list[Entry]:
+        """The block tier's chains as entries, RAM then disk."""
+        found: list[Entry] = []
+        for chain in [*self.blocks.ram_chains(model_id), *self.blocks.disk_chains(model_id)]:
+            problem = chain.problem if isinstance(chain, BadRecord) else ""
+            try:
+                slot = Slot(chain.kind, chain.key)
+            except ValueError:
+                slot, problem = _slot_of_file(chain.path) if chain.path else Slot.persona("?"), \
+                    problem or "corrupt chain record (slot kind)"
+            if problem or isinstance(chain, BadRecord):
+                path = chain.path
+                assert path is not None
+                try:
+                    st = path.stat()
+                except OSError:
+                    continue
+                found.append(Entry(slot, chain.model_id, [], st.st_size, DISK, st.st_mtime, {}, {}, path,
+                                   problem=problem))
+                continue
+            found.append(Entry(slot, chain.model_id, chain.tokens, self.blocks.chain_bytes(chain), chain.tier,
+                               chain.last_used, chain.compat, chain.info, chain.path, chain=chain))
+        return found
+
     def entries(self, model_id: str | None = None) -> list[Entry]:
         """Every entry, RAM and disk (most recently used first)."""
         with self._lock:
             ram = [e for (m, _), e in self._ram.items() if model_id is None or m == model_id]
         disk = [i.entry for i in self._disk_entries(model_id)]
-        return sorted(ram + disk, key=lambda e: -e.last_used)
+        return sorted(ram + disk + self._chain_entries(model_id), key=lambda e: -e.last_used)
+
+    def usage(self) -> list[ModelUsage]:
+        """Per model on disk: bytes per token, blocks, bytes, shared bytes."""
+        return self.blocks.usage()
 
     def lookup(
         self,
@@ -393,6 +489,10 @@ class PromptCache:
         with self._lock:
             ram = [e for (m, _), e in self._ram.items() if m == model_id]
         disk = [i.entry for i in self._disk_entries(model_id)]
+        chains = self._chain_entries(model_id)
+        ram += [e for e in chains if e.tier == RAM]
+        disk += [e for e in chains if e.tier == DISK]
+        blocks_on_disk = self.blocks.disk_block_keys(model_id) if any(e.tier == DISK for e in chains) else set()
         for rank, entry in [(0, e) for e in ram] + [(1, e) for e in disk]:
             label = f"{entry.slot.label} ({entry.tier})"
             if entry.problem:
@@ -409,6 +509,11 @@ class PromptCache:
                     f"{label}: stale: the stored history no longer matches its tokens "
                     f"(shares {shared:,} of {len(entry.tokens):,})"
                 )
+            if entry.chain is not None:
+                present = self.blocks.present(entry.chain, blocks_on_disk if entry.tier == DISK else None)
+                if present < shared:
+                    misses.append(f"{label}: blocks evicted after {present:,} of {len(entry.tokens):,} tokens")
+                    shared = present
             if shared >= max(min_shared, 1):
                 candidates.append((-shared, rank, len(entry.tokens), Candidate(entry, shared)))
         for slot in expect:
@@ -424,6 +529,11 @@ class PromptCache:
         compat checked there: the file is not parsed again, but it must still be
         that file, unchanged (`_stamp`), else the candidate is a miss."""
         entry = candidate.entry
+        if entry.chain is not None:
+            built = self.blocks.assemble(entry.chain, candidate.shared)
+            if isinstance(built, str):
+                return Miss(f"{entry.slot.label} ({entry.tier}): {built}")
+            return OpenedState(entry.tokens[: candidate.shared], built.payload, built.verify, built.close)
         if entry.tier == RAM:
             with self._lock:
                 key = (entry.model_id, entry.slot)
@@ -469,9 +579,13 @@ class PromptCache:
         """Drop the RAM tier (benchmarks measure restores from disk)."""
         with self._lock:
             self._ram.clear()
+        self.blocks.clear_ram()
 
     def discard(self, entry: Entry, reason: str) -> None:
         """Drop an entry that failed to restore, so the next save rebuilds it."""
+        if entry.chain is not None:
+            self.blocks.drop_chain(entry.chain, reason)
+            return
         log.info("prompt cache: dropping %s (%s): %s", entry.slot.label, entry.tier, reason)
         if entry.tier == RAM:
             with self._lock:
@@ -486,13 +600,16 @@ class PromptCache:
 
     # -- housekeeping ----------------------------------------------------
     def evict_disk(self, keep: Path | None = None) -> list[Path]:
-        """Remove least-recently-used files until the total fits the disk budget."""
-        sweep_temp_files(self.folder, _STATE_TEMP_FILES)
+        """Fit the disk budget: whole-state files first, least recently used
+        first, then blocks (`BlockStore.evict_disk`). The whole-state files removed."""
+        for pattern in _STATE_TEMP_FILES:
+            sweep_temp_files(self.folder, pattern)
         entries = sorted((i.entry for i in self._disk_entries()), key=lambda e: e.last_used)
         total = sum(e.nbytes for e in entries)
+        blocks = self.blocks.disk_bytes()
         removed: list[Path] = []
         for entry in entries:
-            if total <= self.disk_budget_bytes:
+            if total + blocks <= self.disk_budget_bytes:
                 break
             if entry.path == keep or entry.path is None:
                 continue
@@ -502,6 +619,7 @@ class PromptCache:
                 continue
             total -= entry.nbytes
             removed.append(entry.path)
+        self.blocks.evict_disk(max(self.disk_budget_bytes - total, 0))
         return removed
 
     def clear(self, kind: str | None = None, key: str | None = None) -> int:
@@ -514,8 +632,10 @@ class PromptCache:
             for k in gone:
                 del self._ram[k]
         if kind is None and key is None:
-            sweep_temp_files(self.folder, _STATE_TEMP_FILES, older_than_s=60.0)
-        count = len(gone)
+            for pattern in _STATE_TEMP_FILES:
+                sweep_temp_files(self.folder, pattern, older_than_s=60.0)
+        count = len(gone) + self.blocks.clear(lambda k, s: matches(Slot(k, s) if k in KINDS else Slot.persona(s)),
+                                              everything=kind is None and key is None)
         for indexed in self._disk_entries():
             if matches(indexed.entry.slot) and indexed.entry.path is not None:
                 try:
@@ -547,4 +667,5 @@ class PromptCache:
                 results.append(FileCheck(path, label, False, problem))
             else:
                 results.append(FileCheck(path, label, True, f"{len(entry.tokens):,} tokens, {entry.nbytes:,} bytes"))
+        results += [FileCheck(c.path, c.label, c.ok, c.detail) for c in self.blocks.verify()]
         return results

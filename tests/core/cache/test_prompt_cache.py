@@ -277,10 +277,12 @@ def test_a_saved_conversation_restores_in_a_fresh_model_and_continues_identicall
         reference = greedy(writer, prompt)  # no cache at all
     finally:
         writer.close()
-    path = cache.path_for("smollm2", SESSION)
-    header_len = struct.unpack("<I", path.read_bytes()[16:20])[0]
-    assert path.stat().st_size <= 1.01 * state.nbytes
-    assert path.stat().st_size == 20 + header_len + state.nbytes
+    # A real state is stored as blocks plus a chain record, no whole-state file.
+    assert not cache.path_for("smollm2", SESSION).exists()
+    files = [cache.blocks.record_path("smollm2", SESSION.kind, SESSION.key),
+             *(tmp_path / "kv" / "smollm2" / "blocks").iterdir()]
+    assert len(files) >= 2
+    assert sum(p.stat().st_size for p in files) <= 1.01 * state.nbytes
 
     reader = load(model_path)  # as a relaunch would see it
     try:
@@ -299,7 +301,8 @@ def test_a_saved_conversation_restores_in_a_fresh_model_and_continues_identicall
         assert kv_state.trim(reader, best.shared)
         assert greedy(reader, prompt) == reference
 
-        # The same file with one flipped payload byte is rejected and dropped.
+        # A block with one flipped payload byte is rejected and dropped.
+        path = files[-1]
         data = bytearray(path.read_bytes())
         data[-100] ^= 0xFF
         path.write_bytes(bytes(data))
