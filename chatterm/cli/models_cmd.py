@@ -6,7 +6,10 @@ file size, trained context, chat template, KV bytes per token, whether it
 fits this machine's memory (GPU when one is seen, else RAM) and at what
 default context, and where it was found. Entries that cannot be used are
 listed after, each with its reason; they never make the command fail.
-`--json` prints one object: the memory judged against and every row.
+`--json` prints one object: the memory judged against, every store folder
+looked in (and whether it was scanned) and every row. `-v` first lists the
+store folders: where chatterm looked, and why a folder was not scanned (not
+there, the same folder as another, a system-wide one this user cannot read).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from pathlib import Path
 
 from chatterm.cli.common import catalog
 from chatterm.core.discovery.fit import BUDGET_SHARE, machine_memory
-from chatterm.core.discovery.listing import list_models
+from chatterm.core.discovery.listing import list_models, store_roots
 from chatterm.core.discovery.row_text import COLUMNS, cells, memory_label, where
 from chatterm.core.metrics.format import printable
 
@@ -36,13 +39,23 @@ def run(args: argparse.Namespace) -> int:
     folders = [Path(f) for f in catalog(args).defaults.model_folders]
     memory = machine_memory()
     rows = list_models(folders, memory=memory)
+    roots = store_roots()
     if args.json:
         print(json.dumps({
             "memory": {"kind": memory.kind, "available_bytes": memory.available_bytes,
                        "budget_share": BUDGET_SHARE},
+            "stores": [{"store": r.store, "path": str(r.path), "scanned": r.scanned, "state": r.state}
+                       for r in roots],
             "models": [row.to_dict() for row in rows],
         }, indent=2))
         return 0
+    if args.verbose:
+        print("Store folders:")
+        for root in roots:
+            print(f"  {root.store}: {printable(str(root.path))}: {printable(root.state)}")
+        for folder in folders:
+            print(f"  model_folders: {printable(str(folder))}")
+        print()
     usable = [row for row in rows if row.usable]
     unusable = [row for row in rows if not row.usable]
     if not rows:

@@ -5,6 +5,8 @@ Closing a llama.cpp context while another thread decodes with it crashes the
 process, and app exit must not wait for a turn nobody will see. So the engine is
 closed exactly once, by whoever is last: the app when it quits while no worker
 holds the engine, or the last worker to let go of it after the app has quit.
+An engine `replace`d by another (a model switch) is closed by the same rule:
+at once when no worker holds an engine, else by the last one to let go.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ class EngineLease:
         self._users = 0
         self._closing = False
         self._engine: Engine | None = None
+        self._retired: list[Engine] = []
+        """Replaced engines a worker may still be using: closed when the last one lets go."""
 
     @property
     def engine(self) -> Engine | None:
@@ -61,8 +65,26 @@ class EngineLease:
             with self._lock:
                 self._users -= 1
                 last = self._closing and self._users == 0
+                retired, self._retired = (self._retired, []) if self._users == 0 else ([], self._retired)
+            for old in retired:
+                _close(old)
             if last:
                 self._close_now()
+
+    def replace(self, engine: Engine) -> None:
+        """Hand out `engine` from now on (a model switch); the engine it replaces is
+        closed once no worker uses it. When the app is quitting, `engine` is closed."""
+        with self._lock:
+            if self._closing:
+                old = engine
+            else:
+                old, self._engine = self._engine, engine
+                if old is not None and self._users:
+                    self._retired.append(old)
+                    old.interrupt()  # a prefill on the old model stops instead of holding it
+                    old = None
+        if old is not None:
+            _close(old)
 
     def close_when_idle(self) -> None:
         """Mark the app as quitting; close now if no worker uses the engine."""
@@ -78,6 +100,9 @@ class EngineLease:
     def _close_now(self) -> None:
         with self._lock:
             engine, self._engine = self._engine, None
+            retired, self._retired = self._retired, []
+        for old in retired:
+            _close(old)
         if engine is not None:
             _close(engine)
 

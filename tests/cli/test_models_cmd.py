@@ -74,3 +74,20 @@ def test_a_bad_name_is_one_line_and_exit_2(tmp_path, layout):  # noqa: F811
         assert result.returncode == 2, (name, result.stderr)
         (line,) = result.stderr.strip().splitlines()
         assert line.startswith("chatterm: error: ") and words in line and name in line
+
+
+def test_verbose_says_where_it_looked(tmp_path, layout):  # noqa: F811
+    result = run(tmp_path, layout, "models", "-v")
+    assert result.returncode == 0, result.stderr
+    folders, _, table = result.stdout.partition("\n\n")
+    lines = folders.splitlines()
+    assert lines[0] == "Store folders:"
+    assert f"  ollama: {layout.home}/.ollama/models: scanned" in lines
+    service = next(line for line in lines if "/usr/share/ollama/.ollama/models" in line)
+    assert service.endswith(("scanned", "not there")) or "skipped: this user cannot read it" in service
+    assert f"  hf: {layout.home}/.cache/huggingface/hub: scanned" in lines
+    assert f"  lmstudio: {layout.home}/.cache/lm-studio/models: not there" in lines
+    assert table.startswith("id ")
+    data = json.loads(run(tmp_path, layout, "models", "--json").stdout)
+    stores = {s["path"]: s for s in data["stores"]}
+    assert stores[f"{layout.home}/.ollama/models"]["scanned"] is True

@@ -1,10 +1,11 @@
-"""What a GGUF's header says about a model, read with llama.cpp's `gguf` package.
+"""What a GGUF's header says about a model, read by llama.cpp's own GGUF
+reader (`gguf_header`).
 
 Contract:
 - `read_facts(files)` reads the header of a GGUF, or of every shard of a split
   GGUF in order (shard 1 holds the metadata; each holds some tensors), and
-  returns its `GgufFacts`. Only the header and the tensor index are read: the
-  tensor data is mapped, never loaded, never written.
+  returns its `GgufFacts`. Only the header and the tensor index are read:
+  the tensor data is never read, mapped or written.
 - A file that is not a usable chat model raises `Unusable` with one line
   saying why: no GGUF magic, a header or tensor data that ends early (a
   truncated download), a split whose shards disagree, a projector (mmproj)
@@ -20,6 +21,8 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
+
+from chatterm.core.discovery.gguf_header import Header, HeaderError, read_header
 
 GGUF_MAGIC = b"GGUF"
 F16_BYTES = 2
@@ -57,25 +60,18 @@ class GgufFacts:
         return cls(**{f.name: raw[f.name] for f in dataclasses.fields(cls)})
 
 
-def _value(reader, key: str) -> Any:
-    field = reader.get_field(key)
-    if field is None:
-        return None
-    return field.contents()
-
-
-def _kv_bytes_per_token(reader, arch: str) -> int | None:
-    layers = _value(reader, f"{arch}.block_count")
-    heads = _value(reader, f"{arch}.attention.head_count")
-    kv_heads = _value(reader, f"{arch}.attention.head_count_kv")
+def _kv_bytes_per_token(meta: dict[str, Any], arch: str) -> int | None:
+    layers = meta.get(f"{arch}.block_count")
+    heads = meta.get(f"{arch}.attention.head_count")
+    kv_heads = meta.get(f"{arch}.attention.head_count_kv")
     if kv_heads is None:
         kv_heads = heads
-    embedding = _value(reader, f"{arch}.embedding_length")
+    embedding = meta.get(f"{arch}.embedding_length")
     head_dim = None
     if isinstance(heads, int) and heads and isinstance(embedding, int):
         head_dim = embedding // heads
-    key_len = _value(reader, f"{arch}.attention.key_length") or head_dim
-    value_len = _value(reader, f"{arch}.attention.value_length") or head_dim
+    key_len = meta.get(f"{arch}.attention.key_length") or head_dim
+    value_len = meta.get(f"{arch}.attention.value_length") or head_dim
     if not isinstance(layers, int) or not key_len or not value_len or kv_heads is None:
         return None
     # Some architectures give KV heads per layer (an array), most one number.
@@ -83,25 +79,29 @@ def _kv_bytes_per_token(reader, arch: str) -> int | None:
     return F16_BYTES * sum(int(h) * (key_len + value_len) for h in per_layer[:layers])
 
 
-def _quantization(reader) -> str:
+def _quantization(header: Header) -> str:
     import gguf
 
-    file_type = _value(reader, "general.file_type")
+    file_type = header.metadata.get("general.file_type")
     try:
         return gguf.LlamaFileType(file_type).name.removeprefix("MOSTLY_").removeprefix("ALL_")
     except ValueError:
         pass
     # No (or an unknown) file type: name the tensor type holding most weights.
-    counts: dict[str, int] = {}
-    for tensor in reader.tensors:
-        counts[tensor.tensor_type.name] = counts.get(tensor.tensor_type.name, 0) + int(tensor.n_elements)
-    return max(counts, key=counts.__getitem__) if counts else "unknown"
+    counts: dict[int, int] = {}
+    for tensor in header.tensors:
+        counts[tensor.type] = counts.get(tensor.type, 0) + tensor.n_elements
+    if not counts:
+        return "unknown"
+    most = max(counts, key=counts.__getitem__)
+    try:
+        return gguf.GGMLQuantizationType(most).name
+    except ValueError:
+        return f"ggml type {most}"
 
 
-def _open(path: Path):
-    """The `GGUFReader` of one file, or `Unusable` saying what is wrong with it."""
-    import gguf
-
+def _open(path: Path) -> tuple[Header, int]:
+    """The header of one file, or `Unusable` saying what is wrong with it."""
     try:
         size = path.stat().st_size
         with open(path, "rb") as fh:
@@ -111,43 +111,41 @@ def _open(path: Path):
     if magic != GGUF_MAGIC:
         raise Unusable(f"{path.name} is not a GGUF file (it does not start with the GGUF magic)")
     try:
-        reader = gguf.GGUFReader(path)
-    except (ValueError, IndexError, KeyError, OverflowError) as exc:
-        # The reader maps the file and walks the header and every tensor's
-        # extent: a file cut short fails part-way, in numpy's words.
-        raise Unusable(
-            f"{path.name} is truncated or damaged ({size:,} bytes; the GGUF reader stopped: {exc})"
-        ) from None
-    return reader, size
+        return read_header(path), size
+    except HeaderError as exc:
+        raise Unusable(f"{path.name} is truncated or damaged ({size:,} bytes; {exc})") from None
+    except OSError as exc:
+        raise Unusable(f"cannot read {path.name}: {exc.strerror or exc}") from None
 
 
 def read_facts(files: Sequence[Path]) -> GgufFacts:
     if not files:
         raise Unusable("no GGUF file")
     first, first_size = _open(files[0])
-    arch = _value(first, "general.architecture")
+    meta = first.metadata
+    arch = meta.get("general.architecture")
     if not isinstance(arch, str):
         raise Unusable(f"{files[0].name} names no architecture (general.architecture)")
-    if arch == "clip" or _value(first, "general.type") == "mmproj":
+    if arch == "clip" or meta.get("general.type") == "mmproj":
         raise Unusable(f"{files[0].name} is a projector (mmproj) file, not a chat model")
-    split_count = _value(first, "split.count")
+    split_count = meta.get("split.count")
     if len(files) > 1 and split_count != len(files):
         raise Unusable(f"{files[0].name} says it is split in {split_count} shards; {len(files)} were found")
-    parameters = sum(int(t.n_elements) for t in first.tensors)
+    parameters = sum(t.n_elements for t in first.tensors)
     size = first_size
     for shard in files[1:]:
-        reader, shard_size = _open(shard)
-        parameters += sum(int(t.n_elements) for t in reader.tensors)
+        header, shard_size = _open(shard)
+        parameters += sum(t.n_elements for t in header.tensors)
         size += shard_size
-    context = _value(first, f"{arch}.context_length")
-    name = _value(first, "general.name")
+    context = meta.get(f"{arch}.context_length")
+    name = meta.get("general.name")
     return GgufFacts(
         architecture=arch,
         parameters=parameters,
         quantization=_quantization(first),
         file_size=size,
         context_length=int(context) if isinstance(context, int) else None,
-        has_chat_template=bool(_value(first, "tokenizer.chat_template")),
-        kv_bytes_per_token=_kv_bytes_per_token(first, arch),
+        has_chat_template=bool(meta.get("tokenizer.chat_template")),
+        kv_bytes_per_token=_kv_bytes_per_token(meta, arch),
         name=name if isinstance(name, str) else "",
     )

@@ -92,7 +92,7 @@ def find(name: str, store_roots: list[Path]) -> list[Found]:
         raise StoreError(f"hf:{name} is not a Hugging Face model name (hf:ORG/NAME[:FILE])")
     for root in store_roots:
         repo = root / f"{REPO_PREFIX}{org}--{model}"
-        if not repo.is_dir():
+        if not os.path.isdir(repo):  # False, not an error, where this user cannot look
             continue
         models = _repo(repo)
         if file:

@@ -1,9 +1,14 @@
 """Every model on this machine: what `chatterm models` and the model picker show.
 
 Contract:
-- `discover(model_folders)` scans each store's folders that exist (a folder
-  reached twice, through a symlink or two variables, once) and then the
-  folders models.toml names, in that order; it never writes to them.
+- `store_roots()` says of each store folder chatterm looks in whether it is
+  scanned: not when it does not exist, when it is a folder already scanned
+  (reached through a symlink or two variables), or when it is a system-wide
+  folder (Ollama's service install) this user cannot read; an unreadable
+  folder of the user's own is scanned, so its reason is listed.
+- `discover(model_folders)` scans the store folders `store_roots()` marks
+  and then the folders models.toml names, in that order; it never writes to
+  them.
 - `list_models(...)` adds each model's header facts (through `FactsCache`),
   its default context and whether it fits `machine_memory()`. A bad entry is
   a row with its reason (`ModelRow.problem`), never an exception.
@@ -14,7 +19,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Iterable, Mapping
 
 from chatterm.core.discovery import folders
 from chatterm.core.discovery.facts_cache import FactsCache
@@ -62,24 +67,63 @@ class ModelRow:
         }
 
 
-def store_roots(env: Mapping[str, str], home: Path) -> Iterator[tuple[str, Path]]:
-    seen: set[str] = set()
+SCANNED = "scanned"
+
+
+@dataclass(frozen=True)
+class StoreRoot:
+    store: str
+    """The store's name (ollama, lmstudio, hf)."""
+    path: Path
+    state: str
+    """SCANNED, or why not."""
+
+    @property
+    def scanned(self) -> bool:
+        return self.state == SCANNED
+
+
+def _state(root: Path, shared: bool) -> str:
+    try:
+        os.stat(root)
+    except FileNotFoundError:
+        return "not there" if not os.path.islink(root) else SCANNED  # a dangling link: listed with its reason
+    except NotADirectoryError:
+        return "not there"
+    except OSError as exc:
+        if not shared:
+            return SCANNED
+        return f"skipped: this user cannot read it ({exc.strerror or exc})"
+    if shared and not os.access(root, os.R_OK | os.X_OK):
+        return "skipped: this user cannot read it"
+    return SCANNED
+
+
+def store_roots(env: Mapping[str, str] | None = None, home: Path | None = None) -> list[StoreRoot]:
+    env = os.environ if env is None else env
+    home = Path.home() if home is None else home
+    seen: dict[str, Path] = {}
+    out = []
     for store in STORES:
+        shared = store.shared_roots()
         for root in store.roots(env, home):
+            state = _state(root, root in shared)
             real = os.path.realpath(root)
-            if real not in seen and (root.exists() or root.is_symlink()):
-                seen.add(real)
-                yield store.name, root
+            if state == SCANNED and real in seen:
+                state = f"the same folder as {seen[real]}"
+            elif state == SCANNED:
+                seen[real] = root
+            out.append(StoreRoot(store.name, root, state))
+    return out
 
 
 def discover(model_folders: Iterable[Path] = (), env: Mapping[str, str] | None = None,
              home: Path | None = None) -> list[Found]:
-    env = os.environ if env is None else env
-    home = Path.home() if home is None else home
     scanners = {store.name: store.scan for store in STORES}
     found: list[Found] = []
-    for name, root in store_roots(env, home):
-        found.extend(scanners[name](root))
+    for root in store_roots(env, home):
+        if root.scanned:
+            found.extend(scanners[root.store](root.path))
     for folder in model_folders:
         found.extend(folders.scan(Path(folder).expanduser()))
     return found

@@ -14,6 +14,7 @@ Contract:
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Iterator, Mapping
 
@@ -104,7 +105,7 @@ def find(name: str, store_roots: list[Path]) -> list[Found]:
         raise StoreError(f"lmstudio:{name} is not an LM Studio model name (lmstudio:PUBLISHER/REPO[/FILE])")
     for root in store_roots:
         repo = root / parts[0] / parts[1]
-        if not repo.is_dir():
+        if not os.path.isdir(repo):  # False, not an error, where this user cannot look
             continue
         models = _repo(repo, parts[0])
         if len(parts) == 3:

@@ -33,6 +33,8 @@ class Store:
     roots: Callable[[Mapping[str, str], Path], list[Path]]
     scan: Callable[[Path], Iterator[Found]]
     find: Callable[[str, list[Path]], list[Found]]
+    shared_roots: Callable[[], list[Path]] = list
+    """System-wide roots another user owns: skipped, not listed as unusable, when this user cannot read them."""
 
     @property
     def prefix(self) -> str:
@@ -40,7 +42,7 @@ class Store:
 
 
 STORES = (
-    Store("ollama", "Ollama", "ollama:MODEL[:TAG]", ollama.roots, ollama.scan, ollama.find),
+    Store("ollama", "Ollama", "ollama:MODEL[:TAG]", ollama.roots, ollama.scan, ollama.find, ollama.shared_roots),
     Store("lmstudio", "LM Studio", "lmstudio:PUBLISHER/REPO[/FILE]", lmstudio.roots, lmstudio.scan, lmstudio.find),
     Store("hf", "Hugging Face cache", "hf:ORG/NAME[:FILE]", hf_cache.roots, hf_cache.scan, hf_cache.find),
 )

@@ -2,7 +2,8 @@
 
 Contract:
 - Roots: `$OLLAMA_MODELS`, else `~/.ollama/models`; and
-  `/usr/share/ollama/.ollama/models` (the Linux service install).
+  `/usr/share/ollama/.ollama/models` (the Linux service install, owned by
+  the `ollama` user: read only where it exists and this user can read it).
 - A model is a JSON manifest at `manifests/HOST/NAMESPACE/MODEL/TAG`. Its
   layer of media type `application/vnd.ollama.image.model` is the GGUF, the
   blob `blobs/sha256-HEX` (the digest with its colon written as a dash).
@@ -36,6 +37,10 @@ _DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 def roots(env: Mapping[str, str], home: Path) -> list[Path]:
     own = Path(env["OLLAMA_MODELS"]).expanduser() if env.get("OLLAMA_MODELS") else home / ".ollama" / "models"
     return [own, SERVICE_ROOT]
+
+
+def shared_roots() -> list[Path]:
+    return [SERVICE_ROOT]
 
 
 def model_id(host: str, namespace: str, model: str, tag: str) -> str:
@@ -102,7 +107,12 @@ def read_manifest(root: Path, manifest: Path, mid: str) -> Found:
 def scan(root: Path) -> Iterator[Found]:
     """Every manifest under `root`/manifests (four levels: HOST/NAMESPACE/MODEL/TAG)."""
     top = root / "manifests"
-    if not top.exists():
+    try:
+        os.stat(top)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        yield Found("ollama:*", "ollama", top, problem=f"cannot read folder {top}: {exc.strerror or exc}")
         return
     levels: list[tuple[Path, tuple[str, ...]]] = [(top, ())]
     while levels:
@@ -128,6 +138,6 @@ def find(name: str, store_roots: list[Path]) -> list[Found]:
         raise StoreError(f"ollama:{name} is not an Ollama model name (ollama:MODEL[:TAG])")
     for root in store_roots:
         manifest = root.joinpath("manifests", *parts)
-        if manifest.is_file():
+        if os.path.isfile(manifest):  # False, not an error, in a root this user cannot read
             return [read_manifest(root, manifest, model_id(*parts))]
     return []

@@ -86,3 +86,44 @@ def test_cache_remembers_why_a_file_is_unusable_and_survives_garbage(tmp_path):
     assert "truncated" in entry["problem"]
     with pytest.raises(Unusable, match="truncated"):
         FactsCache(cache_file).facts([cut])
+
+
+def test_a_file_whose_tensor_data_is_cut_short(tmp_path):
+    whole = tiny_gguf(tmp_path / "whole.gguf")
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(whole.read_bytes()[:-100])  # the header is whole; the weights end early
+    with pytest.raises(Unusable, match=r"cut.gguf is truncated or damaged .*tensor data needs"):
+        read_facts([cut])
+
+
+def test_llama_cpp_reasons_are_the_message_and_never_logged(tmp_path, caplog):
+    path = tmp_path / "short.gguf"
+    path.write_bytes(tiny_gguf(tmp_path / "t.gguf").read_bytes()[:40])  # inside the key-value pairs
+    words = "llama.cpp's reader: .*failed to read key-value pairs"
+    with caplog.at_level("DEBUG"), pytest.raises(Unusable, match=words):
+        read_facts([path])
+    assert not [r for r in caplog.records if r.name == "llama.cpp"]
+
+
+def test_per_layer_kv_heads_and_key_lengths(tmp_path):
+    import gguf
+
+    path = tmp_path / "layers.gguf"
+    writer = gguf.GGUFWriter(path, "llama")
+    writer.add_block_count(3)
+    writer.add_head_count(8)
+    writer.add_embedding_length(256)
+    writer.add_key_value("llama.attention.head_count_kv", [2, 0, 4], gguf.GGUFValueType.ARRAY,
+                         sub_type=gguf.GGUFValueType.UINT32)
+    writer.add_key_length(64)
+    writer.add_value_length(32)
+    writer.add_token_list([f"t{i}".encode() for i in range(5000)])  # a string array: skipped, not read into Python
+    writer.add_tensor("token_embd.weight", np.zeros((8, 64), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    facts = read_facts([path])
+    assert facts.kv_bytes_per_token == 2 * (2 + 0 + 4) * (64 + 32)
+    assert facts.context_length is None and facts.quantization == "F32"
+

@@ -4,7 +4,10 @@ header facts, every damaged entry listed with its reason, nothing written."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+
+import pytest
 
 from chatterm.core.discovery.facts_cache import FactsCache
 from chatterm.core.discovery.fit import Memory
@@ -93,3 +96,38 @@ def test_json_rows_have_one_shape(layout):
     assert len({tuple(d) for d in dicts}) == 1
     bad = next(d for d in dicts if d["id"] == "ollama:missing-blob:latest")
     assert bad["usable"] is False and bad["architecture"] is None and bad["files"] == []
+
+
+def test_ollamas_service_folder_is_scanned_only_where_it_exists(layout, monkeypatch, tmp_path):
+    from chatterm.core.discovery import ollama
+    from chatterm.core.discovery.listing import store_roots
+
+    monkeypatch.setattr(ollama, "SERVICE_ROOT", tmp_path / "usr-share-ollama" / "models")
+    states = {str(r.path): r.state for r in store_roots(env={}, home=layout.home)}
+    assert states[str(ollama.SERVICE_ROOT)] == "not there"
+    assert states[str(layout.home / ".ollama" / "models")] == "scanned"
+    # The service folder holding the same store (a symlink to it) is not listed twice.
+    ollama.SERVICE_ROOT.parent.mkdir()
+    ollama.SERVICE_ROOT.symlink_to(layout.home / ".ollama" / "models")
+    roots = store_roots(env={}, home=layout.home)
+    assert [r.state for r in roots if r.path == ollama.SERVICE_ROOT] == [
+        f"the same folder as {layout.home / '.ollama' / 'models'}"]
+    rows = rows_of(layout)
+    assert len([mid for mid in rows if mid == "ollama:smollm2:135m"]) == 1
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads every folder")
+def test_an_unreadable_service_folder_is_skipped_not_listed(layout, monkeypatch, tmp_path):
+    from chatterm.core.discovery import ollama
+    from chatterm.core.discovery.listing import store_roots
+
+    service = tmp_path / "ollama-home"
+    (service / "models" / "manifests").mkdir(parents=True)
+    service.chmod(0)  # as the service install leaves it to other users
+    monkeypatch.setattr(ollama, "SERVICE_ROOT", service / "models")
+    try:
+        (root,) = [r for r in store_roots(env={}, home=layout.home) if r.path == ollama.SERVICE_ROOT]
+        assert root.state.startswith("skipped: this user cannot read it")
+        assert not [r for r in rows_of(layout).values() if str(service) in str(r.found.location)]
+    finally:
+        service.chmod(0o700)

@@ -1,0 +1,212 @@
+"""The model picker (Pilot): fake store folders in a temp HOME holding small
+GGUFs written by the `gguf` package, a damaged one, and a hard link of the
+real default model, which a switch must load and chat with."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+from conftest import loaded, send, wait_for, wait_for_palette_hit
+from fake_engine import FakeEngine
+
+from chatterm.core.engine.local.engine import LocalEngine
+from chatterm.core.store.session_store import SessionStore
+from chatterm.ui.launch import make_app
+from chatterm.ui.models_screen import ModelPicker
+from tests.core.discovery.layouts import STORE_ENV_VARS, link, smol_path
+
+SIZE = (140, 40)
+SMOL_ID = "lmstudio:HuggingFaceTB/SmolLM2-135M-Instruct-GGUF"
+TINY_ID = "lmstudio:synthetic/[bold]tiny"
+CUT_ID = "lmstudio:broken/cut"
+
+
+def tiny_gguf(path):
+    import gguf
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    writer = gguf.GGUFWriter(path, "llama")
+    writer.add_name("[red]tiny[/red]")
+    writer.add_block_count(2)
+    writer.add_context_length(2048)
+    writer.add_embedding_length(64)
+    writer.add_head_count(4)
+    writer.add_head_count_kv(2)
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+    writer.add_tensor("token_embd.weight", np.zeros((32, 64), dtype=np.float16))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+@pytest.fixture
+def stores(tmp_path, monkeypatch):
+    """A HOME whose LM Studio folder holds the real default model (a hard link),
+    a synthetic GGUF under a name with markup, and a GGUF cut short."""
+    home = tmp_path / "home"
+    models = home / ".lmstudio" / "models"
+    smol = link(smol_path(), models / "HuggingFaceTB" / "SmolLM2-135M-Instruct-GGUF" / smol_path().name)
+    tiny_gguf(models / "synthetic" / "[bold]tiny" / "tiny.gguf")
+    cut = models / "broken" / "cut" / "cut.gguf"
+    cut.parent.mkdir(parents=True)
+    cut.write_bytes(b"GGUF\x03\x00\x00\x00")
+    for name in STORE_ENV_VARS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(home))
+    return smol
+
+
+@pytest.fixture
+def app_on(workspace):
+    """app_on(gate=None) -> (app, engines): a FakeEngine for the launch model and the
+    synthetic GGUF (its load held by `gate`), the real LocalEngine for the default model's file."""
+
+    def build(gate: threading.Event | None = None, store=None):
+        engines = []
+
+        def factory(spec):
+            if spec.id == SMOL_ID:
+                engine = workspace.make_engine(spec)
+            else:
+                engine = FakeEngine(spec, workspace.catalog.price(spec.price_profile), ["Hi from the fake."])
+                engine.load_gate = gate if spec.id == TINY_ID else None
+            engines.append(engine)
+            return engine
+
+        return make_app(workspace, engine_factory=factory, gpu_status=lambda: None, store=store), engines
+
+    return build
+
+
+async def open_picker(pilot) -> ModelPicker:
+    await pilot.press("ctrl+p")
+    await pilot.press(*"Models")
+    await wait_for_palette_hit(pilot, "Models")
+    await pilot.press("enter")
+    await wait_for(pilot, lambda: isinstance(pilot.app.screen, ModelPicker), what="the model picker")
+    picker = pilot.app.screen
+    await wait_for(pilot, lambda: picker.query_one("#models-table").row_count >= 3,
+                   what=f"the listing ({picker.query_one('#models-status').content})")
+    return picker
+
+
+async def choose(pilot, picker: ModelPicker, model_id: str) -> None:
+    table = picker.query_one("#models-table")
+    table.move_cursor(row=table.get_row_index(model_id))
+    await pilot.pause()
+    await pilot.press("enter")
+
+
+def detail(picker: ModelPicker) -> str:
+    return str(picker.query_one("#models-detail").content)
+
+
+async def test_picker_lists_the_models_with_their_facts_literally(stores, app_on):
+    app, _ = app_on()
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        picker = await open_picker(pilot)
+        table = picker.query_one("#models-table")
+        header = [str(c.label) for c in table.columns.values()]
+        assert header[:4] == ["id", "arch", "params", "quant"] and "fits" in header and "found in" in header
+        smol = [cell.plain for cell in table.get_row(SMOL_ID)]
+        assert smol[1:4] == ["llama", "135M", "Q4_1"] and smol[5] == "8,192" and smol[6] == "yes"
+        tiny = [cell.plain for cell in table.get_row(TINY_ID)]
+        assert tiny[0] == TINY_ID  # a folder name with markup, shown as it is
+        assert tiny[1:4] == ["llama", "2.05K", "F16"] and tiny[7] == f"{2 * 2 * (16 + 16) * 2:,} B"
+        ids = [row.value for row in table.rows]
+        assert ids.index(CUT_ID) == len(ids) - 1  # unusable ones last
+        await choose(pilot, picker, CUT_ID)
+        assert app.screen is picker  # an unusable model cannot be chosen
+        assert "truncated or damaged (8 bytes" in detail(picker)
+        await pilot.press("escape")
+        assert not isinstance(app.screen, ModelPicker)
+
+
+async def test_switching_loads_the_default_models_file_and_chats_on_it(stores, app_on):
+    app, engines = app_on()
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        old = engines[0]
+        picker = await open_picker(pilot)
+        await choose(pilot, picker, SMOL_ID)
+        await wait_for(pilot, lambda: app.spec.id == SMOL_ID and app.conversation is not None
+                       and app.conversation.engine is app.lease.engine, timeout=120, what="the switch")
+        engine = app.lease.engine
+        assert isinstance(engine, LocalEngine) and engine.spec.model_path() == stores
+        assert old.closed  # the replaced engine, idle, is closed at once
+        assert "Now on " + SMOL_ID in " ".join(str(n.content) for n in app.query("Notice"))
+        await send(pilot, "Say hi.")
+        assert app.conversation.turns[-1].model_id == SMOL_ID
+        assert app.conversation.turns[-1].generated_tokens > 0
+
+
+async def test_c_continues_the_stored_session_on_the_new_model(stores, app_on, workspace):
+    store = SessionStore(workspace.db_path)
+    app, engines = app_on(store=store)
+    try:
+        async with app.run_test(size=SIZE) as pilot:
+            await loaded(pilot)
+            await send(pilot, "hello")
+            session = app.conversation.session_id
+            picker = await open_picker(pilot)
+            hint = " ".join(str(s.content) for s in picker.query(".modal-hint"))
+            assert f"C: load it, session {session} continues there" in hint
+            table = picker.query_one("#models-table")
+            table.move_cursor(row=table.get_row_index(SMOL_ID))
+            await pilot.pause()
+            await pilot.press("c")
+            await wait_for(pilot, lambda: app.spec.id == SMOL_ID and app.conversation is not None
+                           and app.conversation.engine is app.lease.engine, timeout=120, what="the switch")
+            assert app.conversation.session_id == session and len(app.conversation.turns) == 1
+            assert engines[0].closed
+            await send(pilot, "And again?")
+            assert [t.model_id for t in app.conversation.turns][-1] == SMOL_ID
+            assert [s.id for s in store.sessions()] == [session]  # the same session, now on the new model
+    finally:
+        store.close()
+
+
+async def test_escape_while_loading_keeps_the_old_model(stores, app_on):
+    gate = threading.Event()
+    app, engines = app_on(gate)
+    try:
+        async with app.run_test(size=SIZE) as pilot:
+            await loaded(pilot)
+            old, spec = engines[0], app.spec
+            picker = await open_picker(pilot)
+            await choose(pilot, picker, TINY_ID)
+            await wait_for(pilot, lambda: len(engines) == 2 and engines[1].loading.is_set(), what="the load")
+            assert "Loading " + TINY_ID in detail(picker)
+            await pilot.press("escape")
+            assert not isinstance(app.screen, ModelPicker)
+            gate.set()
+            await wait_for(pilot, lambda: engines[1].closed, what="the abandoned engine's close")
+            assert app.lease.engine is old and app.spec is spec and not old.closed
+            await send(pilot, "hello")
+            assert old.received  # the old model still answers
+    finally:
+        gate.set()
+
+
+def test_a_replaced_engine_in_use_is_closed_when_its_worker_lets_go(workspace):
+    from chatterm.ui.engine_lease import EngineLease
+
+    spec = workspace.catalog.get(None)
+    old, new = (FakeEngine(spec, workspace.catalog.price(spec.price_profile)) for _ in range(2))
+    lease = EngineLease()
+    lease.adopt(old)
+    with lease.use() as engine:
+        assert engine is old
+        lease.replace(new)
+        assert lease.engine is new and not old.closed  # a turn on the old model is still running
+    assert old.closed and not new.closed
+    lease.close_when_idle()
+    assert new.closed
+    late = FakeEngine(spec, workspace.catalog.price(spec.price_profile))
+    lease.replace(late)  # a load that finishes after the app quit
+    assert late.closed and lease.engine is None
