@@ -3,7 +3,11 @@
 The reply streams to stdout; the turn's metrics line goes to stderr (or one
 JSON object to stdout with --json). It uses and fills the persona KV cache and
 the session store exactly like the TUI, so a second `ask` with the same
-persona reports a restore from disk. Exit status: 0 when the reply finished,
+persona reports a restore from disk. `--fork ID[:TURN]` first makes a new
+session holding session ID's conversation up to turn TURN (default: its
+current reply) with the parent's KV states, then asks in it: the question
+restores the shared history instead of prefilling it (an unknown session or
+turn is bad input, and makes nothing). Exit status: 0 when the reply finished,
 1 when the turn failed, 2 for bad input (a local model's file missing or not a
 GGUF included, found before the session database is touched), 130 when
 interrupted. When stderr is a terminal, the model load's progress and then a
@@ -24,8 +28,10 @@ from chatterm.core.config.catalog import ModelSpec
 from chatterm.core.engine.conversation import Conversation
 from chatterm.core.metrics.format import footer_line, prefill_progress_line, printable
 from chatterm.core.metrics.turn_metrics import StopReason
+from chatterm.core.store.lifecycle import fork_session
 from chatterm.core.store.resume import plan_resume, resume_conversation
 from chatterm.core.store.session_store import SessionStore
+from chatterm.core.workspace import Workspace
 from chatterm.errors import ChattermError
 
 
@@ -41,6 +47,10 @@ def register(sub, common) -> None:
     p.add_argument("message", nargs="?", help="the message (default: read standard input)")
     p.add_argument("--json", action="store_true", help="print one JSON object with the reply and all metrics")
     p.add_argument("--session", type=int, metavar="ID", help="continue stored session ID")
+    p.add_argument(
+        "--fork", metavar="ID[:TURN]",
+        help="ask in a new session that starts as session ID up to turn TURN (default: its current reply)",
+    )
     p.add_argument("--no-store", action="store_true", help="do not record the turn in the session database")
     p.set_defaults(func=run)
 
@@ -109,19 +119,51 @@ def _show_progress(turn) -> Callable[[], None]:
     return done
 
 
+def _fork_point(value: str) -> tuple[int, int | None]:
+    """`--fork ID[:TURN]` as (session id, turn index or None)."""
+    sid, sep, turn = value.partition(":")
+    try:
+        return int(sid), int(turn) if sep else None
+    except ValueError:
+        raise ChattermError(f"--fork takes ID or ID:TURN (numbers), not {value!r}") from None
+
+
+def _fork(store: SessionStore, ws: Workspace, args: argparse.Namespace) -> int:
+    """Check the fork's source (session, turn, model, persona), then make the
+    fork; its id. Bad input leaves nothing behind."""
+    source, turn = _fork_point(args.fork)
+    parent = plan_resume(store, ws, source, model_id=args.model, persona_id=args.persona)
+    if turn is not None:
+        store.turn(source, turn)  # unknown turn: named
+    parent.spec.check_file()
+    return fork_session(store, ws.kv_cache(), source, turn).session_id
+
+
 def run(args: argparse.Namespace) -> int:
     ws = workspace(args)
     text = _message(args)
-    if args.session is None:  # bad input must not leave a new database behind
+    continued = args.session is not None or args.fork is not None
+    if args.session is not None and args.fork is not None:
+        raise ChattermError("--session and --fork are two ways to choose the conversation: pass one")
+    if continued and args.no_store:
+        raise ChattermError(f"{'--session' if args.session is not None else '--fork'} needs the session "
+                            "database (drop --no-store)")
+    if args.fork is not None:
+        _fork_point(args.fork)
+    if not continued:  # bad input must not leave a new database behind
         spec, persona = ws.resolve(args.model, args.persona)
         spec.check_file()
-    store = None if args.no_store else SessionStore(db_path(args))
+    db = db_path(args)
+    if continued and not db.exists():
+        wanted = args.session if args.session is not None else args.fork.partition(":")[0]
+        raise ChattermError(f"unknown session {wanted}: there is no session database at {db}")
+    store = None if args.no_store else SessionStore(db)
     try:
         plan = None
-        if args.session is not None:
-            if store is None:
-                raise ChattermError("--session needs the session database (drop --no-store)")
-            plan = plan_resume(store, ws, args.session, model_id=args.model, persona_id=args.persona)
+        if continued:
+            assert store is not None
+            session = args.session if args.fork is None else _fork(store, ws, args)
+            plan = plan_resume(store, ws, session, model_id=args.model, persona_id=args.persona)
             spec, persona = plan.spec, plan.persona
             spec.check_file()
         load_progress = _LoadProgress(spec) if sys.stderr.isatty() else None

@@ -1,10 +1,13 @@
 """Export of session latency logs: JSONL, CSV, a Markdown report and an HTML report.
 
 Contract (the field list with units is docs/export-format.md):
-- One row per turn. `ROW_FIELDS` is the stable column order shared by JSONL and
-  CSV: session fields, `turn_index` (from 1), every `TURN_FIELDS` metric, and
-  `user_chars` / `reply_chars`. `engine`, `model_id` and `persona_id` are the
-  turn's own values (chatterm keeps them equal to the session's).
+- One row per computed turn, on every branch (a regenerated reply keeps its
+  own row, TTFT and cost). `ROW_FIELDS` is the stable column order shared by
+  JSONL and CSV: session fields, `turn_index` (from 1), every `TURN_FIELDS`
+  metric, the turn's place in the conversation tree (`BRANCH_FIELDS`:
+  `parent_index`, `branch`, `inherited`), and `user_chars` / `reply_chars`.
+  `engine`, `model_id` and `persona_id` are the turn's own values (chatterm
+  keeps them equal to the session's).
 - JSONL also carries the texts (`user_text`, `reply`) and is exact: control
   characters are escaped (`chatterm.core.report.escape.json_line`), so it is safe to
   print on a terminal; timestamps (`_at`)
@@ -57,8 +60,12 @@ REPORT_FORMATS = ("md", "html")
 """Formats that chart and compare sessions (and use price profiles)."""
 
 SESSION_FIELDS = ("session_id", "session_started_at", "model_identity", "device")
+BRANCH_FIELDS = ("parent_index", "branch", "inherited")
+"""The turn before it on its path (null: a first turn), its branch ("main",
+or "b<N>": the branch turn N started), and whether it was copied from the
+session this one was forked from."""
 ROW_FIELDS: tuple[str, ...] = (
-    SESSION_FIELDS + ("turn_index",) + TURN_FIELDS + ("user_chars", "reply_chars")
+    SESSION_FIELDS + ("turn_index",) + TURN_FIELDS + BRANCH_FIELDS + ("user_chars", "reply_chars")
 )
 """The CSV columns, and the JSONL keys before `TEXT_FIELDS`."""
 TEXT_FIELDS = ("user_text", "reply")
@@ -88,7 +95,7 @@ def sessions_to_export(
 
 def collect(store: SessionStore, sessions: Iterable[SessionInfo]) -> list[tuple[SessionInfo, list[TurnRecord]]]:
     """Sessions with their turns, for the reports (which compute over the metrics)."""
-    return [(info, store.turns(info.id)) for info in sessions]
+    return [(info, store.all_turns(info.id)) for info in sessions]
 
 
 # -- formats -------------------------------------------------------------------
@@ -175,7 +182,7 @@ def render_report(exported: Exported, fmt: str, prices: Mapping[str, PriceProfil
 
 
 # Positions in a row of `SessionStore.export_rows`: turn_index, the TURN_FIELDS
-# values, user_text, reply.
+# values, the BRANCH_FIELDS values, user_text, reply.
 def _turn_fields(kind: str) -> tuple[int, ...]:
     """Positions of the TurnMetrics fields declared with `kind` (a type name)."""
     return tuple(1 + TURN_FIELDS.index(f.name) for f in fields(TurnMetrics) if kind in str(f.type))
@@ -186,8 +193,9 @@ _BOOLS = _turn_fields("bool")
 _TEXTS = _turn_fields("str")
 _STAMP = 1 + TURN_FIELDS.index("submitted_at")
 _NUMBERS = tuple(i for i in range(1 + len(TURN_FIELDS)) if i not in (*_BOOLS, *_TEXTS, _STAMP))
+_INHERITED = 1 + len(TURN_FIELDS) + BRANCH_FIELDS.index("inherited")
 _JSONL_KEYS = ROW_FIELDS + TEXT_FIELDS
-_BOOL_KEYS = tuple(TURN_FIELDS[i - 1] for i in _BOOLS)
+_BOOL_KEYS = (*(TURN_FIELDS[i - 1] for i in _BOOLS), "inherited")
 
 
 def _jsonl_chunks(store: SessionStore, sessions: Sequence[SessionInfo], header: bool = True) -> Iterator[bytes]:
@@ -223,11 +231,11 @@ def _csv_turn_cells(turn: tuple) -> list:
             value = cells[i]
             if value.__class__ is not str or value.startswith(FORMULA_STARTS):
                 cells[i] = csv_cell(value)
-        for i in _BOOLS:
+        for i in (*_BOOLS, _INHERITED):
             cells[i] = "true" if cells[i] else "false"
         cells[_STAMP] = csv_cell(iso_utc(cells[_STAMP]))
         return cells
-    for i in _BOOLS:
+    for i in (*_BOOLS, _INHERITED):
         cells[i] = bool(cells[i])
     cells[_STAMP] = iso_utc(cells[_STAMP])
     return [csv_cell(cell) for cell in cells]

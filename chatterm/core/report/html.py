@@ -11,7 +11,9 @@ Contract:
   per-turn timeline table with per-token costs, cost split, what-if table under
   every price profile, the per-turn table, and the messages table (each turn's
   user text and reply, cut to `PREVIEW_CHARS`, in columns half the page wide
-  each: a narrow column of the figures table made every row very tall).
+  each: a narrow column of the figures table made every row very tall), and
+  for a session with branches the branch of each turn
+  (`chatterm.core.report.branches`).
 - Every stored string goes through `chatterm.core.report.escape.html_text`
   (`html.escape` after control characters and bidi overrides are made visible).
 """
@@ -22,6 +24,7 @@ from typing import Iterable, Sequence
 
 from chatterm.core.metrics.timeline import PART_LABELS, PARTS
 from chatterm.core.report import words
+from chatterm.core.report.branches import BRANCH_HEADER, BRANCH_NOTE, branch_rows, fork_sentence, has_branches
 from chatterm.core.report.escape import html_text
 from chatterm.core.report.figures import SessionReport
 from chatterm.core.report.svg_charts import cost_chart, decode_chart, timeline_bar, ttft_chart
@@ -123,6 +126,12 @@ def _session(r: SessionReport) -> str:
     if r.turns:
         rows = [words.message_row(v, html_text, PREVIEW_CHARS) for v in r.turns]
         out += ["<h3>Messages</h3>", _table(words.MESSAGE_HEADER, rows, "n", cls="messages")]
+    if has_branches(r):
+        fork = fork_sentence(r)
+        out += ["<h3>Branches</h3>", f"<p>{html_text(BRANCH_NOTE)}</p>",
+                _table(BRANCH_HEADER, branch_rows(r, html_text), "nlnnl", cls="branches")]
+        if fork:
+            out.append(f"<p>{html_text(fork)}</p>")
     out.append("</section>")
     return "\n".join(out)
 

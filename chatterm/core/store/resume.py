@@ -2,8 +2,10 @@
 
 Contract:
 - `plan_resume(store, workspace, session, model_id=, persona_id=)` decides what a
-  stored session continues with; `chatterm ask --session`, `chatterm launch
-  --resume` and the TUI's sessions screen all call it. The rule:
+  stored session continues with; `chatterm ask --session` / `--fork`,
+  `chatterm launch --resume` and the TUI's sessions screen all call it.
+  "latest" is the first session `chatterm sessions` lists (newest activity,
+  `SessionStore.latest_session_id`). The rule:
   * a session continues with its own persona. A different persona asked for
     explicitly, or a persona that no longer exists, is refused with one line
     naming both (the persona's system prompt is part of the conversation);
@@ -12,11 +14,12 @@ Contract:
     Another model than the recorded one works (the history is text) and gives
     a warning.
 - `resume_conversation(plan, store, engine)` gives back a `Conversation` that
-  carries on the session: its id, its turns' metrics (for the session figures)
-  and the history sent to the model (`read_continuation`, which a UI may run
-  in a worker first). Only the newest turns that could fit the model's context
-  are read with their texts (`max_history_turns`), so opening a session costs
-  the same whatever its length; the engine then trims to the exact budget.
+  carries on the session: its id, its turns' metrics (every computed turn,
+  for the session figures) and the history sent to the model: the session's
+  current path (`read_continuation`, which a UI may run in a worker first).
+  Only the newest turns that could fit the model's context are read with
+  their texts (`max_history_turns`), so opening a session costs the same
+  whatever its length; the engine then trims to the exact budget.
 - Which stored turns join the history is `conversation.turn_messages`, the same rule the
   live `Conversation` applies when a turn ends.
 """

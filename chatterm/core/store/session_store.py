@@ -21,213 +21,69 @@ Contract:
   write lock before computing the next turn index, so indexes never collide.
 - One connection per store, shared by the caller's threads behind a lock
   (the TUI records turns from a worker thread).
-- The schema is versioned with `PRAGMA user_version`; `_MIGRATIONS[n]` brings a
-  database from version n to n + 1 and runs in one transaction. A database
-  from a newer chatterm, one that is not a chatterm database, or a corrupt file
-  is refused with a `ChattermError` naming the file, and left untouched; so is
-  a path that is a directory (one message, whatever the mode).
+- The schema is `chatterm.core.store.schema`'s tuple of migrations (each run
+  in one transaction). A database from a newer chatterm, one that is not a
+  chatterm database, or a corrupt file is refused with a `ChattermError`
+  naming the file, and left untouched; so is a path that is a directory (one
+  message, whatever the mode).
 - Turns have one column per `TURN_FIELDS` name (derived `decode_tok_s` and
   `cost_usd` included, so SQL queries need no formulas). Reading tolerates an
-  older schema opened read-only: a missing column reads as the field's default.
-- Turn indexes count from 1 within a session.
+  older schema opened read-only: a missing column reads as the field's
+  default, and a session from before the tree reads as one line.
+- Turn indexes count from 1 within a session, in the order turns were
+  computed. A session is a tree of turns (`chatterm.core.store.tree`): the
+  current path is the model's history (`turns`, `turns_page`); regenerating
+  or editing a turn records a sibling of it (`prepare_sibling`), and
+  `select_turn` switches the current path. Figures, exports and the latency
+  log cover every computed turn, one row each (`turn_metrics`, `export_rows`,
+  `all_turns`).
+- Sessions are listed newest activity first; `latest_session_id` is the first
+  of that list. Renaming, deleting and forking a session are writes the user
+  asked for: a refused one raises `ChattermError` (one line) instead of
+  setting `write_error`. Search: `chatterm.core.store.search`.
 """
 
 from __future__ import annotations
 
-import numbers
 import sqlite3
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Sequence
+from typing import Callable, Iterator, TypeVar
 
-from chatterm.core.metrics.turn_metrics import TURN_FIELDS, TurnMetrics, percentile
+from chatterm.core.metrics.turn_metrics import TURN_FIELDS, TurnMetrics
+from chatterm.core.store import listing, opening, tree
+from chatterm.core.store import search as text_search
+from chatterm.core.store.records import (
+    FIELD_DEFAULTS,
+    METRIC_FIELDS,
+    SearchHit,
+    SessionInfo,
+    TurnRecord,
+    metrics_of,
+    sql_value,
+)
+from chatterm.core.store.schema import FTS_TABLE, SCHEMA_VERSION
 from chatterm.errors import ChattermError
 
-BUSY_TIMEOUT_S = 10.0
-"""How long a write waits for another process's write to finish."""
+__all__ = ["SCHEMA_VERSION", "SearchHit", "SessionInfo", "SessionStore", "TurnRecord"]
 
 _ENVIRONMENT_ERRORS = ("SQLITE_IOERR", "SQLITE_FULL", "SQLITE_READONLY", "SQLITE_PERM")
 """SQLite errors that say nothing against the database file itself."""
 
-_METRIC_FIELDS = {f.name for f in fields(TurnMetrics)}
-_BOOL_FIELDS = {f.name for f in fields(TurnMetrics) if f.type in ("bool", bool)}
-_FIELD_DEFAULTS = {f.name: f.default for f in fields(TurnMetrics) if f.default is not MISSING}
-"""What a column an older database lacks reads as (derived fields: None)."""
+T = TypeVar("T")
+
+_TREE_COLUMNS = {"id", "session_id", "turn_index", "parent_index", "branch", "inherited"}
+"""Turn columns a fork sets itself rather than copies."""
+
+_NEW_ROOT = -1
+"""`_pending` value: the next turn is a new first turn (turn 1 edited)."""
 
 
-def _sql_value(value: object) -> object:
-    """A plain value for sqlite3. Engines may hand over numpy or ctypes numbers,
-    which sqlite3 would silently store as BLOBs (they support the buffer protocol)."""
-    if value is None or isinstance(value, (str, int, float)):
-        return value
-    if callable(getattr(value, "item", None)):  # numpy scalar -> Python scalar
-        value = value.item()
-        if value is None or isinstance(value, (str, int, float)):
-            return value
-    if isinstance(value, numbers.Integral):
-        return int(value)
-    if isinstance(value, numbers.Real):
-        return float(value)
-    return str(value)
-
-
-@dataclass(frozen=True)
-class SessionInfo:
-    id: int
-    started_at: float
-    """Unix time (s) the session was created."""
-    model_id: str
-    model_identity: str
-    """The exact model: file sha256, or server + model name."""
-    engine: str
-    device: str
-    persona_id: str
-    turns: int
-    ttft_p50_ms: float | None
-    cost_usd: float
-    """Sum of the turns' API-equivalent cost."""
-
-
-@dataclass(slots=True)
-class TurnRecord:
-    index: int
-    """1 for the session's first turn."""
-    user_text: str
-    reply: str
-    """The reply as streamed: partial for a cancelled turn, maybe empty on error."""
-    metrics: TurnMetrics
-
-
-# -- schema ------------------------------------------------------------------
-# Migrations are written out in full and never edited once released: a new
-# TurnMetrics field needs a new migration (tests/core/store/test_store.py checks that every
-# TURN_FIELDS name has a column).
-
-
-def _to_v1(conn: sqlite3.Connection) -> None:
-    conn.execute(
-        """
-        CREATE TABLE sessions (
-            id INTEGER PRIMARY KEY,
-            started_at REAL NOT NULL,
-            model_id TEXT NOT NULL,
-            model_identity TEXT NOT NULL,
-            engine TEXT NOT NULL,
-            device TEXT NOT NULL,
-            persona_id TEXT NOT NULL
-        )"""
-    )
-    # Metric columns are nullable on purpose: a turn must be stored even when
-    # an engine left a field unset.
-    conn.execute(
-        """
-        CREATE TABLE turns (
-            id INTEGER PRIMARY KEY,
-            session_id INTEGER NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
-            turn_index INTEGER NOT NULL,
-            recorded_at REAL NOT NULL,
-            user_text TEXT NOT NULL,
-            reply TEXT NOT NULL,
-            engine TEXT,
-            model_id TEXT,
-            persona_id TEXT,
-            submitted_at REAL,
-            price_profile TEXT,
-            cache_outcome TEXT,
-            cache_detail TEXT,
-            restore_ms REAL,
-            prefill_ms REAL,
-            prompt_tokens INTEGER,
-            cached_tokens INTEGER,
-            prefilled_tokens INTEGER,
-            generated_tokens INTEGER,
-            ttft_ms REAL,
-            decode_ms REAL,
-            total_ms REAL,
-            stop_reason TEXT,
-            error TEXT,
-            dropped_turns INTEGER,
-            tokens_estimated INTEGER,
-            cost_input_usd REAL,
-            cost_cached_input_usd REAL,
-            cost_output_usd REAL,
-            saved_prefill_ms REAL,
-            saved_usd REAL,
-            decode_tok_s REAL,
-            cost_usd REAL
-        )"""
-    )
-
-
-def _to_v2(conn: sqlite3.Connection) -> None:
-    # v2: GPU energy per turn, and an index that makes per-session reads and
-    # the next-index lookup cheap while also forbidding duplicate indexes.
-    conn.execute("ALTER TABLE turns ADD COLUMN energy_wh REAL")
-    conn.execute("ALTER TABLE turns ADD COLUMN energy_cost_usd REAL")
-    conn.execute("CREATE UNIQUE INDEX turns_by_session ON turns(session_id, turn_index)")
-
-
-def _to_v3(conn: sqlite3.Connection) -> None:
-    # v3: the conversation as messages, one row per user or assistant message.
-    # A view, not a table: the texts live once, in `turns`, next to the
-    # metrics of the turn they belong to, so the two can never disagree.
-    conn.execute(
-        """
-        CREATE VIEW messages AS
-            SELECT session_id, turn_index, 0 AS position, 'user' AS role,
-                   user_text AS content, submitted_at AS created_at
-              FROM turns
-            UNION ALL
-            SELECT session_id, turn_index, 1, 'assistant', reply, recorded_at
-              FROM turns
-            ORDER BY session_id, turn_index, position"""
-    )
-
-
-def _to_v4(conn: sqlite3.Connection) -> None:
-    # v4: indexes for big databases (benchmarks/store_load.py, 100,000 turns).
-    # `chatterm sessions` counts and sums every session's turns and reads their
-    # TTFTs: an index holding exactly (session_id, cost_usd, ttft_ms) lets SQLite
-    # answer from it ("USING COVERING INDEX") instead of reading every turn row
-    # with its texts (about 40x less data read).
-    conn.execute("CREATE INDEX turns_summary ON turns(session_id, cost_usd, ttft_ms)")
-    # Newest first (the listing, `--resume` latest): read in index order, no sort.
-    conn.execute("CREATE INDEX sessions_by_start ON sessions(started_at, id)")
-
-
-def _to_v5(conn: sqlite3.Connection) -> None:
-    # v5: type-ahead prefill, reported beside TTFT (which it is not part of).
-    conn.execute("ALTER TABLE turns ADD COLUMN ahead_tokens INTEGER NOT NULL DEFAULT 0")
-    conn.execute("ALTER TABLE turns ADD COLUMN ahead_ms REAL NOT NULL DEFAULT 0")
-
-
-def _to_v6(conn: sqlite3.Connection) -> None:
-    # v6: the time a turn waited for the engine (part of its TTFT), and whether
-    # its restore happened at the persona switch (not part of it). Older turns
-    # read as no wait and an in-turn restore: nothing recorded says otherwise.
-    conn.execute("ALTER TABLE turns ADD COLUMN wait_ms REAL NOT NULL DEFAULT 0")
-    conn.execute("ALTER TABLE turns ADD COLUMN restore_at_switch INTEGER NOT NULL DEFAULT 0")
-
-
-_MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (
-    _to_v1, _to_v2, _to_v3, _to_v4, _to_v5, _to_v6,
-)
-SCHEMA_VERSION = len(_MIGRATIONS)
-
-
-def _metrics_of(names: list[str], rows: Iterable[Sequence]) -> list[TurnMetrics]:
-    """Rows of metric columns (`names`, all TurnMetrics fields) as TurnMetrics."""
-    bools = [i for i, name in enumerate(names) if name in _BOOL_FIELDS]
-    metrics = []
-    for row in rows:
-        values = list(row)
-        for i in bools:
-            values[i] = bool(values[i])
-        metrics.append(TurnMetrics(**dict(zip(names, values, strict=True))))
-    return metrics
+def _reader(conn: sqlite3.Connection) -> tree.Query:
+    """Queries inside a write transaction (on its connection, errors raised)."""
+    return lambda sql, params: conn.execute(sql, params).fetchall()
 
 
 class SessionStore:
@@ -241,6 +97,13 @@ class SessionStore:
         self._conn: sqlite3.Connection | None = None
         self._turn_columns: set[str] = set()
         """Empty when there is no schema yet (a missing or new file opened read-only)."""
+        self._turn_column_order: list[str] = []
+        self._tree = False
+        """Whether the schema has the conversation tree (v8; else it reads as one line)."""
+        self._fts = False
+        """Whether the database has the FTS5 index (else search scans)."""
+        self._pending: dict[int, int] = {}
+        """Session id -> the parent its next recorded turn goes under (`prepare_sibling`)."""
         self._closed = False
         self.write_error: str | None = None
         """Why the first refused write failed (None while every write succeeded)."""
@@ -255,8 +118,9 @@ class SessionStore:
         if readonly and not self.path.exists():
             return  # nothing stored yet; reading gives empty results
         try:
-            self._conn = self._connect()
-            self._prepare()
+            self._conn = opening.connect(self.path, readonly)
+            opening.prepare(self._conn, self.path, readonly)
+            self._read_schema()
         except sqlite3.Error as exc:
             self.close()
             name = getattr(exc, "sqlite_errorname", "")
@@ -276,95 +140,14 @@ class SessionStore:
             self.close()
             raise
 
-    # -- opening ------------------------------------------------------------
-    def _connect(self) -> sqlite3.Connection:
-        if self.readonly:
-            target, uri = self.path.resolve().as_uri() + "?mode=ro", True
-        else:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            target, uri = str(self.path), False
-        # isolation_level=None: transactions are explicit (BEGIN IMMEDIATE), so
-        # nothing stays open between calls behind the caller's back.
-        conn = sqlite3.connect(
-            target, uri=uri, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False
-        )
-        conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
-        return conn
-
-    def _prepare(self) -> None:
-        conn = self._conn
-        assert conn is not None
-        # Check the version before anything that writes (journal_mode=WAL writes
-        # the header): a refused file must stay byte for byte as it was. One
-        # read transaction, so another process's first migration cannot land
-        # between reading the version and counting the tables.
-        conn.execute("BEGIN")
-        try:
-            self._check_version(conn.execute("PRAGMA user_version").fetchone()[0])
-        finally:
-            if conn.in_transaction:
-                conn.execute("COMMIT")
-        if not self.readonly:
-            self._switch_to_wal()
-            conn.execute("PRAGMA foreign_keys = ON")
-            self._migrate()
-        self._turn_columns = {row[1] for row in conn.execute("PRAGMA table_info(turns)")}
-
-    def _switch_to_wal(self) -> None:
-        conn = self._conn
-        assert conn is not None
-        # Switching a new file to WAL needs an exclusive lock and SQLite reports
-        # "database is locked" at once, without its busy handler, while another
-        # process is opening the same file: retry for the busy timeout.
-        deadline = time.monotonic() + BUSY_TIMEOUT_S
-        while True:
-            try:
-                mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
-                break
-            except sqlite3.OperationalError as exc:
-                if "locked" not in str(exc) and "busy" not in str(exc):
-                    raise
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.01)
-        if str(mode).lower() != "wal":
-            raise sqlite3.OperationalError(f"cannot switch to WAL mode (got {mode})")
-
-    def _check_version(self, version: int) -> None:
-        if version > SCHEMA_VERSION:
-            raise ChattermError(
-                f"{self.path} was written by a newer chatterm (schema v{version}; this one "
-                f"knows up to v{SCHEMA_VERSION}); upgrade chatterm or pass --db NEW_FILE"
-            )
-        if version == 0 and self._conn is not None:
-            tables = self._conn.execute(
-                "SELECT count(*) FROM sqlite_master WHERE type = 'table'"
-            ).fetchone()[0]
-            if tables:
-                raise ChattermError(
-                    f"{self.path} is an SQLite database but not a chatterm one; "
-                    "pass --db NEW_FILE to use another file"
-                )
-
-    def _migrate(self) -> None:
-        conn = self._conn
-        assert conn is not None
-        while True:
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                # Re-read under the write lock: another process may have
-                # migrated while we waited.
-                version = conn.execute("PRAGMA user_version").fetchone()[0]
-                self._check_version(version)
-                if version == SCHEMA_VERSION:
-                    conn.execute("COMMIT")
-                    return
-                _MIGRATIONS[version](conn)
-                conn.execute(f"PRAGMA user_version = {version + 1}")
-                conn.execute("COMMIT")
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
+    def _read_schema(self) -> None:
+        conn = self._require()
+        self._turn_column_order = [row[1] for row in conn.execute("PRAGMA table_info(turns)")]
+        self._turn_columns = set(self._turn_column_order)
+        self._tree = "parent_index" in self._turn_columns
+        self._fts = bool(conn.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (FTS_TABLE,)
+        ).fetchone())
 
     # -- writing ------------------------------------------------------------
     def create_session(
@@ -379,19 +162,13 @@ class SessionStore:
     ) -> int | None:
         """Create a session row and return its id (`started_at` defaults to now);
         None when the database refused the write (see `write_error`)."""
-        values = (
-            time.time() if started_at is None else started_at,
-            model_id,
-            model_identity,
-            engine,
-            device,
-            persona_id,
-        )
+        start = time.time() if started_at is None else started_at
+        values = (start, model_id, model_identity, engine, device, persona_id, start)
 
         def insert(conn: sqlite3.Connection) -> int:
             cur = conn.execute(
                 "INSERT INTO sessions (started_at, model_id, model_identity, engine, device, "
-                "persona_id) VALUES (?, ?, ?, ?, ?, ?)",
+                "persona_id, active_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
                 values,
             )
             return int(cur.lastrowid)
@@ -400,11 +177,14 @@ class SessionStore:
 
     def record_turn(self, session_id: int, user_text: str, reply: str, metrics: TurnMetrics) -> int | None:
         """Commit one turn (all its metrics) and return its index in the session;
-        None when the database refused the write (see `write_error`)."""
+        None when the database refused the write (see `write_error`). The turn
+        goes under the current leaf, or where `prepare_sibling` said, and
+        becomes the current leaf."""
         data = metrics.to_dict()
 
         def insert(conn: sqlite3.Connection) -> int:
-            if conn.execute("SELECT 1 FROM sessions WHERE id = ?", (session_id,)).fetchone() is None:
+            row = conn.execute("SELECT current_index FROM sessions WHERE id = ?", (session_id,)).fetchone()
+            if row is None:
                 raise ChattermError(f"unknown session {session_id} in {self.path}")
             # The write lock is held (BEGIN IMMEDIATE), so no other process can
             # take the same index between this read and the insert.
@@ -412,19 +192,133 @@ class SessionStore:
                 "SELECT COALESCE(MAX(turn_index), 0) + 1 FROM turns WHERE session_id = ?",
                 (session_id,),
             ).fetchone()[0]
-            names = ["session_id", "turn_index", "recorded_at", "user_text", "reply", *TURN_FIELDS]
-            values = [
-                session_id, index, time.time(), user_text, reply, *(_sql_value(data[k]) for k in TURN_FIELDS)
-            ]
+            pending = self._pending.get(session_id)
+            parent = row[0] if pending is None else (None if pending == _NEW_ROOT else pending)
+            branch = tree.branch_of_new(_reader(conn), session_id, parent, index)
+            now = time.time()
+            names = ["session_id", "turn_index", "parent_index", "branch", "recorded_at", "user_text", "reply",
+                     *TURN_FIELDS]
+            values = [session_id, index, parent, branch, now, user_text, reply,
+                      *(sql_value(data[k]) for k in TURN_FIELDS)]
             conn.execute(
                 f"INSERT INTO turns ({', '.join(names)}) VALUES ({', '.join('?' * len(names))})",
                 values,
             )
+            conn.execute(
+                "UPDATE sessions SET current_index = ?, active_at = ? WHERE id = ?", (index, now, session_id)
+            )
             return int(index)
 
-        return self._write(f"could not save a turn of session {session_id}", insert)
+        with self._lock:
+            index = self._write(f"could not save a turn of session {session_id}", insert)
+            if index is not None:
+                self._pending.pop(session_id, None)
+        return index
 
-    def _write(self, what: str, action: Callable[[sqlite3.Connection], int]) -> int | None:
+    def prepare_sibling(self, session_id: int, turn_index: int) -> list[TurnRecord]:
+        """Regenerate or edit turn `turn_index`: the path up to its parent (the
+        history to send), and the next `record_turn` of the session becomes a
+        sibling of that turn. Nothing is written until that turn is recorded.
+        ChattermError for an unknown session or turn."""
+        with self._lock:
+            target = self.turn(session_id, turn_index)
+            self._pending[session_id] = _NEW_ROOT if target.parent is None else target.parent
+            return [] if target.parent is None else self._path(session_id, target.parent, -1)
+
+    def select_turn(self, session_id: int, turn_index: int) -> list[TurnRecord]:
+        """Make turn `turn_index` current, with its newest descendants (the latest
+        child at each level), and return the new current path. A pending
+        `prepare_sibling` of the session is dropped."""
+        self.turn(session_id, turn_index)  # unknown session or turn: named
+
+        def select(conn: sqlite3.Connection) -> int:
+            leaf = tree.newest_leaf(_reader(conn), session_id, turn_index)
+            conn.execute("UPDATE sessions SET current_index = ? WHERE id = ?", (leaf, session_id))
+            return leaf
+
+        with self._lock:
+            leaf = self._write(f"could not switch session {session_id} to turn {turn_index}", select, strict=True)
+            self._pending.pop(session_id, None)
+            return self._path(session_id, leaf, -1)
+
+    def rename_session(self, session_id: int, title: str) -> str:
+        """Give the session a title (whitespace runs made single spaces); the title
+        kept. ChattermError for a blank title or an unknown session."""
+        clean = " ".join(title.split())
+        if not clean:
+            raise ChattermError(f"the new title of session {session_id} is empty")
+
+        def rename(conn: sqlite3.Connection) -> int:
+            if conn.execute("UPDATE sessions SET title = ? WHERE id = ?", (clean, session_id)).rowcount == 0:
+                raise self._unknown(session_id)
+            return 1
+
+        self._write(f"could not rename session {session_id}", rename, strict=True)
+        return clean
+
+    def delete_session(self, session_id: int) -> int:
+        """Remove the session and its turns (search index included); the number of
+        turns removed. Its KV states are the prompt cache's: see
+        `chatterm.core.store.lifecycle.delete_session`."""
+
+        def delete(conn: sqlite3.Connection) -> int:
+            if conn.execute("SELECT 1 FROM sessions WHERE id = ?", (session_id,)).fetchone() is None:
+                raise self._unknown(session_id)
+            turns = conn.execute("DELETE FROM turns WHERE session_id = ?", (session_id,)).rowcount
+            conn.execute("DELETE FROM sessions WHERE id = ?", (session_id,))
+            return turns
+
+        with self._lock:
+            removed = self._write(f"could not delete session {session_id}", delete, strict=True)
+            self._pending.pop(session_id, None)
+        return int(removed or 0)
+
+    def fork_session(self, session_id: int, turn_index: int | None = None) -> tuple[int, int]:
+        """A new session holding the path up to turn `turn_index` (None: the current
+        leaf) as one line of inherited turns, numbered from 1: (its id, the
+        turns copied). Same model, persona and device; it starts now."""
+
+        def fork(conn: sqlite3.Connection) -> tuple[int, int]:
+            row = conn.execute(
+                "SELECT model_id, model_identity, engine, device, persona_id, current_index "
+                "FROM sessions WHERE id = ?", (session_id,)
+            ).fetchone()
+            if row is None:
+                raise self._unknown(session_id)
+            end = row[5] if turn_index is None else turn_index
+            if end is None:
+                raise ChattermError(f"session {session_id} has no turns to fork")
+            if conn.execute(
+                "SELECT 1 FROM turns WHERE session_id = ? AND turn_index = ?", (session_id, end)
+            ).fetchone() is None:
+                raise self._unknown_turn(session_id, end)
+            now = time.time()
+            new = int(conn.execute(
+                "INSERT INTO sessions (started_at, model_id, model_identity, engine, device, persona_id, "
+                "active_at, forked_from, forked_turn) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (now, *row[:5], now, session_id, end),
+            ).lastrowid)
+            # Every column but the tree's: a column a later migration adds is copied too.
+            kept = [c for c in self._turn_column_order if c not in _TREE_COLUMNS]
+            rows = conn.execute(
+                tree.path_sql(", ".join(f"t.{c}" for c in kept)), (end, session_id, -1)
+            ).fetchall()
+            names = ["session_id", "turn_index", "parent_index", "inherited", *kept]
+            conn.executemany(
+                f"INSERT INTO turns ({', '.join(names)}) VALUES ({', '.join('?' * len(names))})",
+                [(new, n, n - 1 if n > 1 else None, 1, *r[: len(kept)]) for n, r in enumerate(rows, start=1)],
+            )
+            conn.execute("UPDATE sessions SET current_index = ? WHERE id = ?", (len(rows), new))
+            return new, len(rows)
+
+        forked = self._write(f"could not fork session {session_id}", fork, strict=True)
+        assert forked is not None  # strict: a refused write raised
+        return forked
+
+    def _write(self, what: str, action: Callable[[sqlite3.Connection], T], *, strict: bool = False) -> T | None:
+        """Run `action` in one transaction. A write the database refuses: None and
+        `write_error` (turns, which must never stop a chat), or with `strict`
+        a ChattermError naming it (what the user asked for explicitly)."""
         if self.readonly:
             raise ChattermError(f"{self.path} is open read-only; {what}")
         with self._lock:
@@ -444,6 +338,8 @@ class SessionStore:
                             pass  # SQLite has already rolled back (e.g. after SQLITE_FULL)
                     raise
             except (sqlite3.Error, OSError) as exc:
+                if strict:
+                    raise ChattermError(f"{self.path}: {what}: {exc}") from None
                 if self.write_error is None:
                     self.write_error = f"{self.path}: {what}: {exc}"
                 return None
@@ -477,9 +373,9 @@ class SessionStore:
         self._notice_given = True
         return f"Turns are no longer being stored: {self.write_error}"
 
-    # -- reading ------------------------------------------------------------
+    # -- reading sessions ---------------------------------------------------
     def sessions(self) -> list[SessionInfo]:
-        """Every session, newest first."""
+        """Every session, newest activity first (the last turn recorded, else the start)."""
         return self._session_infos("", ())
 
     def session(self, session_id: int) -> SessionInfo:
@@ -492,80 +388,124 @@ class SessionStore:
         with self._lock:
             if self._empty():
                 return []
-            rows = self._query(
-                "SELECT s.id, s.started_at, s.model_id, s.model_identity, s.engine, s.device, "
-                "s.persona_id, COUNT(t.id), COALESCE(SUM(t.cost_usd), 0.0) "
-                f"FROM sessions s LEFT JOIN turns t ON t.session_id = s.id {where} "
-                "GROUP BY s.id ORDER BY s.started_at DESC, s.id DESC",
-                params,
-            )
-            ttfts: dict[int, list[float]] = {}
-            for sid, ttft in self._query(
-                "SELECT s.id, t.ttft_ms FROM sessions s JOIN turns t ON t.session_id = s.id "
-                f"{where}{' AND' if where else 'WHERE'} t.ttft_ms IS NOT NULL",
-                params,
-            ):
-                ttfts.setdefault(sid, []).append(ttft)
-        return [
-            SessionInfo(
-                *row[:7],
-                turns=row[7],
-                ttft_p50_ms=percentile(ttfts.get(row[0], []), 50),
-                cost_usd=row[8],
-            )
-            for row in rows
-        ]
+            return listing.session_infos(self._query, self._tree, where, params)
 
     def latest_session_id(self) -> int | None:
-        """The session last used: the one holding the most recently stored turn
-        (a resume or an export without an id means "where I left off"); with
-        no turn stored yet, the most recently started session; None when there
-        is no session."""
+        """The first session of `sessions()`: the one holding the most recently
+        recorded turn (a resume or an export without an id means "where I left
+        off"), else the most recently started; None when there is no session."""
         with self._lock:
             if self._empty():
                 return None
-            # Turn ids grow with every insert: the newest turn is the last row
-            # of the primary key, read without a scan.
-            row = self._query("SELECT session_id FROM turns ORDER BY id DESC LIMIT 1")
-            if not row:
-                row = self._query("SELECT id FROM sessions ORDER BY started_at DESC, id DESC LIMIT 1")
+            row = self._query(listing.latest_sql(self._tree))
         return row[0][0] if row else None
 
+    def search(self, text: str, limit: int = 50) -> list[SearchHit]:
+        """Turns whose user message or reply holds every word of `text`, newest
+        first (see `chatterm.core.store.search`: any text is safe)."""
+        with self._lock:
+            if self._empty():
+                return []
+            rows = text_search.search(self._query, text, limit, fts=self._fts)
+            titles = listing.titles(self._query, self._tree, (r[0] for r in rows))
+        hits = []
+        for sid, index, user_text, reply in rows:
+            role, cut = text_search.snippet(user_text, reply, text)
+            hits.append(SearchHit(sid, index, titles.get(sid, ""), role, cut))
+        return hits
+
+    # -- reading turns ------------------------------------------------------
     def turns(self, session_id: int) -> list[TurnRecord]:
-        """The session's turns in order (ChattermError when the session is unknown)."""
-        return self._turn_records(session_id, "", (), newest_first=False)
+        """The current path, oldest first: what the model's history is made of
+        (ChattermError when the session is unknown)."""
+        with self._lock:
+            return self._path(session_id, self._leaf(session_id), -1)
 
     def turns_page(self, session_id: int, before_index: int | None, limit: int) -> list[TurnRecord]:
-        """Up to `limit` turns with an index below `before_index` (None: the
-        newest), oldest first: a long session is read a screenful at a time.
-        ChattermError when the session is unknown."""
-        before = before_index if before_index is not None else 2**62
-        return self._turn_records(
-            session_id, "AND turn_index < ? ", (before,), newest_first=True, limit=max(limit, 0)
-        )
-
-    def _turn_records(
-        self, session_id: int, where: str, params: tuple, *, newest_first: bool, limit: int | None = None
-    ) -> list[TurnRecord]:
+        """Up to `limit` turns of the current path before turn `before_index` (the
+        oldest one shown; None: from the current leaf), oldest first: a long
+        session is read a screenful at a time. ChattermError when the session
+        is unknown."""
+        limit = max(limit, 0)
         with self._lock:
-            if self._empty() or not self._query("SELECT 1 FROM sessions WHERE id = ?", (session_id,)):
-                raise self._unknown(session_id)
-            columns = ["turn_index", "user_text", "reply", *sorted(_METRIC_FIELDS & self._turn_columns)]
-            sql = (
-                f"SELECT {', '.join(columns)} FROM turns WHERE session_id = ? {where}"
-                f"ORDER BY turn_index {'DESC' if newest_first else ''}"
+            leaf = self._leaf(session_id)
+            if before_index is None or not limit:
+                return self._path(session_id, leaf, limit) if limit else []
+            row = self._query(
+                f"SELECT {tree.parent_sql(self._tree)} FROM turns t WHERE session_id = ? AND turn_index = ?",
+                (session_id, before_index),
             )
-            if limit is not None:
-                sql += f" LIMIT {int(limit)}"
-            rows = self._query(sql, (session_id, *params))
-        if newest_first:
+            if row:
+                return self._path(session_id, row[0][0], limit)
+            # Not a turn (an index past the newest, say): the path's turns below it.
+            return [r for r in self._path(session_id, leaf, -1) if r.index < before_index][-limit:]
+
+    def turn(self, session_id: int, turn_index: int) -> TurnRecord:
+        """One turn, on the current path or not (ChattermError naming an unknown
+        session or turn)."""
+        with self._lock:
+            self._leaf(session_id)  # unknown session: named
+            records = self._path(session_id, turn_index, 1)
+        if not records or records[0].index != turn_index:
+            raise self._unknown_turn(session_id, turn_index)
+        return records[0]
+
+    def siblings(self, session_id: int, turn_index: int) -> list[int]:
+        """The indexes of the turns sharing turn `turn_index`'s parent, oldest
+        first, itself included (switching between alternatives)."""
+        parent = self.turn(session_id, turn_index).parent
+        with self._lock:
+            if not self._tree:
+                return [turn_index]
+            return tree.siblings(self._query, session_id, parent)
+
+    def all_turns(self, session_id: int) -> list[TurnRecord]:
+        """Every computed turn in index order, on any branch (the reports)."""
+        with self._lock:
+            self._leaf(session_id)
+            columns = ", ".join(f"t.{c}" for c in self._record_columns)
+            branch = "t.branch, t.inherited" if self._tree else "'main', 0"
+            rows = self._query(
+                f"SELECT {columns}, {tree.parent_sql(self._tree)}, {branch} FROM turns t "
+                "WHERE t.session_id = ? ORDER BY t.turn_index",
+                (session_id,),
+            )
+        return tree.records(tree.with_siblings(rows, len(self._record_columns)), self._record_columns)
+
+    def _leaf(self, session_id: int) -> int | None:
+        """The current leaf (None: no turn yet); ChattermError when the session is unknown."""
+        if self._empty():
+            raise self._unknown(session_id)
+        current, _, _ = listing.session_sql(self._tree)
+        row = self._query(f"SELECT {current} FROM sessions s WHERE s.id = ?", (session_id,))
+        if not row:
+            raise self._unknown(session_id)
+        return row[0][0]
+
+    def _path(self, session_id: int, end: int | None, limit: int) -> list[TurnRecord]:
+        """The path ending at turn `end`, at most `limit` turns (-1: all), root first."""
+        if end is None or limit == 0:
+            return []
+        columns = ", ".join(f"t.{c}" for c in self._record_columns)
+        if self._tree:
+            rows = self._query(tree.path_sql(columns), (end, session_id, limit))
+        else:  # before v7, read-only: one line
+            rows = self._query(
+                f"SELECT {columns}, {tree.parent_sql(self._tree)}, {tree.extras_sql(self._tree)} FROM turns t "
+                "WHERE t.session_id = ? AND t.turn_index <= ? ORDER BY t.turn_index DESC LIMIT ?",
+                (session_id, end, limit),
+            )
             rows.reverse()
-        metrics = _metrics_of(columns[3:], (row[3:] for row in rows))
-        return [TurnRecord(row[0], row[1], row[2], m) for row, m in zip(rows, metrics, strict=True)]
+        return tree.records(rows, self._record_columns)
+
+    @property
+    def _record_columns(self) -> list[str]:
+        return ["turn_index", "user_text", "reply", *sorted(METRIC_FIELDS & self._turn_columns)]
 
     def export_rows(self, session_id: int) -> list[tuple]:
-        """The session's turns as flat rows, oldest first, for export: `(turn_index,
-        *the TURN_FIELDS values in that order, user_text, reply)`. Values are as
+        """The session's turns as flat rows, every computed turn in index order,
+        for export: `(turn_index, *the TURN_FIELDS values in that order,
+        parent_index, branch, inherited, user_text, reply)`. Values are as
         stored (derived fields included; booleans as SQLite keeps them, 0/1), and
         a column an older database lacks reads as the field's default. No
         TurnMetrics are built: exporting 100,000 turns spent a third of its time
@@ -579,24 +519,28 @@ class SessionStore:
                     columns.append(name)
                 else:
                     columns.append("?")
-                    defaults.append(_FIELD_DEFAULTS.get(name))
+                    defaults.append(FIELD_DEFAULTS.get(name))
+            tree_columns = "parent_index, branch, inherited" if self._tree else (
+                f"{tree.parent_sql(self._tree)}, 'main', 0"
+            )
             return self._query(
-                f"SELECT {', '.join(columns)}, user_text, reply FROM turns "
+                f"SELECT {', '.join(columns)}, {tree_columns}, user_text, reply FROM turns t "
                 "WHERE session_id = ? ORDER BY turn_index",
                 (*defaults, session_id),
             )
 
     def turn_metrics(self, session_id: int) -> list[TurnMetrics]:
-        """Every turn's metrics in order, without the texts (session figures)."""
+        """Every computed turn's metrics in order, on any branch, without the
+        texts (session figures: a regenerated turn keeps its own TTFT and cost)."""
         with self._lock:
             if self._empty() or not self._query("SELECT 1 FROM sessions WHERE id = ?", (session_id,)):
                 raise self._unknown(session_id)
-            columns = sorted(_METRIC_FIELDS & self._turn_columns)
+            columns = sorted(METRIC_FIELDS & self._turn_columns)
             rows = self._query(
                 f"SELECT {', '.join(columns)} FROM turns WHERE session_id = ? ORDER BY turn_index",
                 (session_id,),
             )
-        return _metrics_of(columns, rows)
+        return metrics_of(columns, rows)
 
     def _query(self, sql: str, params: tuple = ()) -> list[tuple]:
         try:
@@ -617,6 +561,11 @@ class SessionStore:
 
     def _unknown(self, session_id: int) -> ChattermError:
         return ChattermError(f"unknown session {session_id} in {self.path}; `chatterm sessions` lists them")
+
+    def _unknown_turn(self, session_id: int, turn_index: int) -> ChattermError:
+        return ChattermError(
+            f"session {session_id} has no turn {turn_index}; `chatterm export {session_id}` lists its turns"
+        )
 
     # -- closing ------------------------------------------------------------
     def close(self) -> None:

@@ -15,7 +15,7 @@ import pytest
 from chatterm.cli import main
 from chatterm.core.engine.interface import ChatMessage
 from chatterm.core.metrics.turn_metrics import TURN_FIELDS, TurnMetrics
-from chatterm.core.store import session_store as store_module
+from chatterm.core.store import schema as store_schema
 from chatterm.core.store.resume import history_of
 from chatterm.core.store.session_store import SCHEMA_VERSION, SessionStore
 from chatterm.errors import ChattermError
@@ -114,8 +114,10 @@ def test_sessions_listing_newest_first_with_aggregates(tmp_path):
         for i, ttft in enumerate([30.0, 10.0, 20.0, None]):
             store.record_turn(old, "q", "a", full_metrics(i, ttft_ms=ttft))
         infos = store.sessions()
-        assert [s.id for s in infos] == [new, old]
+        # Newest activity first, and `--resume` without an id takes the first listed.
+        assert [s.id for s in infos] == [old, new]
         assert store.latest_session_id() == old  # the session last talked in, not the newest
+        assert infos[0].active_at >= infos[0].started_at and infos[1].active_at == 2000.0
         info = store.session(old)
         assert (info.persona_id, info.turns, info.ttft_p50_ms) == ("terse-coder", 4, 20.0)
         assert info.cost_usd == pytest.approx(4 * full_metrics().cost_usd)
@@ -156,7 +158,7 @@ def test_database_is_in_wal_mode_with_current_version(tmp_path):
     SessionStore(db).close()
     conn = sqlite3.connect(db)
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 6
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 8
 
 
 def make_v1_database(path: Path) -> None:
@@ -171,7 +173,7 @@ def test_v1_migration_in_code_matches_the_released_v1_schema(tmp_path):
     fixture, fresh = tmp_path / "fixture.db", tmp_path / "fresh.db"
     make_v1_database(fixture)
     conn = sqlite3.connect(fresh)
-    store_module._MIGRATIONS[0](conn)
+    store_schema.MIGRATIONS[0](conn)
     conn.commit()
 
     def schema(path):
@@ -198,6 +200,11 @@ def test_migration_from_v1_keeps_data_and_adds_the_later_versions(tmp_path):
         assert old.metrics.energy_wh is None and old.metrics.ahead_tokens == 0
         assert store.record_turn(info.id, "again", "yes", full_metrics()) == 2
         assert store.turns(info.id)[1].metrics.energy_wh == 0.125
+        # v8: the old turn starts the main line, and its texts are searchable.
+        first, second = store.turns(info.id)
+        assert (first.parent, first.branch, second.parent, second.branch) == (None, "main", 1, "main")
+        assert [h.turn_index for h in store.search("world")] == [1]
+        assert store.session(info.id).title == "hi | there"
     conn = sqlite3.connect(db)
     # v3: the messages view lists the conversation in order, both roles.
     rows = conn.execute("SELECT turn_index, role, content FROM messages").fetchall()
@@ -372,12 +379,15 @@ def test_sessions_command_lists_sessions(env, capsys):
     assert row_first.split()[0] == str(first)  # no border: the id comes first
     assert "smollm2-135m" in row_first and " 3 " in row_first and "50 ms" in row_first
     assert "0.005070" in row_first  # 3 x 0.00169
-    # Persona ids are shown literally, newest first.
-    assert "[bold]odd[/]" in out and out.index("[bold]odd[/]") < out.index("terse-coder")
+    # Persona ids are shown literally, newest activity first; under each row
+    # its title (the first user message) and its last exchange.
+    assert "[bold]odd[/]" in out and out.index("terse-coder") < out.index("[bold]odd[/]")
+    assert lines[lines.index(row_first) + 1].split() == ["q", "·", "q", "→", "a"]
+    assert "(no turns)" in out
     assert sha(env) == before
     assert main(["sessions", "--limit", "1"]) == 0
     out = capsys.readouterr().out
-    assert "terse-coder" not in out and "1 older sessions not shown" in out
+    assert "[bold]odd[/]" not in out and "1 older sessions not shown" in out
     assert second
 
 
@@ -402,7 +412,7 @@ def test_sessions_table_never_cuts_an_id_or_wraps_a_date(env, capsys, monkeypatc
         monkeypatch.setenv("COLUMNS", columns)
         assert main(["sessions"]) == 0
         lines = capsys.readouterr().out.splitlines()
-        rows = [line.split() for line in lines if "2023-11-14" in line]
+        rows = [line.split() for line in lines if line.split()[0].isdigit()]
         assert len(rows) == 3 and "…" not in "".join(lines)
         # id, date, time, persona, model, ...: nothing cut, nothing wrapped.
         assert [row[3:5] for row in rows] == [["assistant", "smollm2-135m"],
@@ -413,7 +423,8 @@ def test_sessions_table_never_cuts_an_id_or_wraps_a_date(env, capsys, monkeypatc
     assert main(["sessions", "-n", "2"]) == 0
     title, *table = capsys.readouterr().out.splitlines()
     assert title == f"Sessions in {env}"  # whole, however long the path
-    assert len(table) == 5 and max(len(line) for line in table) <= 80
+    # header, rule, 2 x (row, title line), "1 older session not shown"
+    assert len(table) == 7 and max(len(line) for line in table) <= 80
 
 
 def test_sessions_json_is_one_session_info_per_line(env, capsys):
@@ -430,9 +441,11 @@ def test_sessions_json_is_one_session_info_per_line(env, capsys):
     rows = [json.loads(line) for line in out.splitlines()]
     with SessionStore(env, readonly=True) as store:
         assert rows == [dataclasses.asdict(info) for info in store.sessions()]
-    assert [r["id"] for r in rows] == [second, first]
-    assert rows[0]["persona_id"] == "odd\x1b[31m\u202e" and rows[0]["ttft_p50_ms"] is None
-    assert rows[1]["started_at"] == 1000.5 and rows[1]["turns"] == 3
-    assert rows[1]["ttft_p50_ms"] == 50.0 and rows[1]["cost_usd"] == pytest.approx(0.00507)
+    assert [r["id"] for r in rows] == [first, second]  # the one talked in last first
+    assert rows[1]["persona_id"] == "odd\x1b[31m\u202e" and rows[1]["ttft_p50_ms"] is None
+    assert rows[0]["started_at"] == 1000.5 and rows[0]["turns"] == 3
+    assert rows[0]["ttft_p50_ms"] == 50.0 and rows[0]["cost_usd"] == pytest.approx(0.00507)
+    assert (rows[0]["title"], rows[0]["preview"], rows[0]["forked_from"]) == ("q", "q → a", None)
+    assert rows[1]["active_at"] == 2000.0 and rows[0]["active_at"] > 2000.0
     assert main(["sessions", "--json", "-n", "1"]) == 0
-    assert [json.loads(line)["id"] for line in capsys.readouterr().out.splitlines()] == [second]
+    assert [json.loads(line)["id"] for line in capsys.readouterr().out.splitlines()] == [first]

@@ -1,0 +1,149 @@
+"""What the session store hands out: sessions, turns, search hits.
+
+Contract:
+- `SessionInfo` is one session as listed: its figures over every computed
+  turn, its title (stored, else the first user message cut to `TITLE_CHARS`
+  on one line) and the preview of its current exchange (`PREVIEW_CHARS`).
+- `TurnRecord` is one turn with its place in the session's tree: `parent`
+  (None for a first turn), its position among its siblings (the turns sharing
+  its parent) and its `branch`: "main" for the line that began with the
+  session's first turn and always took a turn's first reply, else "b<N>",
+  the branch that turn N (a regenerated reply or an edited message) started.
+- Texts are as stored: model output is untrusted, and whoever shows a title,
+  a preview or a snippet renders it literally.
+- `sql_value` and `metrics_of` convert between TurnMetrics and SQLite values.
+"""
+
+from __future__ import annotations
+
+import numbers
+from dataclasses import MISSING, dataclass, fields
+from typing import Iterable, Sequence
+
+from chatterm.core.metrics.turn_metrics import TurnMetrics
+
+TITLE_CHARS = 60
+PREVIEW_CHARS = 100
+MAIN_BRANCH = "main"
+
+METRIC_FIELDS = {f.name for f in fields(TurnMetrics)}
+BOOL_FIELDS = {f.name for f in fields(TurnMetrics) if f.type in ("bool", bool)}
+FIELD_DEFAULTS = {f.name: f.default for f in fields(TurnMetrics) if f.default is not MISSING}
+"""What a column an older database lacks reads as (derived fields: None)."""
+
+
+def one_line(text: str, limit: int) -> str:
+    """`text` with its whitespace runs as single spaces, cut to `limit` characters
+    (the last one an ellipsis when cut)."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 1].rstrip() + "…"
+
+
+def branch_name(first_index: int | None) -> str:
+    """The name of the branch turn `first_index` started (None: the main line)."""
+    return MAIN_BRANCH if first_index is None else f"b{first_index}"
+
+
+@dataclass(frozen=True)
+class SessionInfo:
+    id: int
+    started_at: float
+    """Unix time (s) the session was created."""
+    model_id: str
+    model_identity: str
+    """The exact model: file sha256, or server + model name."""
+    engine: str
+    device: str
+    persona_id: str
+    turns: int
+    """Every computed turn, on any branch (a fork's inherited turns included)."""
+    ttft_p50_ms: float | None
+    cost_usd: float
+    """Sum of the turns' API-equivalent cost."""
+    title: str = ""
+    """The title given, else the first user message cut (empty: no turn yet)."""
+    preview: str = ""
+    """The current exchange, "user text → reply", on one line and cut."""
+    active_at: float = 0.0
+    """Unix time (s) of the last turn recorded, else of the start: the listing's order."""
+    forked_from: tuple[int, int] | None = None
+    """(session id, turn index) this session was forked from."""
+
+
+@dataclass(slots=True)
+class TurnRecord:
+    index: int
+    """The turn's number in its session: 1 for the first computed turn."""
+    user_text: str
+    reply: str
+    """The reply as streamed: partial for a cancelled turn, maybe empty on error."""
+    metrics: TurnMetrics
+    parent: int | None = None
+    """The index of the turn before this one on its path (None: a first turn)."""
+    sibling: int = 1
+    """Its position among the turns sharing its parent, from 1, oldest first."""
+    siblings: int = 1
+    branch: str = MAIN_BRANCH
+    inherited: bool = False
+    """Copied from the session this one was forked from, not computed here."""
+
+    @property
+    def sibling_label(self) -> str:
+        """"2/3" when the turn has alternatives, else empty."""
+        return f"{self.sibling}/{self.siblings}" if self.siblings > 1 else ""
+
+
+@dataclass(frozen=True)
+class SearchHit:
+    session_id: int
+    turn_index: int
+    title: str
+    """The session's title (see SessionInfo.title)."""
+    role: str
+    """"user" or "assistant": where the match is."""
+    snippet: str
+    """Plain text around the match, on one line (no markup)."""
+
+
+def sql_value(value: object) -> object:
+    """A plain value for sqlite3. Engines may hand over numpy or ctypes numbers,
+    which sqlite3 would silently store as BLOBs (they support the buffer protocol)."""
+    if value is None or isinstance(value, (str, int, float)):
+        return value
+    if callable(getattr(value, "item", None)):  # numpy scalar -> Python scalar
+        value = value.item()
+        if value is None or isinstance(value, (str, int, float)):
+            return value
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    return str(value)
+
+
+def metrics_of(names: list[str], rows: Iterable[Sequence]) -> list[TurnMetrics]:
+    """Rows of metric columns (`names`, all TurnMetrics fields) as TurnMetrics."""
+    bools = [i for i, name in enumerate(names) if name in BOOL_FIELDS]
+    metrics = []
+    for row in rows:
+        values = list(row)
+        for i in bools:
+            values[i] = bool(values[i])
+        metrics.append(TurnMetrics(**dict(zip(names, values, strict=True))))
+    return metrics
+
+
+def default_title(first_user_text: str | None, forked_from: tuple[int, int] | None) -> str:
+    """The title of a session nobody named: its first user message, cut; a fork
+    says where it came from."""
+    title = one_line(first_user_text or "", TITLE_CHARS)
+    if forked_from is not None:
+        title = f"{title} (fork of {forked_from[0]}:{forked_from[1]})".lstrip()
+    return title
+
+
+def preview_of(user_text: str | None, reply: str | None) -> str:
+    """The one-line preview of an exchange (empty: no turn yet)."""
+    if user_text is None:
+        return ""
+    return one_line(f"{user_text} → {reply or ''}", PREVIEW_CHARS)

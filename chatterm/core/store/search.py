@@ -1,0 +1,77 @@
+"""Full-text search over user messages and replies.
+
+Contract:
+- `search(query, text, limit, fts=)` returns the newest matching turns first,
+  at most `limit`, as (session_id, turn_index, user_text, reply) rows. Every
+  word of `text` must occur (in the user message or the reply); the last word
+  may be the start of a word, so a search typed letter by letter finds as it
+  goes.
+- With FTS5 (`fts`: the database has the `turns_fts` index) words match as
+  the index tokenizes them (Unicode letters and digits, case and diacritics
+  ignored). Each word is quoted, so FTS syntax in `text` (quotes, `*`, `-`,
+  `NEAR`, `AND`, parentheses, column filters) is searched for, never parsed:
+  nothing a user types raises. A word with no letter or digit cannot be in
+  the index: a query made only of such words is a plain scan.
+- Without FTS5 (or for such words) the scan is SQL LIKE over both texts, with
+  `%`, `_` and `\\` escaped: case is ignored for ASCII letters only.
+- `snippet(user_text, reply, text)` says where the match is and gives plain
+  text around it, on one line.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from chatterm.core.store.records import one_line
+from chatterm.core.store.schema import FTS_TABLE
+
+Query = Callable[[str, tuple], list[tuple]]
+SNIPPET_CHARS = 90
+
+
+def _indexable(word: str) -> bool:
+    return any(c.isalnum() for c in word)
+
+
+def fts_expression(words: list[str]) -> str:
+    """An FTS5 MATCH expression requiring every word, the last as a prefix."""
+    quoted = ['"' + w.replace('"', '""') + '"' for w in words]
+    quoted[-1] += " *"
+    return " ".join(quoted)
+
+
+def _like(word: str) -> str:
+    escaped = word.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return f"%{escaped}%"
+
+
+def search(query: Query, text: str, limit: int, *, fts: bool) -> list[tuple]:
+    words = text.split()
+    if not words or limit <= 0:
+        return []
+    columns = "t.session_id, t.turn_index, t.user_text, t.reply"
+    if fts and all(_indexable(w) for w in words):
+        return query(
+            f"SELECT {columns} FROM {FTS_TABLE} f JOIN turns t ON t.id = f.rowid "
+            f"WHERE {FTS_TABLE} MATCH ? ORDER BY f.rowid DESC LIMIT ?",
+            (fts_expression(words), limit),
+        )
+    where = " AND ".join(
+        "(t.user_text LIKE ? ESCAPE '\\' OR t.reply LIKE ? ESCAPE '\\')" for _ in words
+    )
+    params = tuple(p for w in words for p in (_like(w), _like(w)))
+    return query(f"SELECT {columns} FROM turns t WHERE {where} ORDER BY t.id DESC LIMIT ?", (*params, limit))
+
+
+def snippet(user_text: str, reply: str, text: str) -> tuple[str, str]:
+    """("user" or "assistant", plain text around the first word of `text` found)."""
+    words = [w.casefold() for w in text.split()]
+    for role, body in (("user", user_text), ("assistant", reply)):
+        folded = body.casefold()
+        at = min((i for i in (folded.find(w) for w in words) if i >= 0), default=-1)
+        if at >= 0:
+            start = max(at - SNIPPET_CHARS // 3, 0)
+            cut = one_line(body[start:], SNIPPET_CHARS)
+            return role, ("…" + cut if start else cut)
+    # Matched through the tokenizer (diacritics, another case form): the message's start.
+    return "user", one_line(user_text, SNIPPET_CHARS)

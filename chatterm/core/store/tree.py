@@ -1,0 +1,131 @@
+"""The conversation tree in SQL: paths, siblings and branch names.
+
+Contract:
+- A turn's parent is the turn before it on its path (`turns.parent_index`,
+  NULL for a first turn); a child is always recorded after its parent, so
+  indexes grow along a path. Siblings share a parent; they are ordered by
+  index. The current path runs from a first turn to the session's current
+  leaf (`sessions.current_index`).
+- `path_sql` reads a path upwards from one turn, at most `limit` turns, each
+  row with its sibling position and count; only the turns read are visited,
+  so a page of a long session costs the same as a page of a short one.
+- `branch_of_new` names the branch of a turn about to be recorded: a
+  parent's first child continues its parent's branch, a later child starts
+  its own ("b<index>"); a later first turn (an edit of turn 1) too.
+- `parent_sql` / `extras_sql` give the same columns for turns read another
+  way; before v8 (a database opened read-only) a session reads as one line:
+  each turn under the one before it, no siblings, all on "main".
+- These functions only build SQL or read through the `Query` they are given.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from chatterm.core.store.records import MAIN_BRANCH, TurnRecord, branch_name, metrics_of
+
+Query = Callable[[str, tuple], list[tuple]]
+
+
+def path_sql(columns: str) -> str:
+    """SQL for the path ending at turn ?1 of session ?2, at most ?3 turns (-1:
+    all), root first, selecting `columns` (over `t`, the turn) then its parent,
+    sibling position, sibling count, branch and inherited flag."""
+    return (
+        "WITH RECURSIVE path(idx, depth) AS ("
+        " SELECT ?1, 0"
+        " UNION ALL"
+        " SELECT t.parent_index, path.depth + 1 FROM path"
+        " JOIN turns t ON t.session_id = ?2 AND t.turn_index = path.idx"
+        " WHERE t.parent_index IS NOT NULL LIMIT ?3) "
+        f"SELECT {columns}, t.parent_index, {extras_sql(True)} "
+        "FROM path JOIN turns t ON t.session_id = ?2 AND t.turn_index = path.idx "
+        "ORDER BY path.depth DESC"
+    )
+
+
+def parent_sql(tree: bool) -> str:
+    """A turn's parent (over `t`): its column, or before v8 the turn before it."""
+    if tree:
+        return "t.parent_index"
+    return (
+        "(SELECT MAX(p.turn_index) FROM turns p WHERE p.session_id = t.session_id "
+        "AND p.turn_index < t.turn_index)"
+    )
+
+
+def extras_sql(tree: bool) -> str:
+    """What `path_sql` selects after the parent: sibling position and count,
+    branch and inherited flag."""
+    if not tree:
+        return "1, 1, 'main', 0"
+    return (
+        "(SELECT COUNT(*) FROM turns s WHERE s.session_id = t.session_id "
+        "AND s.parent_index IS t.parent_index AND s.turn_index <= t.turn_index), "
+        "(SELECT COUNT(*) FROM turns s WHERE s.session_id = t.session_id "
+        "AND s.parent_index IS t.parent_index), t.branch, t.inherited"
+    )
+
+
+def with_siblings(rows: list[tuple], parent_at: int) -> list[tuple]:
+    """Every turn of a session (in index order, the parent at `parent_at`, then
+    branch and inherited) with its sibling position and count inserted after
+    the parent, as `extras_sql` gives them: counted here, in one pass, rather
+    than by two subqueries per turn."""
+    counts: dict[int | None, int] = {}
+    for row in rows:
+        counts[row[parent_at]] = counts.get(row[parent_at], 0) + 1
+    seen: dict[int | None, int] = {}
+    out = []
+    for row in rows:
+        parent = row[parent_at]
+        seen[parent] = seen.get(parent, 0) + 1
+        out.append((*row[: parent_at + 1], seen[parent], counts[parent], *row[parent_at + 1 :]))
+    return out
+
+
+def records(rows: list[tuple], columns: list[str]) -> list[TurnRecord]:
+    """Rows of (turn_index, user_text, reply, *metric columns, parent, *extras)
+    as TurnRecords (`columns`: the names up to the parent)."""
+    n = len(columns)
+    metrics = metrics_of(columns[3:], (row[3:n] for row in rows))
+    return [
+        TurnRecord(r[0], r[1], r[2], m, parent=r[n], sibling=r[n + 1], siblings=r[n + 2], branch=r[n + 3],
+                   inherited=bool(r[n + 4]))
+        for r, m in zip(rows, metrics, strict=True)
+    ]
+
+
+def branch_of_new(query: Query, session_id: int, parent: int | None, index: int) -> str:
+    """The branch name of turn `index`, about to be recorded under `parent`."""
+    first = query(
+        "SELECT branch FROM turns WHERE session_id = ? AND parent_index IS ? ORDER BY turn_index LIMIT 1",
+        (session_id, parent),
+    )
+    if first:
+        return branch_name(index)
+    if parent is None:
+        return MAIN_BRANCH
+    row = query("SELECT branch FROM turns WHERE session_id = ? AND turn_index = ?", (session_id, parent))
+    return row[0][0] if row else MAIN_BRANCH
+
+
+def newest_leaf(query: Query, session_id: int, index: int) -> int:
+    """The leaf reached from turn `index` by taking the latest child at each level."""
+    while True:
+        row = query(
+            "SELECT MAX(turn_index) FROM turns WHERE session_id = ? AND parent_index = ?",
+            (session_id, index),
+        )
+        if not row or row[0][0] is None:
+            return index
+        index = row[0][0]
+
+
+def siblings(query: Query, session_id: int, parent: int | None) -> list[int]:
+    """The indexes of the turns under `parent` (None: the first turns), oldest first."""
+    rows = query(
+        "SELECT turn_index FROM turns WHERE session_id = ? AND parent_index IS ? ORDER BY turn_index",
+        (session_id, parent),
+    )
+    return [r[0] for r in rows]

@@ -1,0 +1,67 @@
+"""Full-text search on real SQLite: FTS5, and the plain scan of a build without it."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+
+from chatterm.core.store import schema
+from chatterm.core.store.session_store import SessionStore
+from tests.core.store.test_store import full_metrics, new_session
+
+NASTY = ['"', '""', "*", "a*", '"unbalanced', "(", ")", "AND", "OR NOT", "NEAR(a b)", "user_text:x",
+         "reply:", "^start", "-x", "+", "{a b}: c", "'; DROP TABLE turns; --", "%", "_", "\\", "\x00",
+         "🙂", "a" * 2000, "NEAR/3", "col : *"]
+
+
+@pytest.fixture(params=[True, False], ids=["fts5", "scan"])
+def store(request, tmp_path, monkeypatch):
+    """A store with the full-text index, and one made where SQLite lacks FTS5."""
+    if not request.param:
+        monkeypatch.setattr(schema, "fts5_available", lambda conn: False)
+    with SessionStore(tmp_path / "s.db") as s:
+        assert s._fts is request.param
+        yield s
+
+
+def test_a_word_is_found_in_a_store_of_1000_sessions(store):
+    with store.batch():
+        for n in range(1000):
+            sid = new_session(store, started_at=1000.0 + n)
+            store.record_turn(sid, f"question {n} about lists", f"reply {n} on sorting", full_metrics())
+            if n == 617:
+                store.record_turn(sid, "what is a quokka?", "A small marsupial.", full_metrics())
+    hits = store.search("quokka")
+    assert [(h.session_id, h.turn_index, h.role) for h in hits] == [(618, 2, "user")]
+    assert hits[0].title == "question 617 about lists" and "quokka" in hits[0].snippet
+    # In a reply, any case; every word must match.
+    assert [(h.session_id, h.role) for h in store.search("MARSUPIAL")] == [(618, "assistant")]
+    assert [h.session_id for h in store.search("question 617 lists")] == [618]
+    assert store.search("question marsupial nowhere") == []
+    # Newest first, up to the limit; the last word may be a prefix.
+    assert [h.session_id for h in store.search("sorting", limit=3)] == [1000, 999, 998]
+    assert [h.session_id for h in store.search("quok")] == [618]
+
+
+def test_fts_syntax_characters_never_raise(store):
+    sid = new_session(store)
+    store.record_turn(sid, 'say "NEAR(a b)" AND user_text:x -x 100% a_b c:\\d', "ok", full_metrics())
+    for text in NASTY:
+        hits = store.search(text)
+        assert all(h.session_id == sid for h in hits), text
+    assert [h.turn_index for h in store.search('"NEAR(a b)"')] == [1]
+    assert [h.turn_index for h in store.search("100%")] == [1]
+    assert store.search("") == [] and store.search("   ") == []
+    assert sqlite3.connect(store.path).execute("SELECT count(*) FROM turns").fetchone() == (1,)
+
+
+def test_the_index_follows_deletes_and_forks(store):
+    keep, gone = new_session(store), new_session(store)
+    store.record_turn(keep, "the pelican flies", "yes", full_metrics())
+    store.record_turn(gone, "the pelican swims", "no", full_metrics())
+    assert {h.session_id for h in store.search("pelican")} == {keep, gone}
+    store.delete_session(gone)
+    assert [h.session_id for h in store.search("pelican")] == [keep]
+    fork, _ = store.fork_session(keep)
+    assert [h.session_id for h in store.search("pelican flies")] == [fork, keep]

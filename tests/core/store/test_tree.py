@@ -1,0 +1,233 @@
+"""The conversation tree on real SQLite: regenerate and edit make siblings, the
+current path is the history, switching siblings, and the schema migration
+from the previous version (v7) keeps old databases opening."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import sqlite3
+
+import pytest
+
+from chatterm.core.engine.interface import ChatMessage
+from chatterm.core.store import schema
+from chatterm.core.store.resume import history_of
+from chatterm.core.store.session_store import SCHEMA_VERSION, SessionStore
+from chatterm.errors import ChattermError
+from tests.conftest import export_text
+from tests.core.store.test_store import full_metrics, new_session
+
+
+def four_turns(store: SessionStore) -> int:
+    sid = new_session(store)
+    for i in range(1, 5):
+        store.record_turn(sid, f"question {i}", f"answer {i}", full_metrics(i))
+    return sid
+
+
+def shape(records) -> list[tuple]:
+    return [(r.index, r.parent, r.sibling_label, r.branch) for r in records]
+
+
+def test_regenerate_keeps_the_old_reply_and_makes_the_new_one_current(tmp_path):
+    with SessionStore(tmp_path / "s.db") as store:
+        sid = four_turns(store)
+        history = store.prepare_sibling(sid, 4)
+        assert [r.index for r in history] == [1, 2, 3]
+        assert store.record_turn(sid, "question 4", "another answer 4", full_metrics(9, ttft_ms=7.0)) == 5
+        assert shape(store.turns(sid)) == [(1, None, "", "main"), (2, 1, "", "main"), (3, 2, "", "main"),
+                                           (5, 3, "2/2", "b5")]
+        assert store.turn(sid, 4).reply == "answer 4"  # the old reply is kept
+        assert store.siblings(sid, 5) == [4, 5]
+        # The latency log: one row per computed turn, each with its own TTFT.
+        assert [m.ttft_ms for m in store.turn_metrics(sid)] == [50.0, 60.0, 70.0, 80.0, 7.0]
+        assert store.session(sid).turns == 5
+        # The next turn continues the new reply.
+        store.record_turn(sid, "question 6", "answer 6", full_metrics())
+        assert [r.index for r in store.turns(sid)] == [1, 2, 3, 5, 6]
+
+
+def test_an_edit_at_turn_2_of_4_branches_there_and_the_history_is_the_new_path(tmp_path):
+    with SessionStore(tmp_path / "s.db") as store:
+        sid = four_turns(store)
+        history = history_of(store.prepare_sibling(sid, 2))
+        assert history == [ChatMessage("user", "question 1"), ChatMessage("assistant", "answer 1")]
+        store.record_turn(sid, "question 2, edited", "answer 2b", full_metrics())
+        store.record_turn(sid, "question 3b", "answer 3b", full_metrics())
+        assert shape(store.turns(sid)) == [(1, None, "", "main"), (5, 1, "2/2", "b5"), (6, 5, "", "b5")]
+        assert history_of(store.turns(sid))[2:] == [
+            ChatMessage("user", "question 2, edited"), ChatMessage("assistant", "answer 2b"),
+            ChatMessage("user", "question 3b"), ChatMessage("assistant", "answer 3b"),
+        ]
+        # Switching back to the first alternative brings its whole line back.
+        assert [r.index for r in store.select_turn(sid, 2)] == [1, 2, 3, 4]
+        assert [r.index for r in store.turns(sid)] == [1, 2, 3, 4]
+        assert store.turns(sid)[1].sibling_label == "1/2"
+        assert [r.index for r in store.select_turn(sid, 5)] == [1, 5, 6]
+    # The choice is stored: another process sees the same path.
+    with SessionStore(tmp_path / "s.db", readonly=True) as store:
+        assert [r.index for r in store.turns(sid)] == [1, 5, 6]
+        assert store.session(sid).preview == "question 3b → answer 3b"
+
+
+def test_nothing_changes_until_the_new_turn_is_recorded(tmp_path):
+    db = tmp_path / "s.db"
+    with SessionStore(db) as store:
+        sid = four_turns(store)
+        store.prepare_sibling(sid, 3)  # then the app closes before the turn ends
+    with SessionStore(db) as store:
+        assert [r.index for r in store.turns(sid)] == [1, 2, 3, 4]
+        store.record_turn(sid, "question 5", "answer 5", full_metrics())
+        assert [r.index for r in store.turns(sid)] == [1, 2, 3, 4, 5]
+
+
+def test_editing_the_first_message_makes_a_second_first_turn(tmp_path):
+    with SessionStore(tmp_path / "s.db") as store:
+        sid = four_turns(store)
+        assert store.prepare_sibling(sid, 1) == []
+        store.record_turn(sid, "a new start", "fine", full_metrics())
+        assert shape(store.turns(sid)) == [(5, None, "2/2", "b5")]
+        assert store.siblings(sid, 1) == [1, 5]
+        assert store.session(sid).title == "question 1"  # the first message asked, still
+
+
+def test_unknown_turns_and_sessions_are_named(tmp_path):
+    with SessionStore(tmp_path / "s.db") as store:
+        sid = four_turns(store)
+        for call in (store.prepare_sibling, store.select_turn, store.turn, store.siblings):
+            with pytest.raises(ChattermError, match=f"session {sid} has no turn 9"):
+                call(sid, 9)
+            with pytest.raises(ChattermError, match="unknown session 77"):
+                call(77, 1)
+        with pytest.raises(ChattermError, match="unknown session 77"):
+            store.fork_session(77)
+        with pytest.raises(ChattermError, match=f"session {sid} has no turn 12"):
+            store.fork_session(sid, 12)
+
+
+def test_pages_of_a_branched_path(tmp_path):
+    with SessionStore(tmp_path / "s.db") as store:
+        sid = four_turns(store)
+        store.prepare_sibling(sid, 3)
+        for i in range(3):
+            store.record_turn(sid, f"b{i}", f"r{i}", full_metrics())
+        assert [r.index for r in store.turns(sid)] == [1, 2, 5, 6, 7]
+        assert [r.index for r in store.turns_page(sid, None, 2)] == [6, 7]
+        assert [r.index for r in store.turns_page(sid, 6, 2)] == [2, 5]
+        assert [r.index for r in store.turns_page(sid, 2, 5)] == [1]
+        assert store.turns_page(sid, 1, 5) == []
+        assert [r.index for r in store.turns_page(sid, 2**40, 3)] == [5, 6, 7]
+        assert [r.index for r in store.all_turns(sid)] == [1, 2, 3, 4, 5, 6, 7]
+
+
+def test_fork_copies_the_path_as_inherited_turns(tmp_path):
+    with SessionStore(tmp_path / "s.db") as store:
+        sid = four_turns(store)
+        store.rename_session(sid, "Original")
+        store.prepare_sibling(sid, 3)
+        store.record_turn(sid, "question 3b", "answer 3b", full_metrics())
+        fork, copied = store.fork_session(sid, 3)  # a turn off the current path
+        assert copied == 3
+        records = store.turns(fork)
+        assert [(r.index, r.parent, r.inherited, r.user_text) for r in records] == [
+            (1, None, True, "question 1"), (2, 1, True, "question 2"), (3, 2, True, "question 3")
+        ]
+        assert [r.metrics for r in records] == [full_metrics(i) for i in (1, 2, 3)]
+        info = store.session(fork)
+        assert info.forked_from == (sid, 3) and info.title == "question 1 (fork of 1:3)"
+        assert store.sessions()[0].id == fork  # the newest activity
+        store.record_turn(fork, "fork question", "fork answer", full_metrics())
+        assert [(r.index, r.inherited) for r in store.turns(fork)][-1] == (4, False)
+        assert [r.index for r in store.turns(sid)] == [1, 2, 5]  # the parent is as it was
+        default_fork, copied = store.fork_session(sid)
+        assert copied == 3 and store.turns(default_fork)[-1].user_text == "question 3b"
+
+
+def test_rename_and_titles(tmp_path):
+    with SessionStore(tmp_path / "s.db") as store:
+        sid = new_session(store)
+        assert store.session(sid).title == ""
+        store.record_turn(sid, "  How do\nI sort   a list " + "x" * 100, "Use sorted().", full_metrics())
+        title = store.session(sid).title
+        assert title.startswith("How do I sort a list x") and title.endswith("…") and len(title) == 60
+        assert store.rename_session(sid, "  Sorting\tlists ") == "Sorting lists"
+        assert store.session(sid).title == "Sorting lists"
+        for blank in ("", "   \n"):
+            with pytest.raises(ChattermError, match=f"title of session {sid} is empty"):
+                store.rename_session(sid, blank)
+        with pytest.raises(ChattermError, match="unknown session 5"):
+            store.rename_session(5, "x")
+        assert store.session(sid).title == "Sorting lists"
+
+
+def make_v7_database(path) -> int:
+    """A database as the previous chatterm left it (schema v7), with one session
+    of three turns."""
+    conn = sqlite3.connect(path)
+    for migration in schema.MIGRATIONS[:7]:
+        migration(conn)
+    conn.execute("PRAGMA user_version = 7")
+    conn.execute("INSERT INTO sessions (started_at, model_id, model_identity, engine, device, persona_id) "
+                 "VALUES (100.0, 'smollm2-135m', 'sha256:abc', 'local', 'CPU', 'assistant')")
+    for i in (1, 2, 3):
+        conn.execute("INSERT INTO turns (session_id, turn_index, recorded_at, user_text, reply, stop_reason, "
+                     "ttft_ms) VALUES (1, ?, ?, ?, ?, 'eos', 10.0)", (i, 200.0 + i, f"old question {i}", "zebra"))
+    conn.commit()
+    conn.close()
+    return 1
+
+
+def test_migration_from_v7_keeps_the_turns_as_one_line(tmp_path):
+    db = tmp_path / "v7.db"
+    sid = make_v7_database(db)
+    # Read-only, unmigrated: one line, untitled, search by scanning.
+    with SessionStore(db, readonly=True) as store:
+        assert shape(store.turns(sid)) == [(1, None, "", "main"), (2, 1, "", "main"), (3, 2, "", "main")]
+        info = store.session(sid)
+        assert (info.title, info.preview, info.active_at) == ("old question 1", "old question 3 → zebra", 203.0)
+        assert [(h.session_id, h.turn_index) for h in store.search("question 2")] == [(sid, 2)]
+        assert store.export_rows(sid)[1][-5:] == (1, "main", 0, "old question 2", "zebra")
+    assert sqlite3.connect(db).execute("PRAGMA user_version").fetchone()[0] == 7
+    with SessionStore(db) as store:
+        assert sqlite3.connect(db).execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 8
+        assert shape(store.turns(sid)) == [(1, None, "", "main"), (2, 1, "", "main"), (3, 2, "", "main")]
+        assert store.session(sid).active_at == 203.0
+        # The old texts are in the new full-text index.
+        assert [h.turn_index for h in store.search("zebra")] == [3, 2, 1]
+        store.prepare_sibling(sid, 3)
+        assert store.record_turn(sid, "old question 3", "new reply", full_metrics()) == 4
+        assert shape(store.turns(sid))[-1] == (4, 2, "2/2", "b4")
+    conn = sqlite3.connect(db)
+    indexes = {r[1] for r in conn.execute("PRAGMA index_list(turns)")}
+    assert {"turns_by_session", "turns_summary", "turns_by_parent"} <= indexes
+    assert "sessions_by_activity" in {r[1] for r in conn.execute("PRAGMA index_list(sessions)")}
+
+
+def test_exports_name_the_branch_of_each_turn(tmp_path):
+    with SessionStore(tmp_path / "s.db") as store:
+        sid = four_turns(store)
+        store.prepare_sibling(sid, 4)
+        store.record_turn(sid, "question 4", "answer 4, again", full_metrics(ttft_ms=7.0))
+        fork, _ = store.fork_session(sid, 2)
+        rows = [json.loads(line) for line in export_text(store, [sid], "jsonl").splitlines()]
+        # One row per computed turn: the regenerated one keeps its own TTFT.
+        assert [(r["turn_index"], r["parent_index"], r["branch"], r["ttft_ms"]) for r in rows] == [
+            (1, None, "main", 50.0), (2, 1, "main", 60.0), (3, 2, "main", 70.0), (4, 3, "main", 80.0),
+            (5, 3, "b5", 7.0)]
+        assert {r["inherited"] for r in rows} == {False}
+        forked = [json.loads(line) for line in export_text(store, [fork], "jsonl").splitlines()]
+        assert [(r["turn_index"], r["inherited"]) for r in forked] == [(1, True), (2, True)]
+        table = list(csv.DictReader(io.StringIO(export_text(store, [sid], "csv"))))
+        assert [(r["branch"], r["parent_index"], r["inherited"]) for r in table][-2:] == [
+            ("main", "3", "false"), ("b5", "3", "false")]
+        md = export_text(store, [sid, fork], "md")
+        assert "### Branches" in md and "| 5 | b5 | 3 | 2/2 |  |" in md and "| 4 | main | 3 | 1/2 |  |" in md
+        assert f"Forked from session {sid} at turn 2" in md and "| 1 | main | – | – | yes |" in md
+        html = export_text(store, [sid], "html")
+        assert "<h3>Branches</h3>" in html and "<td>b5</td>" in html
+        # A session of one line gets no branches section.
+        plain = four_turns(store)
+        assert "Branches" not in export_text(store, [plain], "md")
+        assert "Branches" not in export_text(store, [plain], "html")
