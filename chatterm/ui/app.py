@@ -7,10 +7,12 @@ Contract:
 - The App bootstraps, binds keys and pushes screens: it builds the
   `ChatSession` (ui/chat_session.py: the chat, the dashboard, which model,
   persona and session they show, and switching them), starts the model load,
-  owns the key bindings, the screens (help, personas, sessions, latency) and
-  the command palette's entries (ui/palette.py); theme saving is
-  ui/theme_memory.py. The turn loop and what Enter does are
-  `ChatView`'s (ui/chat_view.py).
+  owns the key bindings, the screens (help, personas, latency) and the
+  command palette's entries (ui/palette.py); theme saving is
+  ui/theme_memory.py. The turn loop, what Enter does and the turn actions
+  (regenerate, edit, branches) are `ChatView`'s (ui/chat_view.py); the
+  sessions screen and forks are `ChatSession`'s; copying is
+  ui/copy_actions.py. Each action here is one call to them.
 - The UI shows what the core reports; it computes no metric. Errors become
   notifications (always literal text: ui/notices.py) or conversation notices,
   never tracebacks.
@@ -41,17 +43,17 @@ from textual.widgets import Footer, Static
 from chatterm.core.config.personas import Persona
 from chatterm.core.engine.conversation import Conversation
 from chatterm.core.metrics.format import SEP, printable
-from chatterm.errors import ChattermError
 from chatterm.ui import terminal
 from chatterm.ui.chat_session import ChatSession
 from chatterm.ui.chat_view import ChatView
+from chatterm.ui.copy_actions import copy_code, copy_reply
 from chatterm.ui.engine_lease import EngineLease
 from chatterm.ui.engine_setup import EngineFactory, GpuProbe, MeterFactory, default_gpu_status, energy_meter_factory
 from chatterm.ui.latency_screen import LatencyScreen, TurnDetailScreen
 from chatterm.ui.notices import notify_plain
 from chatterm.ui.palette import chat_commands
 from chatterm.ui.resume import Resume
-from chatterm.ui.screens import HelpScreen, PersonaPicker, SessionsScreen
+from chatterm.ui.screens import HelpScreen, PersonaPicker
 from chatterm.ui.theme_memory import ThemeMemory
 from chatterm.ui.themes import DEFAULT_THEME, ThemeSet
 
@@ -80,6 +82,9 @@ class ChatApp(App[None]):
         Binding("f8", "last_turn", "Last turn", show=False),  # F6/F7 select in the prompt
         Binding("ctrl+s", "export('md')", "Export", priority=True),
         Binding("ctrl+n", "new_conversation", "New", priority=True),
+        Binding("ctrl+r", "regenerate", "Regenerate", show=False),
+        Binding("f9", "copy_reply", "Copy reply", show=False),
+        Binding("f10", "copy_code", "Copy code", show=False),
         Binding("escape", "stop", "Stop reply", show=False),
         Binding("ctrl+q", "quit", "Quit", priority=True),
     ]
@@ -232,24 +237,12 @@ class ChatApp(App[None]):
             if persona_id is not None:
                 self.session.switch_persona(persona_id)
 
-        self.push_screen(PersonaPicker(list(self.workspace.personas), self.persona.id, event.cached), chosen)
+        personas = list(self.workspace.personas)
+        returns = {p.id: self.session.return_to(p.id) for p in personas}
+        self.push_screen(PersonaPicker(personas, self.persona.id, event.cached, returns), chosen)
 
     def action_sessions(self) -> None:
-        if self.store is None:
-            notify_plain(self, "No session store: sessions are not being saved.", severity="warning")
-            return
-        try:
-            sessions = self.store.sessions()
-        except ChattermError as exc:
-            notify_plain(self, str(exc), severity="error")
-            return
-        current = self.conversation.session_id if self.conversation is not None else None
-
-        def chosen(session_id: int | None) -> None:
-            if session_id is not None:
-                self.session.open_session(session_id)
-
-        self.push_screen(SessionsScreen(sessions, current), chosen)
+        self.session.show_sessions()
 
     def action_new_conversation(self) -> None:
         self.session.new_conversation()
@@ -271,6 +264,31 @@ class ChatApp(App[None]):
     def action_export(self, fmt: str = "md") -> None:
         self.session.export(fmt)
 
+    # The selected turn's actions (ui/transcript.py binds the letters and ← → to them).
+    async def action_regenerate(self) -> None:
+        await self.chat.regenerate()
+
+    def action_edit_message(self) -> None:
+        self.chat.edit_message()
+
+    async def action_branch(self, delta: int) -> None:
+        await self.chat.switch_branch(delta)
+
+    def action_fork(self) -> None:
+        reply = self.chat.messages.current_reply()
+        self.session.fork(reply.turn_id if reply is not None else None)
+
+    def action_copy_reply(self) -> None:
+        copy_reply(self, self.chat.messages.current_reply())
+
+    def action_copy_code(self) -> None:
+        copy_code(self, self.chat.messages.current_reply())
+
+    def action_models(self) -> None:
+        from chatterm.ui.models_screen import open_model_picker
+
+        open_model_picker(self)
+
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)
-        yield from chat_commands(self, self.workspace.personas, self.session.switch_persona)
+        yield from chat_commands(self, self.workspace.personas, self.session.switch_persona, self.session.return_to)

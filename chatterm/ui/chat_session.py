@@ -8,10 +8,16 @@ Contract:
   the dashboard's persona section once it is done). The app starts the load
   thread (`setup.load`) once `begin` has shown what is known before it.
 - It owns the persona and the stored session the chat shows, and switching
-  them: `switch_persona` (a new conversation as another persona, whose prefix
-  is then prepared), `new_conversation`, `open_session` (continue a stored
-  session: its last turns at once, its history read in a thread worker; the
-  conversation is attached once both the engine and the history are there).
+  them: `switch_persona` (another persona: back to its last conversation of
+  this run, `return_to`, resumed like any stored session; else a new one, whose
+  prefix is then prepared), `new_conversation`, `open_session` (continue a stored
+  session, optionally at a given turn: its last turns at once, its history read
+  in a thread worker; the conversation is attached once both the engine and the
+  history are there).
+- `show_sessions` opens the sessions screen (ui/sessions_screen.py); `fork`
+  makes a new session with the history up to a turn and continues it; delete
+  and fork go through chatterm/core/store/lifecycle.py with the engine's
+  prompt cache (its memory tier included) or, without one, the workspace's.
   Which sessions may be resumed, with which model and persona, is
   chatterm/core/store/resume.py's rule; ui/resume.py reads what is shown.
 - `export(fmt)` writes the session on screen to the data folder in a thread
@@ -43,14 +49,16 @@ from chatterm.ui.dashboard import Dashboard
 from chatterm.ui.engine_lease import EngineLease
 from chatterm.ui.engine_setup import EngineFactory, EngineSetup, GpuProbe, MeterFactory
 from chatterm.ui.notices import notify_plain
-from chatterm.ui.resume import Resume, read_history, read_resume, resumed_notice
+from chatterm.ui.resume import Resume, read_history, read_resume, resumed_notice, turns_phrase
+from chatterm.ui.sessions_screen import SessionChoice, SessionsScreen
 from chatterm.ui.transcript import OlderTurns
 from chatterm.ui.worker_errors import reported
 
 if TYPE_CHECKING:
+    from chatterm.core.cache.prompt_cache import PromptCache
     from chatterm.core.config.catalog import ModelSpec
     from chatterm.core.engine.conversation import EnergyMeter
-    from chatterm.core.engine.interface import DeviceInfo
+    from chatterm.core.engine.interface import DeviceInfo, Engine
     from chatterm.core.metrics.turn_metrics import TurnMetrics
     from chatterm.core.store.session_store import SessionStore
     from chatterm.core.system.gpu import GpuStatus
@@ -76,6 +84,15 @@ class ChatSession(Horizontal):
 
         resume: Resume
         error: str | None = None
+
+    @dataclass
+    class Forked(Message):
+        """Posted by the fork worker: the new session (or why not)."""
+
+        session_id: int | None
+        error: str | None = None
+        parent: int | None = None
+        turns: int = 0
 
     @dataclass
     class Exported(Message):
@@ -117,6 +134,8 @@ class ChatSession(Horizontal):
         """The persona's prefix as the dashboard words it (preparing, restored, not prepared)."""
         self._resume = resume
         """A session to continue once the model is loaded and its history read."""
+        self._last_sessions: dict[str, int] = {}
+        """Persona id -> the stored session last shown with it (switching back returns there)."""
 
     def compose(self):
         yield self.chat
@@ -242,15 +261,30 @@ class ChatSession(Horizontal):
         """Start a new conversation with the same persona."""
         self.call_later(self._start_over, f"New conversation with {self.persona.name}.")
 
-    def open_session(self, session_id: int) -> None:
-        """Continue stored session `session_id`: show it, restore its persona, carry on."""
-        self.call_later(self._open_session, session_id)
+    def open_session(self, session_id: int, turn: int | None = None) -> None:
+        """Continue stored session `session_id`: show it, restore its persona, carry
+        on; `turn` (a search hit's): make that turn current and select it."""
+        self.call_later(self._open_session, session_id, None, turn)
+
+    def return_to(self, persona_id: str) -> int | None:
+        """The stored session switching to `persona_id` goes back to (None: a new
+        conversation): the last one talked in with it since the app started."""
+        if persona_id == self.persona.id:
+            return self.session_id
+        return self._last_sessions.get(persona_id)
 
     async def _switch_persona(self, persona_id: str) -> None:
         try:
             persona = self.workspace.personas.get(persona_id)
         except ChattermError as exc:
             notify_plain(self.app, str(exc), severity="error")
+            return
+        if persona.id == self.persona.id:
+            notify_plain(self.app, f"Already talking with {persona.name}; Ctrl+N starts a new conversation.")
+            return
+        self._remember_current()
+        back = self._last_sessions.get(persona.id)
+        if back is not None and await self._open_session(back, f"Back to your conversation with {persona.name}"):
             return
         self.persona = persona
         if persona.model and persona.model != self.spec.id:
@@ -264,19 +298,38 @@ class ChatSession(Horizontal):
             self.chat.prefix_started()
         await self._start_over(f"New conversation with {persona.name}.", prepare=True)
 
-    async def _open_session(self, session_id: int) -> None:
+    def _remember_current(self) -> None:
+        """Note the session on screen as its persona's last one (before leaving it)."""
+        if self.session_id is not None:
+            self._last_sessions[self.persona.id] = self.session_id
+        else:
+            self._last_sessions.pop(self.persona.id, None)  # left a new conversation: that is the last one
+
+    async def _open_session(self, session_id: int, back: str | None = None, turn: int | None = None) -> bool:
+        """Continue `session_id` (at `turn`); `back`: the notice's start when returning to a
+        persona's last conversation. False (and a notification) when it cannot."""
         if self.store is None:
-            return
+            return False
         try:
+            if turn is not None:
+                self.store.select_turn(session_id, turn)  # the hit's branch becomes the one continued
             resume = read_resume(self.store, self.workspace, session_id, self.spec.id)
         except ChattermError as exc:
             notify_plain(self.app, str(exc), severity="error")
-            return
+            return False
         for warning in resume.plan.warnings:
             notify_plain(self.app, warning, severity="warning")
+        if back is None:
+            self._remember_current()
         self.chat.cancel()
         self.persona = resume.plan.persona
-        await self._start_over(resumed_notice(resume), resume, prepare=True)
+        if self.lease.engine is not None:
+            self.chat.prefix_started()
+        notice = resumed_notice(resume) if back is None else f"{back}: {turns_phrase(resume)}."
+        await self._start_over(notice, resume, prepare=True)
+        if turn is not None:
+            await self.chat.messages.reveal(turn)
+        return True
 
     async def _start_over(self, notice: str, resume: Resume | None = None, *, prepare: bool = False) -> None:
         """Replace the conversation (and what the chat shows) with a new or resumed
@@ -340,6 +393,89 @@ class ChatSession(Horizontal):
         if self.store is None or resume is None:
             return None
         return partial(self.store.turns_page, resume.session_id)
+
+    # -- the sessions screen and forks (the store's lifecycle: core/store/lifecycle.py) --
+    def show_sessions(self) -> None:
+        """Open the sessions screen (F3): open, fork or delete a stored session."""
+        if self.store is None:
+            notify_plain(self.app, "No session store: sessions are not being saved.", severity="warning")
+            return
+        try:
+            sessions = self.store.sessions()
+        except ChattermError as exc:
+            notify_plain(self.app, str(exc), severity="error")
+            return
+
+        def chosen(choice: SessionChoice | None) -> None:
+            if choice is None:
+                return
+            if choice.fork:
+                self.fork(choice.turn, choice.session_id)
+            else:
+                self.open_session(choice.session_id, choice.turn)
+
+        self.app.push_screen(SessionsScreen(sessions, self.session_id, self.store, self._delete_session), chosen)
+
+    def _prompt_cache(self) -> "PromptCache | None":
+        """The loaded engine's prompt cache (its RAM tier too), else the workspace's on disk."""
+        cache = getattr(self.lease.engine, "kv_cache", None)
+        return cache if cache is not None else self.workspace.kv_cache()
+
+    def _delete_session(self, session_id: int) -> str:
+        """Delete `session_id` with its KV states (the sessions screen's worker runs it); what was removed."""
+        from chatterm.core.store.lifecycle import delete_session
+
+        assert self.store is not None
+        gone = delete_session(self.store, self._prompt_cache(), session_id, in_use=self.session_id)
+        return (f"Deleted session {session_id}: {gone.turns} turn{'' if gone.turns == 1 else 's'}, "
+                f"{gone.states} KV state{'' if gone.states == 1 else 's'}.")
+
+    def fork(self, turn: int | None, session_id: int | None = None) -> None:
+        """A new session holding `session_id`'s path up to `turn` (None: the session on
+        screen, its current turn), opened to carry on from there."""
+        parent = session_id if session_id is not None else self.session_id
+        if self.store is None or parent is None:
+            notify_plain(self.app, "Nothing to fork yet: this conversation has no stored turn.")
+            return
+        self._fork_worker(parent, turn)
+
+    @work(thread=True, group="fork", exit_on_error=False)
+    def _fork_worker(self, parent: int, turn: int | None) -> None:
+        from chatterm.core.store.lifecycle import fork_session
+
+        with reported(self, lambda error: self.Forked(None, error), "fork"):
+            made = fork_session(self.store, self._prompt_cache(), parent, turn)
+            self.post_message(self.Forked(made.session_id, parent=parent, turns=made.turns))
+
+    @on(Forked)
+    async def _forked(self, event: Forked) -> None:
+        if event.session_id is None:
+            notify_plain(self.app, event.error or "fork failed", title="Fork failed", severity="error")
+            return
+        self._remember_current()
+        await self._open_session(event.session_id, f"Fork of session {event.parent}")
+
+    # -- switching the model (the picker: ui/models_screen.py loads it) ----------------
+    def use_model(self, spec: "ModelSpec", engine: "Engine", device: "DeviceInfo", *, carry_on: bool) -> None:
+        """Carry on with `engine`, loaded for `spec`: `carry_on`, the stored session on
+        screen continues there (its history is the prompt of the next turn), else a
+        new conversation with the same persona starts; the persona's prefix is then
+        prepared on it, and the engine it replaces is closed once no worker uses it."""
+        self.call_later(self._use_model, spec, engine, device, carry_on)
+
+    async def _use_model(self, spec: "ModelSpec", engine: "Engine", device: "DeviceInfo", carry_on: bool) -> None:
+        session_id = self.session_id if carry_on else None
+        self.chat.cancel()
+        self.spec = spec
+        self.lease.replace(engine)
+        self.engine_error = None
+        self.device_info = device
+        self.chat.show_load_progress(None)
+        self.chat.prefix_started()
+        self._show_model()
+        if session_id is not None and await self._open_session(session_id, f"Now on {spec.label}, continuing"):
+            return
+        await self._start_over(f"Now on {spec.label}: a new conversation with {self.persona.name}.", prepare=True)
 
     # -- export --------------------------------------------------------------------------
     def export(self, fmt: str) -> None:

@@ -37,6 +37,16 @@ Contract:
   preempts a prefill in progress and reuses whatever matches. Esc in an empty
   prompt, a persona switch or a new conversation drop it (`drop_ahead`). Off
   when `type_ahead` is False or the engine cannot (served models).
+- Turn actions (ui/branches.py asks the store): `regenerate` resends the last
+  message after the history before it, its old reply removed from the screen
+  (kept in the store as a sibling); `edit_message` puts the selected turn's
+  message in the prompt (↑ in an empty prompt: the last one), and Enter then
+  removes that turn and what follows from the screen and sends the new text as
+  its sibling; `switch_branch` shows a reply's sibling and the path under it.
+  Each sets `Conversation.history` to the path before the turn it starts, so
+  the engine reuses the live context up to there. A finished reply learns its
+  stored turn and its siblings' label. They need an idle chat and a stored
+  turn; otherwise, and for an empty edit, one notification and no change.
 - Errors in drawing never kill the app (logged); engine errors become notices;
   notifications show their text literally (ui/notices.py).
 - The dashboard is given, not looked up; the app learns about status changes
@@ -61,18 +71,20 @@ from textual.widgets import ProgressBar, Static
 from chatterm.core.engine.conversation import Conversation
 from chatterm.core.metrics.format import SEP, fmt_ms, fmt_tok_s, prefill_progress_line, printable
 from chatterm.core.metrics.turn_metrics import SessionSummary, StopReason, TurnMetrics
-from chatterm.ui import gc_policy
+from chatterm.core.store.resume import history_of
+from chatterm.errors import ChattermError
+from chatterm.ui import branches, gc_policy
 from chatterm.ui.engine_lease import EngineClosing, EngineLease
 from chatterm.ui.notices import notify_plain
 from chatterm.ui.prompt import PromptArea
-from chatterm.ui.transcript import AssistantReply, ConversationView, OlderTurns
+from chatterm.ui.transcript import AssistantReply, ConversationView, OlderTurns, UserMessage, branch_label
 from chatterm.ui.worker_errors import reported
 
 if TYPE_CHECKING:
     from textual.timer import Timer
 
     from chatterm.core.engine.interface import PrefillProgress, Turn
-    from chatterm.core.store.session_store import TurnRecord
+    from chatterm.core.store.session_store import SessionStore, TurnRecord
     from chatterm.ui.dashboard import Dashboard
 
 log = logging.getLogger(__name__)
@@ -190,6 +202,8 @@ class ChatView(Vertical):
         self._budget = FrameBudget()
         self._flush_timer: "Timer | None" = None
         self._store_error_shown: str | None = None
+        self._editing: AssistantReply | None = None
+        """The reply whose message the prompt holds for an edit (None: not editing)."""
 
     # -- layout and public state ------------------------------------------------
     def compose(self):
@@ -216,7 +230,9 @@ class ChatView(Vertical):
 
     def set_status(self, text: str) -> None:
         self.query_one("#status", Static).update(Content(printable(text)), layout=False)
-        self.post_message(self.StatusChanged(text))
+        # Sent by this view, whoever calls: a message stops bubbling at its sender,
+        # and the owner's handlers (a persona prepared) call this too.
+        self.post_message(self.StatusChanged(text).set_sender(self))
 
     def show_load_progress(self, fraction: float | None) -> None:
         """Progress of the model load (0..1); None hides the bar."""
@@ -257,6 +273,7 @@ class ChatView(Vertical):
         """Replace what is shown: cancel the running turn, show `tail` (a resumed
         session's last turns; `older` pages in the rest) and `notice`."""
         self.cancel()
+        self.cancel_edit()  # the message being edited belongs to the conversation leaving
         self.drop_ahead()
         view = self.messages
         await view.clear()
@@ -340,11 +357,26 @@ class ChatView(Vertical):
             notify_plain(self.app, "A reply is streaming: Esc stops it.")
             return
         text = event.text
+        editing, self._editing = self._editing, None
+        event.prompt.editing = False
+        if editing is not None:
+            if not text.strip():
+                notify_plain(self.app, "An empty message cannot replace the one you edited: it is kept as it was.",
+                             severity="warning")
+                self.show_ready()
+                return
+            if not await self._branch_at(editing, edit=True):
+                return
         self._stop_ahead_timer()
         event.prompt.clear()
-        view = self.messages
-        await view.add_user(text)
-        self._reply = await view.add_reply(self.persona_name, streaming=True)
+        user = await self.messages.add_user(text)
+        await self._start_turn(text, user)
+
+    async def _start_turn(self, text: str, user: UserMessage) -> None:
+        """Mount a streaming reply under `user` and run the turn that sends `text`."""
+        assert self._conversation is not None
+        self.messages.select(None)  # a new turn: the actions apply to the last one again
+        self._reply = await self.messages.add_reply(self.persona_name, streaming=True, user=user)
         self._turn = None
         self._phase = TurnPhase.STREAMING
         self.set_status(
@@ -480,6 +512,7 @@ class ChatView(Vertical):
         if store_error and store_error != self._store_error_shown:
             self._store_error_shown = store_error
             notify_plain(self.app, store_error, title="Session store", severity="warning")
+        self._show_branch(reply, event.conversation)
         self._dashboard.show_turn(m)
         self._show_context()
         self._dashboard.show_type_ahead(None, None)
@@ -487,6 +520,126 @@ class ChatView(Vertical):
         self.show_session()
         self.post_message(self.TurnFinished(m))
         self.set_status({StopReason.CANCELLED: "stopped", StopReason.ERROR: "error"}.get(m.stop_reason, "ready"))
+
+    # -- turn actions: regenerate, edit, branches (the tree: ui/branches.py) ---------------
+    @on(PromptArea.EditLastAsked)
+    def _edit_last_asked(self, event: PromptArea.EditLastAsked) -> None:
+        event.stop()
+        if (self._phase is TurnPhase.IDLE and self._conversation is not None
+                and self._conversation.session_id is not None):
+            self.messages.select(None)
+            self.edit_message()
+
+    def _stored(self, what: str) -> tuple["SessionStore", int] | None:
+        """The store and session the branch actions work on, or None after saying why not."""
+        conversation = self._conversation
+        if self._phase is not TurnPhase.IDLE or conversation is None:
+            notify_plain(self.app, f"Cannot {what} now: wait for the reply (Esc stops it) or the model.")
+            return None
+        if conversation.store is None or conversation.session_id is None:
+            notify_plain(self.app, f"Nothing to {what} yet: this conversation has no stored turn.")
+            return None
+        return conversation.store, conversation.session_id  # type: ignore[return-value]
+
+    async def regenerate(self) -> None:
+        """Ask for the last reply again: the old one stays, as a sibling, and the new one is current."""
+        replies = self.messages.query(AssistantReply)
+        reply = replies.last() if replies else None
+        if self._stored("regenerate") is None or reply is None:
+            return
+        if reply.turn_id is None or reply.user is None:
+            notify_plain(self.app, "That reply was not stored: it cannot be regenerated.", severity="warning")
+            return
+        if await self._branch_at(reply, edit=False):
+            await self._start_turn(reply.user.text, reply.user)
+
+    def edit_message(self) -> None:
+        """Put the selected turn's message in the prompt; Enter sends it as a new branch."""
+        reply = self.messages.current_reply()
+        if self._stored("edit a message") is None or reply is None or reply.user is None:
+            return
+        if reply.turn_id is None:
+            notify_plain(self.app, "That message was not stored: it cannot be edited.", severity="warning")
+            return
+        prompt = self.query_one(PromptArea)
+        if prompt.text.strip() and self._editing is None:
+            notify_plain(self.app, "Send or clear the message you are writing first: the edit would replace it.")
+            return
+        self._editing = reply
+        prompt.editing = True
+        prompt.text = reply.user.text
+        prompt.move_cursor(prompt.document.end)
+        prompt.focus()
+        self.set_status("editing your message: Enter sends it as a new branch · Esc cancels")
+
+    def cancel_edit(self) -> bool:
+        """Esc while editing: drop the edit (the message stays as it was). False when not editing."""
+        if self._editing is None:
+            return False
+        self._editing = None
+        prompt = self.query_one(PromptArea)
+        prompt.editing = False
+        prompt.clear()
+        self.show_ready()
+        return True
+
+    async def _branch_at(self, reply: AssistantReply, *, edit: bool) -> bool:
+        """Make the history the path before `reply`'s turn, the store ready to
+        record its sibling, and the screen end above it (its reply removed;
+        for an edit, its message too). False (with a notification) on a store error."""
+        stored = self._stored("branch")
+        assert reply.turn_id is not None and reply.user is not None
+        if stored is None:
+            return False
+        store, session_id = stored
+        try:
+            history = branches.prepare(store, session_id, reply.turn_id)
+        except ChattermError as exc:
+            notify_plain(self.app, str(exc), severity="error")
+            return False
+        assert self._conversation is not None
+        self._conversation.history = history
+        self.messages.select(None)
+        await self.messages.remove_from(reply.user if edit else reply)
+        return True
+
+    async def switch_branch(self, delta: int) -> None:
+        """Show the selected reply's previous (-1) or next (+1) sibling and the path under it."""
+        reply = self.messages.current_reply()
+        stored = self._stored("switch branches")
+        if stored is None or reply is None or reply.turn_id is None or reply.user is None:
+            return
+        store, session_id = stored
+        try:
+            switched = branches.switch(store, session_id, reply.turn_id, delta)
+        except ChattermError as exc:
+            notify_plain(self.app, str(exc), severity="error")
+            return
+        if switched is None:
+            notify_plain(self.app, f"No {'earlier' if delta < 0 else 'later'} branch here.")
+            return
+        turn, path = switched
+        assert self._conversation is not None
+        self._conversation.history = history_of(path)
+        start = next(i for i, record in enumerate(path) if record.index == turn)
+        view = self.messages
+        await view.remove_from(reply.user)
+        view.select(await view.show_path(self.persona_name, path[start:]))
+        self.drop_ahead()
+        self._show_context()
+
+    def _show_branch(self, reply: AssistantReply, conversation: Conversation) -> None:
+        """Give a finished reply its stored turn and its siblings' label."""
+        store, session_id = conversation.store, conversation.session_id
+        if store is None or session_id is None or conversation.store_error:
+            return
+        try:
+            record = branches.newest(store, session_id)  # type: ignore[arg-type]
+        except ChattermError:
+            return  # the store error was shown already; the reply just has no branch actions
+        if record is not None:
+            reply.turn_id = record.index
+            reply.set_branch(branch_label(record))
 
     # -- the context figure ----------------------------------------------------------------
     def _show_context(self) -> None:
@@ -513,6 +666,7 @@ class ChatView(Vertical):
             self.type_ahead
             and self._phase is TurnPhase.IDLE
             and self._conversation is not None
+            and self._editing is None  # the draft would be prefilled after the wrong history
             and engine is not None
             and engine.capabilities.prefill_ahead
         )
@@ -585,7 +739,9 @@ class ChatView(Vertical):
                 turn.cancel()
 
     def stop(self) -> None:
-        """Esc: stop the reply that is streaming; in an empty prompt, drop the type-ahead."""
+        """Esc: stop the reply that is streaming; cancel an edit; in an empty prompt, drop the type-ahead."""
+        if self.cancel_edit():
+            return
         if self._phase in (TurnPhase.STREAMING, TurnPhase.STOPPING):
             self.cancel()
             self.set_status("stopping…")

@@ -114,6 +114,8 @@ class ZeroSparkline(Sparkline):
             return stock
 
 
+CONTEXT_WARNING = 0.8
+"""The share of the context at which the headline warns that it is filling."""
 HINT_FOCUSED = "▶ dashboard · ↑↓ PgUp PgDn Home End scroll · Tab leaves"
 HINT_MORE = "↓ more below · Tab to here, then ↓ or PgDn"
 
@@ -128,7 +130,7 @@ class Dashboard(VerticalScroll):
         self._lines: dict[str, int] = {}
         self._now: TurnMetrics | None = None
         self._now_running = False
-        self._context: int | None = None
+        self._chat_context: int | None = None
         """The conversation's tokens in the context (`show_context`); None: unknown."""
         self._engine_context: int | None = None
         self._n_ctx: int | None = None
@@ -157,12 +159,16 @@ class Dashboard(VerticalScroll):
 
     # -- the headline and the hint ------------------------------------------------
     def _now_rows(self) -> Rows:
-        used = self._context if self._context is not None else self._engine_context
-        context = fmt_int(used)
+        used = self._chat_context if self._chat_context is not None else self._engine_context
+        context: str | Content = fmt_int(used)
         if self._n_ctx:
             context += f" / {fmt_int(self._n_ctx)}"
             if used is not None:
-                context += f" · {used / self._n_ctx * 100:.0f} %"
+                share = used / self._n_ctx
+                context += f" · {share * 100:.0f} %"
+                if share >= CONTEXT_WARNING:
+                    # Said before it happens: the next turns leave the oldest out.
+                    context = Content.assemble(context, (" · nearly full: the oldest turns leave next", "$warning"))
         m = self._now
         if m is None:
             ttft, decode = "–", "–"
@@ -181,8 +187,8 @@ class Dashboard(VerticalScroll):
         in from its next `show_model` (the one before describes another conversation)."""
         if used is None:
             self._engine_context = None
-        if used != self._context or used is None:
-            self._context = used
+        if used != self._chat_context or used is None:
+            self._chat_context = used
             self._show_now(live=True)
 
     def _update_hint(self) -> None:
@@ -308,6 +314,10 @@ class Dashboard(VerticalScroll):
                 pairs.append(("layers", f"{fmt_int(device.layers_offloaded or 0)}/{fmt_int(device.n_layers)} on GPU"))
             flash = {True: "flash attn on", False: "flash attn off"}.get(device.flash_attn, "")
             pairs.append(("KV", " · ".join(p for p in (device.kv_type or "–", flash) if p)))
+            if device.threads:
+                pairs.append(("threads", device.threads))
+            if device.overflow:
+                pairs.append(("overflow", device.overflow))
             pairs += [("note", note) for note in device.notes]
         if gpu is not None:
             pairs.append(("GPU", gpu.name))

@@ -63,8 +63,8 @@ from chatterm.core.report.svg_charts import nice_ticks, tick_label
 from chatterm.ui.timeline import STYLES, fmt_share, per_token, timeline_bar, timeline_legend, token_cost_line
 
 MARKS = {"error": "✕", "stopped": "■"}
-PART_THEME_COLOURS = {"waiting": "secondary", "restore": "warning", "prefill": "primary", "first_token": "accent",
-                      "decode": "success"}
+PART_THEME_COLOURS = {"waiting": "secondary", "restore": "warning", "shift": "error", "prefill": "primary",
+                      "first_token": "accent", "decode": "success"}
 TABS = ("tab-ttft", "tab-decode", "tab-cost", "tab-turns", "tab-costs")
 MIN_SLOTS = 8
 """The x axis has room for at least this many turns, so one turn is a bar, not a wall."""

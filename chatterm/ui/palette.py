@@ -1,11 +1,12 @@
 """The app's entries in Textual's command palette (Ctrl+P).
 
-`chat_commands(app, personas, switch_persona)` yields one `SystemCommand` per
-persona (calling `switch_persona` with its id) and one per app action that has
-a key (run as `app.run_action`, as its key binding would); the app adds them
-after Textual's own (themes, quit, screenshot). It knows the app only as a
-Textual `App` and its actions by name. Names from files are escaped: the
-palette parses markup.
+`chat_commands(app, personas, switch_persona, return_to)` yields one
+`SystemCommand` per persona (calling `switch_persona` with its id; its help
+says whether that goes back to the persona's last session, `return_to`) and
+one per app action that has a key (run as `app.run_action`, as its key binding
+would); the app adds them after Textual's own (themes, quit, screenshot). It
+knows the app only as a Textual `App` and its actions by name. Names from
+files are escaped: the palette parses markup.
 """
 
 from __future__ import annotations
@@ -22,7 +23,15 @@ ACTIONS: tuple[tuple[str, str, str], ...] = (
     ("Persona picker", "List personas and their cache state (F2)", "personas"),
     ("Sessions", "Open a past session to continue it (F3)", "sessions"),
     ("New conversation", "Start over with the same persona (Ctrl+N)", "new_conversation"),
+    ("Regenerate reply", "Ask for the last reply again; the old one stays as a branch (Ctrl+R)", "regenerate"),
+    ("Edit message", "Edit the selected (else your last) message and resend it as a branch (e, ↑)", "edit_message"),
+    ("Previous branch", "Show the selected reply's previous alternative (←)", "branch(-1)"),
+    ("Next branch", "Show the selected reply's next alternative (→)", "branch(1)"),
+    ("Fork session here", "A new session with the history up to the selected turn (f)", "fork"),
+    ("Copy reply", "Copy the selected (else the last) reply to the clipboard (F9)", "copy_reply"),
+    ("Copy code block", "Copy one of the reply's code blocks to the clipboard (F10)", "copy_code"),
     ("Latency", "Charts of TTFT, decode rate and cost per turn; what-if pricing (F5)", "latency"),
+    ("Models", "The GGUF models on this machine (Ollama, LM Studio, HF cache, folders); switch to one", "models"),
     *(
         (f"Export session: {label}", f"Write this session as {fmt} to the data folder", f"export('{fmt}')")
         for fmt, label in (("md", "Markdown report"), ("html", "HTML report with charts"), ("jsonl", "JSONL"),
@@ -35,12 +44,15 @@ ACTIONS: tuple[tuple[str, str, str], ...] = (
 
 
 def chat_commands(
-    app: App, personas: Iterable[Persona], switch_persona: Callable[[str], None]
+    app: App, personas: Iterable[Persona], switch_persona: Callable[[str], None],
+    return_to: Callable[[str], int | None] = lambda persona_id: None,
 ) -> Iterable[SystemCommand]:
     for persona in personas:
+        session = return_to(persona.id)
+        outcome = "a new conversation" if session is None else f"back to session {session}"
         yield SystemCommand(
             palette_text(f"Persona: {persona.name}"),
-            palette_text(f"Switch to {persona.id} (starts a new conversation)"),
+            palette_text(f"Switch to {persona.id} ({outcome})"),
             partial(switch_persona, persona.id),
         )
     for title, help_text, action in ACTIONS:

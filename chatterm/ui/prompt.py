@@ -1,9 +1,12 @@
 """The message prompt: a multi-line text area where Enter sends.
 
 Enter posts `PromptArea.Submitted` with the text (blank text is ignored and the
-prompt is kept). A newline is inserted with Ctrl+J, which every terminal sends
-as a distinct byte (LF); Shift+Enter and Alt+Enter also work in terminals that
-report them (kitty keyboard protocol, most xterm-likes for Alt).
+prompt is kept, except while `editing` an earlier message: then the chat says
+why a blank edit is refused). ↑ in an empty prompt posts `EditLastAsked`
+(edit your last message, as chat apps do). A newline is inserted with Ctrl+J,
+which every terminal sends as a distinct byte (LF); Shift+Enter and Alt+Enter
+also work in terminals that report them (kitty keyboard protocol, most
+xterm-likes for Alt).
 """
 
 from __future__ import annotations
@@ -29,6 +32,9 @@ class PromptArea(TextArea):
         def control(self) -> "PromptArea":
             return self.prompt
 
+    class EditLastAsked(Message):
+        """↑ was pressed in an empty prompt."""
+
     def __init__(self, **kwargs) -> None:
         kwargs.setdefault("soft_wrap", True)
         kwargs.setdefault("tab_behavior", "focus")
@@ -36,6 +42,8 @@ class PromptArea(TextArea):
         kwargs.setdefault("highlight_cursor_line", False)
         kwargs.setdefault("compact", True)
         super().__init__(**kwargs)
+        self.editing = False
+        """The prompt holds an earlier message being edited (the chat sets it)."""
 
     async def _on_key(self, event: events.Key) -> None:
         if self.read_only:
@@ -44,8 +52,13 @@ class PromptArea(TextArea):
             event.stop()
             event.prevent_default()
             text = self.text
-            if text.strip():
+            if text.strip() or self.editing:
                 self.post_message(self.Submitted(self, text))
+            return
+        if event.key == "up" and not self.text:
+            event.stop()
+            event.prevent_default()
+            self.post_message(self.EditLastAsked())
             return
         if event.key in NEWLINE_KEYS:
             event.stop()

@@ -49,6 +49,12 @@ class Resume:
         return self.plan.info.turns
 
 
+def turns_phrase(resume: Resume) -> str:
+    """`session 3, 2 turns`."""
+    n = resume.turn_count
+    return f"session {resume.session_id}, {n} turn{'' if n == 1 else 's'}"
+
+
 def resumed_notice(resume: Resume) -> str:
     n = resume.turn_count
     return f"Resumed session {resume.session_id} ({n} turn{'' if n == 1 else 's'})."

@@ -1,14 +1,13 @@
-"""Modal screens: help, persona picker, past sessions.
+"""Modal screens: help and the persona picker (the sessions screen: ui/sessions_screen.py).
 
 Each screen gets plain data from the app (no engine or store calls here) and
-dismisses with the user's choice: a persona id, a session id, or None.
+dismisses with the user's choice: a persona id, or None.
 Every string that comes from a file or the database is shown literally
 (`Content`, rich `Text` cells), never parsed as markup.
 """
 
 from __future__ import annotations
 
-import time
 from typing import Mapping, Sequence
 
 from rich.table import Table
@@ -18,28 +17,31 @@ from textual.binding import Binding
 from textual.containers import Vertical, VerticalScroll
 from textual.content import Content
 from textual.screen import ModalScreen
-from textual.widgets import DataTable, OptionList, Static
+from textual.widgets import OptionList, Static
 from textual.widgets.option_list import Option
 
 from chatterm.core.config.personas import Persona
-from chatterm.core.metrics.format import fmt_ms, fmt_usd, printable
-from chatterm.core.store.session_store import SessionInfo
+from chatterm.core.metrics.format import printable
 from chatterm.ui.rows import Rows
 
 HELP_KEYS: tuple[tuple[str, str], ...] = (
     ("Enter", "send the message"),
-    ("Ctrl+J", "new line (Shift+Enter / Alt+Enter too, where the terminal reports them)"),
-    ("Esc", "stop the streaming reply (its partial text is kept); in an empty prompt, drop the type-ahead prefill"),
+    ("Ctrl+J", "new line (also Shift+Enter / Alt+Enter where reported)"),
+    ("Esc", "stop the reply; empty prompt: drop the type-ahead prefill"),
     ("F1 or ?", "this help (? when the prompt is not focused)"),
-    ("F2", "persona picker (switching starts a new conversation)"),
-    ("F3", "past sessions: open one to continue it"),
+    ("F2", "switch persona (to its last conversation, else a new one)"),
+    ("F3", "sessions: open, search, rename (r), delete (d), fork (f)"),
     ("F4", "show / hide the latency dashboard"),
-    ("F5", "latency screen: TTFT, decode and cost charts, turns, what-if pricing"),
+    ("F5", "latency: TTFT, decode and cost charts, turns, what-if"),
     ("F8", "the last turn: its timeline, per-token costs and cost"),
     ("Ctrl+S", "export as a Markdown report (data folder, path shown)"),
     ("Ctrl+N", "new conversation with the same persona"),
+    ("Ctrl+R", "regenerate the last reply (the old one stays as a branch)"),
+    ("↑", "edit your last message (empty prompt); Enter resends it"),
+    ("F9 / F10", "copy the reply / one of its code blocks to the clipboard"),
+    ("Shift+↑ ↓", "select a turn: ← → its branch, e edit, f fork, y / c copy"),
     ("Ctrl+P", "command palette: personas, themes, sessions, exports"),
-    ("Tab / Shift+Tab", "move focus: prompt, conversation, dashboard (arrows and PgUp/PgDn scroll it)"),
+    ("Tab / Shift+Tab", "focus prompt, conversation, dashboard (arrows, PgUp/PgDn)"),
     ("Ctrl+Q", "quit (also mid-reply and while the model loads)"),
 )
 """Every key the app answers to; docs/tui.md has the same table, in more words.
@@ -106,11 +108,20 @@ class PersonaPicker(ModalScreen[str | None]):
 
     _STATE = {"ram": "KV state cached in memory", "disk": "KV state cached on disk"}
 
-    def __init__(self, personas: Sequence[Persona], current: str, cached: Mapping[str, str] | None):
+    def __init__(self, personas: Sequence[Persona], current: str, cached: Mapping[str, str] | None,
+                 returns: Mapping[str, int | None] | None = None):
         super().__init__()
         self._personas = list(personas)
         self._current = current
         self._cached = cached
+        self._returns = returns or {}
+        """Persona id -> the session switching to it goes back to (None or absent: a new conversation)."""
+
+    def _outcome(self, persona: Persona) -> str:
+        if persona.id == self._current:
+            return "current conversation"
+        session = self._returns.get(persona.id)
+        return "new conversation" if session is None else f"back to session {session}"
 
     def _prompt(self, persona: Persona) -> Rows:
         if self._cached is None:
@@ -118,7 +129,8 @@ class PersonaPicker(ModalScreen[str | None]):
         else:
             state = self._STATE.get(self._cached.get(persona.id, ""), "not cached (first use prefills)")
         mark = "●" if persona.id == self._current else ""
-        head = Content.assemble((printable(persona.name), "bold"), f"  ({printable(persona.id)})  ", (state, "italic"))
+        head = Content.assemble((printable(persona.name), "bold"), f"  ({printable(persona.id)})  ", (state, "italic"),
+                                f"  → {self._outcome(persona)}")
         # Two columns, so a wrapped name line or description stays indented under the name.
         return Rows([(mark, head), *([("", persona.description)] if persona.description else [])],
                     label_width=2, label_style="")
@@ -127,7 +139,8 @@ class PersonaPicker(ModalScreen[str | None]):
         with Vertical(id="persona-box", classes="modal-box"):
             yield Static(Content("Switch persona"), classes="modal-title")
             yield OptionList(*[Option(self._prompt(p), id=p.id) for p in self._personas], id="persona-list")
-            yield Static(Content("Enter switches (a new conversation starts) · Esc cancels"), classes="modal-hint")
+            yield Static(Content("Enter switches: back to that persona's last conversation, or a new one "
+                                 "(→ says which) · Ctrl+N new conversation · Esc cancels"), classes="modal-hint")
 
     def on_mount(self) -> None:
         options = self.query_one(OptionList)
@@ -138,58 +151,6 @@ class PersonaPicker(ModalScreen[str | None]):
     @on(OptionList.OptionSelected)
     def _chosen(self, event: OptionList.OptionSelected) -> None:
         self.dismiss(event.option.id)
-
-    def action_dismiss_none(self) -> None:
-        self.dismiss(None)
-
-
-def _when(ts: float) -> str:
-    return time.strftime("%Y-%m-%d %H:%M", time.localtime(ts))
-
-
-class SessionsScreen(ModalScreen[int | None]):
-    """Past sessions, newest first; Enter opens one."""
-
-    BINDINGS = [Binding("escape", "dismiss_none", "Close")]
-    AUTO_FOCUS = "#sessions-table"
-    COLUMNS = ("id", "started", "persona", "model", "turns", "TTFT p50", "cost")
-
-    def __init__(self, sessions: Sequence[SessionInfo], current: int | None):
-        super().__init__()
-        self._sessions = list(sessions)
-        self._current = current
-
-    def compose(self):
-        with Vertical(id="sessions-box", classes="modal-box"):
-            yield Static(Content("Sessions"), classes="modal-title")
-            if self._sessions:
-                yield DataTable(id="sessions-table", cursor_type="row", zebra_stripes=True)
-            else:
-                yield Static(Content("No stored sessions yet: they appear after the first reply."))
-            yield Static(Content("Enter opens a session to continue it · Esc cancels"), classes="modal-hint")
-
-    def on_mount(self) -> None:
-        if not self._sessions:
-            return
-        table = self.query_one(DataTable)
-        table.add_columns(*self.COLUMNS)
-        for info in self._sessions:
-            marker = " ●" if info.id == self._current else ""
-            table.add_row(
-                Text(f"{info.id}{marker}"),
-                Text(_when(info.started_at)),
-                Text(printable(info.persona_id)),
-                Text(printable(info.model_id)),
-                Text(str(info.turns), justify="right"),
-                Text(fmt_ms(info.ttft_p50_ms), justify="right"),
-                Text(fmt_usd(info.cost_usd), justify="right"),
-                key=str(info.id),
-            )
-        table.focus()
-
-    @on(DataTable.RowSelected)
-    def _chosen(self, event: DataTable.RowSelected) -> None:
-        self.dismiss(int(event.row_key.value))
 
     def action_dismiss_none(self) -> None:
         self.dismiss(None)

@@ -20,12 +20,12 @@ from textual.content import Content
 from chatterm.core.metrics.format import SEP, fmt_ms
 from chatterm.core.metrics.timeline import PART_GLYPHS, PART_LABELS, PARTS, Timeline, TokenCosts, bar_cells
 
-STYLES = {"waiting": "$secondary", "restore": "$warning", "prefill": "$primary", "first_token": "$accent",
-          "decode": "$success"}
+STYLES = {"waiting": "$secondary", "restore": "$warning", "shift": "$error", "prefill": "$primary",
+          "first_token": "$accent", "decode": "$success"}
 
 
-OPTIONAL_PARTS = ("waiting", "restore")
-"""Most turns neither wait nor restore: legends leave these out under half a ms."""
+OPTIONAL_PARTS = ("waiting", "restore", "shift")
+"""Most turns neither wait, restore nor shift: legends leave these out under half a ms."""
 
 
 def shown(tl: Timeline, part: str) -> bool:

@@ -12,6 +12,12 @@ Contract:
 - Under each reply, a footer line from `core.format.footer_line`.
 - A resumed session mounts its last turns only; older ones are paged in from
   the store as the user scrolls up (`ConversationView`).
+- A reply knows its stored turn (`turn_id`) and its message (`user`); one with
+  siblings shows `‹ 2/3 ›` after its name. The view keeps a selected turn
+  (Shift+↑ ↓ while it has the focus; none means the last) that the turn
+  actions apply to (`current_reply`), can drop everything from a turn down
+  (`remove_from`), mount a branch's turns (`show_path`) and page in until a
+  given turn is mounted (`reveal`).
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from rich.console import Console
 from rich.markdown import Markdown as RichMarkdown
 from rich.segment import Segment
 from rich.text import Text
+from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.content import Content
 from textual.geometry import Size
@@ -49,9 +56,13 @@ def literal(text: str) -> Content:
 
 
 def shortened(text: str, limit: int = USER_DISPLAY_CHARS) -> str:
+    """The beginning and the end of a long message: a pasted document usually
+    ends with the question the user typed about it."""
     if len(text) <= limit:
         return text
-    return f"{text[:limit]}\n… ({len(text) - limit:,} more characters not shown)"
+    half = limit // 2
+    return (f"{text[:half]}\n… {len(text) - 2 * half:,} characters not shown (click to show all) …\n"
+            f"{text[-half:]}")
 
 
 class MarkdownLines:
@@ -100,8 +111,18 @@ def render_markdown(text: str, width: int, console: Console, first: bool = True)
 
 
 class UserMessage(Static):
+    """A user message; a long one shows its beginning and end until clicked."""
+
     def __init__(self, text: str) -> None:
         super().__init__(literal(shortened(text)))
+        self.text = text
+        """The message as sent (an edit starts from it)."""
+        self.expanded = False
+
+    def on_click(self) -> None:
+        if len(self.text) > USER_DISPLAY_CHARS:
+            self.expanded = not self.expanded
+            self.update(literal(self.text if self.expanded else shortened(self.text)))
 
 
 class Notice(Static):
@@ -146,8 +167,29 @@ class AssistantReply(Widget):
         """Text of the unfinished last block (rendered again on each write)."""
         self._live_lines: tuple[int, list[Strip]] | None = None
         self._cache: tuple[int, list[Strip]] | None = None
+        self.turn_id: int | None = None
+        """The stored turn this reply is (None until it is stored, or without a store)."""
+        self.user: UserMessage | None = None
+        """The message this reply answers."""
+        self._branch = ""
+        """`‹ 2/3 ›` when the reply has siblings (`branch_label`), else empty."""
+
+    def set_branch(self, label: str) -> None:
+        """Show the reply's place among its siblings in its title line."""
+        if label != self._branch:
+            self._branch = label
+            self._changed()
+
+    @property
+    def branch_text(self) -> str:
+        return self._branch
 
     # -- what it shows, as text (tests and the benchmarks read these) -----------
+    @property
+    def source(self) -> str:
+        """The reply's text as shown (control characters made visible): what a copy takes."""
+        return self._body.source + self._live
+
     @property
     def title_text(self) -> str:
         return self._text_of(self._title_lines(self._width()))
@@ -212,7 +254,10 @@ class AssistantReply(Widget):
 
     def _title_lines(self, width: int) -> list[Strip]:
         style = self.get_component_rich_style("reply--who")
-        return self._text_lines(Text(self._title, style=style), width, pad=0)
+        title = Text(self._title, style=style)
+        if self._branch:
+            title.append(f"  {self._branch}", style=self.get_component_rich_style("reply--meta"))
+        return self._text_lines(title, width, pad=0)
 
     def _footer_lines(self, width: int) -> list[Strip]:
         if self._metrics is not None:
@@ -296,6 +341,20 @@ class ConversationView(VerticalScroll):
     class OlderShown(Message):
         """A page of older turns was mounted (a good moment to collect garbage)."""
 
+    # Focused, the view scrolls with ↑ ↓ (VerticalScroll's keys); these act on
+    # the selected turn, the last one unless Shift+↑ ↓ picked another. The
+    # actions are the app's, shared with its keys and the command palette.
+    BINDINGS = [
+        Binding("shift+up", "select_turn(-1)", "Previous turn", show=False),
+        Binding("shift+down", "select_turn(1)", "Next turn", show=False),
+        Binding("left", "app.branch(-1)", "Previous branch", show=False),
+        Binding("right", "app.branch(1)", "Next branch", show=False),
+        Binding("e", "app.edit_message", "Edit message", show=False),
+        Binding("f", "app.fork", "Fork here", show=False),
+        Binding("y", "app.copy_reply", "Copy reply", show=False),
+        Binding("c", "app.copy_code", "Copy code", show=False),
+    ]
+
     PAGE_TURNS = 4
     LOAD_MARGIN = 3
     """Rows from the top at which the next older page is read."""
@@ -306,6 +365,7 @@ class ConversationView(VerticalScroll):
         self._oldest_index: int | None = None
         self._older_title = ""
         self._loading_older = False
+        self._selected: AssistantReply | None = None
 
     def on_mount(self) -> None:
         self.anchor()
@@ -337,20 +397,38 @@ class ConversationView(VerticalScroll):
             return
         self._loading_older = True
         try:
-            records = self._older(self._oldest_index, self.PAGE_TURNS)
-            if len(records) < self.PAGE_TURNS:
-                self._older = None
-            if not records:
-                return
-            self._oldest_index = records[0].index
             height_before = self.virtual_size.height
-            await self.mount_all(_record_widgets(self._older_title, records), before=0)
-            # Keep the user's place: what they looked at moved down by the
-            # height of what was mounted above it.
-            self.call_after_refresh(self._keep_place, height_before)
-            self.post_message(self.OlderShown())
+            if await self._mount_older_page():
+                # Keep the user's place: what they looked at moved down by the
+                # height of what was mounted above it.
+                self.call_after_refresh(self._keep_place, height_before)
         finally:
             self._loading_older = False
+
+    async def _mount_older_page(self) -> bool:
+        """Mount the page of turns before the oldest mounted one; False when there is none."""
+        if self._older is None or self._oldest_index is None:
+            return False
+        records = self._older(self._oldest_index, self.PAGE_TURNS)
+        if len(records) < self.PAGE_TURNS:
+            self._older = None
+        if not records:
+            return False
+        self._oldest_index = records[0].index
+        await self.mount_all(_record_widgets(self._older_title, records), before=0)
+        self.post_message(self.OlderShown())
+        return True
+
+    async def reveal(self, turn: int) -> bool:
+        """Select stored turn `turn`, paging older turns in until it is mounted
+        (a search hit); False when the current path does not hold it."""
+        while True:
+            reply = next((r for r in self.query(AssistantReply) if r.turn_id == turn), None)
+            if reply is not None:
+                self.select(reply)
+                return True
+            if self._loading_older or not await self._mount_older_page():
+                return False
 
     async def _keep_place(self, height_before: int) -> None:
         added = self.virtual_size.height - height_before
@@ -361,14 +439,61 @@ class ConversationView(VerticalScroll):
             self.scroll_to(y=self.scroll_y + added, animate=False, immediate=True)
         self.call_after_refresh(self._maybe_load_older)
 
+    # -- the selected turn ------------------------------------------------------------
+    def current_reply(self) -> AssistantReply | None:
+        """The reply the turn actions apply to: the selected one, else the last."""
+        if self._selected is not None and self._selected.is_attached:
+            return self._selected
+        replies = self.query(AssistantReply)
+        return replies.last() if replies else None
+
+    def action_select_turn(self, delta: int) -> None:
+        replies = list(self.query(AssistantReply))
+        if not replies:
+            return
+        current = self.current_reply()
+        index = replies.index(current) if current in replies else len(replies) - 1
+        self.select(replies[max(0, min(index + delta, len(replies) - 1))])
+
+    def select(self, reply: AssistantReply | None) -> None:
+        """Mark `reply` (and its message) as the selected turn and bring it into view;
+        None: back to the last turn, unmarked."""
+        for widget in self.query(".-selected"):
+            widget.remove_class("-selected")
+        self._selected = reply
+        if reply is None:
+            return
+        reply.add_class("-selected")
+        if reply.user is not None:
+            reply.user.add_class("-selected")
+        self.release_anchor()
+        self.scroll_to_widget(reply.user or reply, animate=False, top=True)
+
+    async def remove_from(self, widget: Widget) -> None:
+        """Remove `widget` and everything below it (a branch is left: the store keeps it)."""
+        children = list(self.children)
+        if widget in children:
+            doomed = children[children.index(widget):]
+            for reply in doomed:
+                if isinstance(reply, AssistantReply):
+                    await reply.stop_stream()
+            await self.remove_children(doomed)
+
+    async def show_path(self, title: str, records: Sequence["TurnRecord"]) -> AssistantReply | None:
+        """Mount stored turns at the bottom (a branch switched to); its first reply."""
+        widgets = _record_widgets(title, records)
+        await self.mount_all(widgets)
+        return next((w for w in widgets if isinstance(w, AssistantReply)), None)
+
     async def add_user(self, text: str) -> UserMessage:
         widget = UserMessage(text)
         await self.mount(widget)
         return widget
 
     async def add_reply(self, title: str, *, text: str = "", metrics: TurnMetrics | None = None,
-                        streaming: bool = False) -> AssistantReply:
+                        streaming: bool = False, user: UserMessage | None = None) -> AssistantReply:
         widget = AssistantReply(title, text, metrics, streaming)
+        widget.user = user
         await self.mount(widget)
         self.anchor()
         return widget
@@ -379,6 +504,7 @@ class ConversationView(VerticalScroll):
         return widget
 
     async def clear(self) -> None:
+        self._selected = None
         self._older = None
         self._oldest_index = None
         for reply in self.query(AssistantReply):
@@ -386,9 +512,18 @@ class ConversationView(VerticalScroll):
         await self.remove_children()
 
 
+def branch_label(record: "TurnRecord") -> str:
+    """What a reply with siblings shows in its title line (`‹ 2/3 ›`), else empty."""
+    return f"‹ {record.sibling_label} ›" if record.sibling_label else ""
+
+
 def _record_widgets(title: str, records: Sequence["TurnRecord"]) -> list[Widget]:
     widgets: list[Widget] = []
     for record in records:
-        widgets.append(UserMessage(record.user_text))
-        widgets.append(AssistantReply(title, record.reply, record.metrics))
+        user = UserMessage(record.user_text)
+        reply = AssistantReply(title, record.reply, record.metrics)
+        reply.user = user
+        reply.turn_id = record.index
+        reply.set_branch(branch_label(record))
+        widgets += (user, reply)
     return widgets

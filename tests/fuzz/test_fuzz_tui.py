@@ -36,7 +36,7 @@ from chatterm.core.store.session_store import SessionStore
 from chatterm.core.workspace import Workspace
 from chatterm.ui.chat_view import TurnPhase
 from chatterm.ui.launch import make_app
-from chatterm.ui.screens import SessionsScreen
+from chatterm.ui.sessions_screen import SessionsScreen
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ui"))
 from fake_engine import FakeEngine  # noqa: E402 - the scripted engine of the UI tests

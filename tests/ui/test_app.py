@@ -24,7 +24,8 @@ from chatterm.ui.app import ChatApp
 from chatterm.ui.chat_view import TurnPhase
 from chatterm.ui.dashboard import BAR_WIDTH, Dashboard
 from chatterm.ui.rows import LABEL_WIDTH
-from chatterm.ui.screens import HELP_KEYS, HelpScreen, PersonaPicker, SessionsScreen
+from chatterm.ui.screens import HELP_KEYS, HelpScreen, PersonaPicker
+from chatterm.ui.sessions_screen import SessionsScreen
 from chatterm.ui.transcript import AssistantReply, Notice, UserMessage
 
 SIZE = (120, 40)
@@ -73,7 +74,10 @@ async def test_reply_streams_and_dashboard_fills(build):
         session_text = rendered(dash.query_one("#dash-session"))
         assert "turns       1" in session_text and "TTFT p50" in session_text
         model_text = rendered(dash.query_one("#dash-model"))
-        assert "Fake CPU 9000" in model_text and "123 / 8,192" in model_text
+        assert "Fake CPU 9000" in model_text
+        # The context figure is the headline's, and it describes this conversation.
+        now_text = rendered(dash.query_one("#dash-now"))
+        assert f"{m.prompt_tokens + m.generated_tokens:,} / 8,192" in now_text
         assert "GPU mem     n/a" in model_text
         assert [msg.role for msg in app.conversation.history] == ["user", "assistant"]
         # A second turn carries the history to the engine.
@@ -368,8 +372,12 @@ async def test_empty_message_is_ignored_and_huge_paste_is_accepted(build):
         app.query_one("#prompt").insert(huge)
         await send(pilot, "!")
         assert engines[0].received[0][2] == huge + "!"
-        shown = rendered(app.query_one(UserMessage))
-        assert "more characters not shown" in shown
+        message = app.query_one(UserMessage)
+        shown = rendered(message)
+        # Its beginning and its end: the question typed after a paste stays in view.
+        assert "characters not shown (click to show all)" in shown and shown.rstrip().endswith("!")
+        await pilot.click(UserMessage)
+        assert message.expanded and "not shown" not in rendered(message)
 
 
 async def test_newline_key_inserts_a_line_and_enter_sends(build):

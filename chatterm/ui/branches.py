@@ -1,0 +1,48 @@
+"""Branches of a stored conversation, as the chat uses them: regenerate, edit, switch.
+
+Contract:
+- The tree is the session store's (docs/conversations.md): a regenerated reply
+  or an edited message is a sibling of the turn it replaces, and the model's
+  history is the current path. These functions ask the store and return what
+  the chat needs; they touch no widget and no engine.
+- `prepare(store, session_id, turn)`: the history to send for a sibling of
+  `turn` (regenerate: the same user text again; edit: a new one); the store's
+  next recorded turn of the session becomes that sibling.
+- `switch(store, session_id, turn, delta)`: make the sibling `delta` places
+  from `turn` current; returns it and the new path, or None when there is no
+  sibling that way.
+- `newest(store, session_id)`: the current leaf (the turn just recorded).
+- Store errors arrive as `ChattermError` with one line, for the caller to show.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from chatterm.core.store.resume import history_of
+
+if TYPE_CHECKING:
+    from chatterm.core.engine.interface import ChatMessage
+    from chatterm.core.store.session_store import SessionStore, TurnRecord
+
+
+def prepare(store: "SessionStore", session_id: int, turn: int) -> list["ChatMessage"]:
+    """The history before `turn`, for its new sibling (see the module contract)."""
+    return history_of(store.prepare_sibling(session_id, turn))
+
+
+def switch(store: "SessionStore", session_id: int, turn: int, delta: int
+           ) -> tuple[int, list["TurnRecord"]] | None:
+    """Select the sibling `delta` places from `turn`: (that sibling, the new
+    current path), or None when there is none that way."""
+    siblings = store.siblings(session_id, turn)
+    position = siblings.index(turn) + delta
+    if not 0 <= position < len(siblings):
+        return None
+    return siblings[position], store.select_turn(session_id, siblings[position])
+
+
+def newest(store: "SessionStore", session_id: int) -> "TurnRecord | None":
+    """The current path's last turn."""
+    page = store.turns_page(session_id, None, 1)
+    return page[-1] if page else None

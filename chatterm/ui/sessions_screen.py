@@ -1,0 +1,353 @@
+"""The sessions screen (F3): past sessions, search, rename, delete, fork.
+
+Contract:
+- It lists the store's sessions, newest activity first (the store's order):
+  each row shows the session's title over a preview of its last exchange, its
+  persona, model, turns, last activity and cost. Titles, previews and search
+  snippets come from the database and model output: shown literally.
+- Typing in the search box searches user messages and replies
+  (`SessionStore.search`, in a thread worker shortly after each change); the
+  table then lists the hits (session, turn, where and a snippet) and Esc in the
+  box or an empty box brings the list back. Any characters are safe.
+- Keys on the table: Enter opens the session (a hit: at its turn), `f` forks
+  it (at the hit's turn, else at its current turn), `r` renames it, `d`
+  deletes it after a confirmation, `/` goes to the search box, Esc closes.
+- Deleting the session in use is refused with one line before any question;
+  an empty title is refused with one line and the old title kept.
+- It dismisses with a `SessionChoice` (open or fork, which session, which
+  turn) or None. Store reads and writes run in thread workers; the delete
+  itself is the `delete` callable it is given (it removes the KV states too,
+  which needs the prompt cache), run in a worker. Errors are notifications.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Sequence
+
+from rich.text import Text
+from textual import on, work
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.content import Content
+from textual.message import Message
+from textual.screen import ModalScreen
+from textual.widgets import Button, DataTable, Input, Static
+
+from chatterm.core.metrics.format import fmt_usd, printable
+from chatterm.ui.notices import notify_plain
+from chatterm.ui.worker_errors import reported
+
+if TYPE_CHECKING:
+    from chatterm.core.store.records import SearchHit, SessionInfo
+    from chatterm.core.store.session_store import SessionStore
+
+SEARCH_DELAY_S = 0.15
+"""A search starts this long after the last change to the box (typing is not searched per key)."""
+
+TITLE_CELL = 40
+"""Cells of the title / last-exchange column: the other columns stay in view from
+120 columns (narrower, the table scrolls sideways)."""
+
+
+@dataclass(frozen=True)
+class SessionChoice:
+    """What the sessions screen was closed with."""
+
+    session_id: int
+    turn: int | None = None
+    """The turn to go to (a search hit's, or the fork point); None: the current one."""
+    fork: bool = False
+    """Fork the session at `turn` and open the fork, instead of opening the session."""
+
+
+def _when(ts: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(ts))
+
+
+def _two_lines(first: str, second: str) -> Text:
+    """A cell of two literal lines: the first bold, the second dim, each cut to the column."""
+    text = Text(no_wrap=True, overflow="ellipsis")
+    text.append(_cut(first), style="bold")
+    text.append("\n")
+    text.append(_cut(second), style="dim")
+    return text
+
+
+def _cut(text: str) -> str:
+    flat = " ".join(printable(text).split())
+    return flat if len(flat) <= TITLE_CELL else flat[: TITLE_CELL - 1] + "…"
+
+
+class SessionsScreen(ModalScreen["SessionChoice | None"]):
+    BINDINGS = [
+        Binding("escape", "close", "Close"),
+        Binding("slash", "search", "Search", show=False),
+    ]
+    AUTO_FOCUS = "#sessions-table"
+    COLUMNS = ("id", "title · last exchange", "persona", "model", "turns", "active", "cost")
+    HIT_COLUMNS = ("id", "title · match", "turn")
+
+    @dataclass
+    class Listed(Message):
+        """Posted by the list worker: the sessions (newest activity first)."""
+
+        sessions: "list[SessionInfo]"
+
+    @dataclass
+    class Found(Message):
+        """Posted by the search worker: the hits for `query`."""
+
+        query: str
+        hits: "list[SearchHit]"
+
+    @dataclass
+    class Changed(Message):
+        """Posted by a rename or delete worker: what happened, or why not."""
+
+        text: str
+        error: bool = False
+
+    def __init__(self, sessions: "Sequence[SessionInfo]", current: int | None, store: "SessionStore",
+                 delete: Callable[[int], str]):
+        super().__init__()
+        self._sessions = list(sessions)
+        self._current = current
+        self._store = store
+        self._delete = delete
+        self._hits: "list[SearchHit] | None" = None
+        """The hits shown (None: the sessions are shown)."""
+        self._search_timer = None
+
+    def compose(self):
+        with Vertical(id="sessions-box", classes="modal-box"):
+            yield Static(Content("Sessions"), classes="modal-title")
+            yield Input(placeholder="Search messages and replies (/)", id="sessions-search")
+            yield DataTable(id="sessions-table", cursor_type="row", zebra_stripes=True)
+            yield Static(Content(""), id="sessions-empty")
+            yield Static(Content("Enter opens · f forks · r renames · d deletes · / searches · Esc closes"),
+                         classes="modal-hint")
+
+    def on_mount(self) -> None:
+        self._show_sessions()
+
+    # -- what the table shows ----------------------------------------------------------
+    def _table(self) -> DataTable:
+        return self.query_one("#sessions-table", DataTable)
+
+    def _show_sessions(self) -> None:
+        self._hits = None
+        table = self._table()
+        table.clear(columns=True)
+        for column in self.COLUMNS:
+            table.add_column(column, width=TITLE_CELL if column.startswith("title") else None)
+        for info in self._sessions:
+            marker = " ●" if info.id == self._current else ""
+            table.add_row(
+                Text(f"{info.id}{marker}"),
+                _two_lines(info.title or "(untitled)", info.preview),
+                Text(printable(info.persona_id)),
+                Text(printable(info.model_id)),
+                Text(str(info.turns), justify="right"),
+                Text(_when(info.active_at or info.started_at)),
+                Text(fmt_usd(info.cost_usd), justify="right"),
+                key=str(info.id),
+                height=2,
+            )
+        self._say_empty("No stored sessions yet: they appear after the first reply." if not self._sessions else "")
+
+    def _show_hits(self, query: str, hits: "list[SearchHit]") -> None:
+        self._hits = hits
+        table = self._table()
+        table.clear(columns=True)
+        for column in self.HIT_COLUMNS:
+            table.add_column(column, width=TITLE_CELL + 20 if column.startswith("title") else None)
+        for n, hit in enumerate(hits):
+            who = "you" if hit.role == "user" else "reply"
+            table.add_row(
+                Text(str(hit.session_id)),
+                _two_lines(hit.title or "(untitled)", f"{who}: {hit.snippet}"),
+                Text(str(hit.turn_index), justify="right"),
+                key=str(n),
+                height=2,
+            )
+        self._say_empty("" if hits else f"Nothing matches {printable(query)!r}.")
+
+    def _say_empty(self, text: str) -> None:
+        empty = self.query_one("#sessions-empty", Static)
+        empty.update(Content(text))
+        empty.display = bool(text)
+
+    def _chosen_row(self) -> tuple[int, int | None] | None:
+        """(session id, turn) of the highlighted row (a hit's turn; None for a session)."""
+        table = self._table()
+        if table.row_count == 0:
+            return None
+        key = table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
+        if self._hits is not None:
+            hit = self._hits[int(key or 0)]
+            return hit.session_id, hit.turn_index
+        return int(key or 0), None
+
+    # -- search --------------------------------------------------------------------------
+    def action_search(self) -> None:
+        self.query_one("#sessions-search", Input).focus()
+
+    @on(Input.Changed, "#sessions-search")
+    def _query_changed(self, event: Input.Changed) -> None:
+        if self._search_timer is not None:
+            self._search_timer.stop()
+        if not event.value.strip():
+            self._show_sessions()
+            return
+        self._search_timer = self.set_timer(SEARCH_DELAY_S, lambda: self._search(event.value))
+
+    @on(Input.Submitted, "#sessions-search")
+    def _query_submitted(self) -> None:
+        self._table().focus()
+
+    @work(thread=True, exclusive=True, group="session-search", exit_on_error=False)
+    def _search(self, query: str) -> None:
+        with reported(self, lambda error: self.Changed(error, error=True), "search"):
+            self.post_message(self.Found(query, self._store.search(query)))
+
+    @on(Found)
+    def _found(self, event: Found) -> None:
+        if event.query == self.query_one("#sessions-search", Input).value:
+            self._show_hits(event.query, event.hits)
+
+    # -- open, fork ------------------------------------------------------------------------
+    @on(DataTable.RowSelected)
+    def _row_selected(self) -> None:
+        chosen = self._chosen_row()
+        if chosen is not None:
+            self.dismiss(SessionChoice(*chosen))
+
+    def key_f(self) -> None:
+        chosen = self._chosen_row()
+        if chosen is not None and self.focused is self._table():
+            self.dismiss(SessionChoice(*chosen, fork=True))
+
+    # -- rename, delete ----------------------------------------------------------------------
+    def key_r(self) -> None:
+        chosen = self._chosen_row()
+        if chosen is None or self.focused is not self._table():
+            return
+        session_id = chosen[0]
+        info = next((s for s in self._sessions if s.id == session_id), None)
+
+        def renamed(title: str | None) -> None:
+            if title is not None:
+                self._rename(session_id, title)
+
+        self.app.push_screen(RenameScreen(session_id, info.title if info else ""), renamed)
+
+    def key_d(self) -> None:
+        chosen = self._chosen_row()
+        if chosen is None or self.focused is not self._table():
+            return
+        session_id = chosen[0]
+        if session_id == self._current:
+            notify_plain(self.app, f"Session {session_id} is open: start a new conversation (Ctrl+N) "
+                                   "or open another session before deleting it.", severity="warning")
+            return
+
+        def confirmed(yes: bool | None) -> None:
+            if yes:
+                self._delete_worker(session_id)
+
+        self.app.push_screen(ConfirmScreen(f"Delete session {session_id}, its turns and its KV states?"),
+                             confirmed)
+
+    @work(thread=True, group="session-change", exit_on_error=False)
+    def _rename(self, session_id: int, title: str) -> None:
+        if not title.strip():
+            self.post_message(self.Changed(f"A title cannot be empty: session {session_id} keeps its title.", True))
+            return
+        with reported(self, lambda error: self.Changed(error, error=True), "rename"):
+            self._store.rename_session(session_id, title)
+            self.post_message(self.Changed(f"Session {session_id} renamed."))
+
+    @work(thread=True, group="session-change", exit_on_error=False)
+    def _delete_worker(self, session_id: int) -> None:
+        with reported(self, lambda error: self.Changed(error, error=True), "delete"):
+            self.post_message(self.Changed(self._delete(session_id)))
+
+    @on(Changed)
+    def _changed(self, event: Changed) -> None:
+        notify_plain(self.app, event.text, severity="error" if event.error else "information")
+        if not event.error:
+            self._reload()
+
+    @work(thread=True, exclusive=True, group="session-list", exit_on_error=False)
+    def _reload(self) -> None:
+        with reported(self, lambda error: self.Changed(error, error=True), "reading the sessions"):
+            self.post_message(self.Listed(self._store.sessions()))
+
+    @on(Listed)
+    def _listed(self, event: Listed) -> None:
+        self._sessions = event.sessions
+        query = self.query_one("#sessions-search", Input).value
+        if query.strip():
+            self._search(query)
+        else:
+            self._show_sessions()
+
+    def action_close(self) -> None:
+        search = self.query_one("#sessions-search", Input)
+        if self.focused is search and search.value:
+            search.value = ""  # Esc in the box clears the search first
+            self._table().focus()
+            return
+        self.dismiss(None)
+
+
+class RenameScreen(ModalScreen[str | None]):
+    """One line to edit a session's title; Enter renames, Esc cancels."""
+
+    BINDINGS = [Binding("escape", "dismiss_none", "Cancel")]
+    AUTO_FOCUS = "#rename-input"
+
+    def __init__(self, session_id: int, title: str):
+        super().__init__()
+        self._session_id = session_id
+        self._title = title
+
+    def compose(self):
+        with Vertical(id="rename-box", classes="modal-box"):
+            yield Static(Content(f"Rename session {self._session_id}"), classes="modal-title")
+            yield Input(value=self._title, id="rename-input")
+            yield Static(Content("Enter renames · Esc cancels"), classes="modal-hint")
+
+    @on(Input.Submitted)
+    def _submitted(self, event: Input.Submitted) -> None:
+        self.dismiss(event.value)
+
+    def action_dismiss_none(self) -> None:
+        self.dismiss(None)
+
+
+class ConfirmScreen(ModalScreen[bool]):
+    """A yes/no question: y or the Delete button confirms; n, Esc or Cancel do not."""
+
+    BINDINGS = [Binding("y", "answer(True)", "Yes"), Binding("n,escape", "answer(False)", "No")]
+    AUTO_FOCUS = "#confirm-no"
+
+    def __init__(self, question: str):
+        super().__init__()
+        self._question = question
+
+    def compose(self):
+        with Vertical(id="confirm-box", classes="modal-box"):
+            yield Static(Content(self._question), classes="modal-title")
+            with Horizontal(id="confirm-buttons"):
+                yield Button("Delete (y)", variant="error", id="confirm-yes")
+                yield Button("Cancel (n)", id="confirm-no")
+
+    @on(Button.Pressed)
+    def _pressed(self, event: Button.Pressed) -> None:
+        self.dismiss(event.button.id == "confirm-yes")
+
+    def action_answer(self, yes: bool) -> None:
+        self.dismiss(yes)

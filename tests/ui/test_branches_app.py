@@ -1,0 +1,173 @@
+"""Regenerate, edit and branches in the app (Pilot, scripted engine, real SQLite store):
+the old reply or message is kept as a sibling in the store, the new one is current,
+← → switch between them, and the model's history is the current path. Bad input
+(an empty edit, nothing stored yet) is one notification and loses nothing."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import loaded, send, wait_for, wait_for_palette_hit
+from textual.geometry import Region
+
+from chatterm.core.engine.interface import ChatMessage
+from chatterm.core.store.session_store import SessionStore
+from chatterm.ui.chat_view import TurnPhase
+from chatterm.ui.transcript import AssistantReply, UserMessage
+
+SIZE = (120, 40)
+
+
+def rendered(widget) -> str:
+    width, height = widget.size
+    return "\n".join(strip.text for strip in widget.render_lines(Region(0, 0, width, height)))
+
+
+def replies(app) -> list[str]:
+    return [r.source for r in app.query(AssistantReply)]
+
+
+def users(app) -> list[str]:
+    return [u.text for u in app.query(UserMessage)]
+
+
+def notifications(app) -> list[str]:
+    return [n.message for n in app._notifications]
+
+
+async def idle(pilot) -> None:
+    await wait_for(pilot, lambda: pilot.app.chat.phase is TurnPhase.IDLE, what="the reply to finish")
+
+
+@pytest.fixture
+def store(workspace):
+    with SessionStore(workspace.db_path) as store:
+        yield store
+
+
+async def test_regenerate_keeps_the_old_reply_and_arrows_switch_between_them(build, store):
+    app, engines = build(["Paris.", "Rome.", "It is Paris.", "Lyon is second."], store=store)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        # The title follows the status the session sets too (the persona's prefix is ready).
+        await wait_for(pilot, lambda: str(app.query_one("#title-bar").render()).endswith("· ready"),
+                       what="the title to say ready")
+        await send(pilot, "Capital of France?")
+        await send(pilot, "And of Italy?")
+        sid = app.conversation.session_id
+        await pilot.press("ctrl+r")
+        await wait_for(pilot, lambda: len(app.conversation.turns) == 3, what="the regenerated turn")
+        await idle(pilot)
+        # The model got the path before the turn, and the same question again.
+        assert engines[0].received[-1][1:] == (
+            [ChatMessage("user", "Capital of France?"), ChatMessage("assistant", "Paris.")], "And of Italy?")
+        assert replies(app) == ["Paris.", "It is Paris."] and users(app) == ["Capital of France?", "And of Italy?"]
+        last = app.query(AssistantReply).last()
+        assert last.branch_text == "‹ 2/2 ›" and "‹ 2/2 ›" in rendered(last)
+        assert [r.reply for r in store.turns(sid)] == ["Paris.", "It is Paris."]
+        assert [store.turn(sid, i).reply for i in store.siblings(sid, last.turn_id)] == ["Rome.", "It is Paris."]
+
+        # ← in the focused conversation: the old reply is back, and it is the history.
+        app.query_one("#conversation").focus()
+        await pilot.press("left")
+        await wait_for(pilot, lambda: replies(app) == ["Paris.", "Rome."], what="the first branch")
+        assert app.query(AssistantReply).last().branch_text == "‹ 1/2 ›"
+        assert [m.content for m in app.conversation.history][-2:] == ["And of Italy?", "Rome."]
+        await pilot.press("left")  # no earlier branch: one line, nothing changes
+        await wait_for(pilot, lambda: any("No earlier branch" in n for n in notifications(app)),
+                       what="the notice")
+        assert replies(app) == ["Paris.", "Rome."]
+        await send(pilot, "Second city?")
+        assert [m.content for m in engines[0].received[-1][1]] == [
+            "Capital of France?", "Paris.", "And of Italy?", "Rome."]
+        assert [r.reply for r in store.turns(sid)] == ["Paris.", "Rome.", "Lyon is second."]
+        # → goes to the regenerated branch again (its path has no third turn).
+        app.query_one("#conversation").focus()
+        await pilot.press("shift+up")
+        await pilot.press("right")
+        await wait_for(pilot, lambda: replies(app) == ["Paris.", "It is Paris."], what="the second branch")
+        assert len(app.conversation.history) == 4
+
+
+async def test_edit_an_earlier_message_branches_there(build, store):
+    app, engines = build(["One.", "Two.", "Three.", "Deux."], store=store)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        for text in ("first", "second", "third"):
+            await send(pilot, text)
+        sid = app.conversation.session_id
+        conversation = app.query_one("#conversation")
+        conversation.focus()
+        await pilot.press("shift+up")  # turn 2 is selected
+        assert app.query(AssistantReply)[1].has_class("-selected")
+        await pilot.press("e")
+        prompt = app.query_one("#prompt")
+        assert prompt.text == "second" and app.focused is prompt
+        prompt.clear()
+        prompt.insert("second, edited")
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: len(app.conversation.turns) == 4, what="the edited turn")
+        await idle(pilot)
+        assert engines[0].received[-1][1:] == ([ChatMessage("user", "first"), ChatMessage("assistant", "One.")],
+                                               "second, edited")
+        assert users(app) == ["first", "second, edited"] and replies(app) == ["One.", "Deux."]
+        assert [r.user_text for r in store.turns(sid)] == ["first", "second, edited"]
+        assert app.query(AssistantReply).last().branch_text == "‹ 2/2 ›"
+        assert [m.content for m in app.conversation.history] == ["first", "One.", "second, edited", "Deux."]
+        # The old branch, third turn included, is one ← away.
+        conversation.focus()
+        await pilot.press("left")
+        await wait_for(pilot, lambda: users(app) == ["first", "second", "third"], what="the old branch")
+        assert replies(app) == ["One.", "Two.", "Three."]
+
+
+async def test_empty_edit_and_actions_before_any_turn_are_one_line_and_lose_nothing(build, store):
+    app, engines = build(["Hello."], store=store)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        await pilot.press("ctrl+r")
+        await wait_for(pilot, lambda: any("Nothing to regenerate yet" in n for n in notifications(app)),
+                       what="the refusal")
+        await send(pilot, "hi")
+        prompt = app.query_one("#prompt")
+        prompt.focus()
+        await pilot.press("up")  # ↑ in an empty prompt edits the last message
+        assert prompt.text == "hi" and prompt.editing
+        prompt.clear()
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: any("empty message cannot replace" in n for n in notifications(app)),
+                       what="the refusal")
+        assert len(engines[0].received) == 1 and users(app) == ["hi"] and replies(app) == ["Hello."]
+        assert [r.user_text for r in store.turns(app.conversation.session_id)] == ["hi"]
+        assert not prompt.editing
+        # Esc cancels an edit: the prompt is emptied, the message is as it was.
+        await pilot.press("up")
+        assert prompt.text == "hi"
+        await pilot.press("escape")
+        assert prompt.text == "" and not prompt.editing and users(app) == ["hi"]
+        # An edit never replaces a draft: one line, the draft stays.
+        prompt.insert("a draft")
+        app.query_one("#conversation").focus()
+        await pilot.press("e")
+        await wait_for(pilot, lambda: any("Send or clear the message" in n for n in notifications(app)),
+                       what="the refusal")
+        assert prompt.text == "a draft" and not prompt.editing
+        assert app.is_running
+
+
+async def test_regenerate_and_branches_from_the_palette(build, store):
+    app, engines = build(["A.", "B."], store=store)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        await send(pilot, "q")
+        await pilot.press("ctrl+p")
+        await pilot.press(*"Regenerate")
+        await wait_for_palette_hit(pilot, "Regenerate reply")
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: len(app.conversation.turns) == 2, what="the regenerated turn")
+        await idle(pilot)
+        assert replies(app) == ["B."]
+        await pilot.press("ctrl+p")
+        await pilot.press(*"Previous branch")
+        await wait_for_palette_hit(pilot, "Previous branch")
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: replies(app) == ["A."], what="the first branch")

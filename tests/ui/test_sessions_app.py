@@ -1,0 +1,204 @@
+"""Getting conversations back (Pilot, scripted engine, real SQLite store): switching
+back to a persona returns to its last conversation and the picker says so; the
+sessions screen lists titles and previews newest activity first, searches,
+renames, deletes (never the session in use) and forks; a fork continues with the
+history up to its turn."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import loaded, send, wait_for
+from textual.widgets import DataTable, Input, OptionList
+
+from chatterm.core.store.session_store import SessionStore
+from chatterm.ui.chat_view import TurnPhase
+from chatterm.ui.screens import PersonaPicker
+from chatterm.ui.sessions_screen import TITLE_CELL, ConfirmScreen, RenameScreen, SessionsScreen
+from chatterm.ui.transcript import AssistantReply, Notice, UserMessage
+
+SIZE = (120, 40)
+
+
+def users(app) -> list[str]:
+    return [u.text for u in app.query(UserMessage)]
+
+
+def notifications(app) -> list[str]:
+    return [n.message for n in app._notifications]
+
+
+def cells(table: DataTable, column: int) -> list[str]:
+    return [table.get_row_at(i)[column].plain for i in range(table.row_count)]
+
+
+@pytest.fixture
+def store(workspace):
+    with SessionStore(workspace.db_path) as store:
+        yield store
+
+
+async def pick_persona(pilot, persona_id: str) -> PersonaPicker:
+    app = pilot.app
+    await pilot.press("f2")
+    await wait_for(pilot, lambda: isinstance(app.screen, PersonaPicker), what="the picker")
+    picker = app.screen
+    options = picker.query_one(OptionList)
+    texts = [str(options.get_option_at_index(i).prompt) for i in range(options.option_count)]
+    options.highlighted = next(i for i, t in enumerate(texts) if f"({persona_id})" in t)
+    return picker
+
+
+def option_text(picker: PersonaPicker, persona_id: str) -> str:
+    options = picker.query_one(OptionList)
+    texts = [str(options.get_option_at_index(i).prompt) for i in range(options.option_count)]
+    return next(t for t in texts if f"({persona_id})" in t)
+
+
+async def test_switching_back_to_a_persona_returns_to_its_last_conversation(build, store):
+    app, engines = build(store=store)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        await send(pilot, "hello assistant")
+        first = app.conversation.session_id
+        picker = await pick_persona(pilot, "terse-coder")
+        assert "→ new conversation" in option_text(picker, "terse-coder")
+        assert "→ current conversation" in option_text(picker, "assistant")
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: app.persona.id == "terse-coder" and app.conversation is not None,
+                       what="the switch")
+        assert users(app) == []
+        await send(pilot, "hello coder")
+        coder = app.conversation.session_id
+
+        picker = await pick_persona(pilot, "assistant")
+        assert f"→ back to session {first}" in option_text(picker, "assistant")
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: app.conversation is not None and app.conversation.session_id == first,
+                       what="the first conversation")
+        assert app.persona.id == "assistant" and users(app) == ["hello assistant"]
+        assert any(f"Back to your conversation with Assistant: session {first}, 1 turn." in str(n.render())
+                   for n in app.query(Notice))
+        await wait_for(pilot, lambda: app.chat.phase is TurnPhase.IDLE and len(app.conversation.history) == 2,
+                       what="its history")
+        await send(pilot, "still there?")
+        assert [m.content for m in engines[0].received[-1][1]] == ["hello assistant", "Echo: hello assistant"]
+        # Ctrl+N is a new conversation; the persona's last one is then that new one.
+        await pilot.press("ctrl+n")
+        await wait_for(pilot, lambda: users(app) == [], what="the new conversation")
+        picker = await pick_persona(pilot, "terse-coder")
+        assert f"→ back to session {coder}" in option_text(picker, "terse-coder")
+        await pilot.press("escape")
+
+
+async def test_sessions_screen_title_preview_search_rename_delete(build, store):
+    app, engines = build(store=store)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        await send(pilot, "Tell me about [bold]otters[/] please")
+        older = app.conversation.session_id
+        await pilot.press("ctrl+n")
+        await wait_for(pilot, lambda: users(app) == [], what="the new conversation")
+        await send(pilot, "What do beavers build?")
+        current = app.conversation.session_id
+
+        await pilot.press("f3")
+        await wait_for(pilot, lambda: isinstance(app.screen, SessionsScreen), what="the sessions screen")
+        screen = app.screen
+        table = screen.query_one(DataTable)
+        await wait_for(pilot, lambda: table.row_count == 2, what="the rows")
+        assert cells(table, 0) == [f"{current} ●", str(older)]  # newest activity first
+        titles = cells(table, 1)
+        title, preview = titles[0].splitlines()
+        assert title == "What do beavers build?"
+        assert preview.startswith("What do beavers build? → Echo: What") and len(preview) <= TITLE_CELL
+        assert titles[1].splitlines()[0] == "Tell me about [bold]otters[/] please"  # literal
+
+        # Deleting the session in use is refused before any question.
+        table.focus()
+        await pilot.press("d")
+        await wait_for(pilot, lambda: any(f"Session {current} is open" in n for n in notifications(app)),
+                       what="the refusal")
+        assert app.screen is screen and table.row_count == 2
+
+        # Rename the older one; an empty title is refused and the old one kept.
+        await pilot.press("down", "r")
+        await wait_for(pilot, lambda: isinstance(app.screen, RenameScreen), what="the rename box")
+        rename = app.screen.query_one(Input)
+        rename.value = "   "
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: any("A title cannot be empty" in n for n in notifications(app)),
+                       what="the refusal")
+        assert store.session(older).title == "Tell me about [bold]otters[/] please"
+        await pilot.press("r")
+        await wait_for(pilot, lambda: isinstance(app.screen, RenameScreen), what="the rename box")
+        app.screen.query_one(Input).value = "Otters"
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: cells(table, 1)[1].startswith("Otters\n"), what="the new title")
+        assert store.session(older).title == "Otters"
+
+        # Search: any characters are safe; a hit opens its session at its turn.
+        search = screen.query_one(Input)
+        search.focus()
+        search.value = 'otters" OR ('
+        await wait_for(pilot, lambda: screen._hits is not None, what="the search")
+        search.value = "otters"
+        await wait_for(pilot, lambda: screen._hits and table.row_count >= 1, what="the hits")
+        assert cells(table, 0)[0] == str(older) and "otters" in cells(table, 1)[0].lower()
+        search.value = "zzzz-nothing"
+        await wait_for(pilot, lambda: screen._hits == [], what="no hits")
+        search.value = "otters"
+        await wait_for(pilot, lambda: bool(screen._hits), what="the hits")
+        table.focus()
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: app.conversation is not None and app.conversation.session_id == older,
+                       what="the hit's session")
+        reply = app.query(AssistantReply).last()
+        assert reply.has_class("-selected") and reply.turn_id == 1
+
+        # Delete the other session after the confirmation.
+        await pilot.press("f3")
+        await wait_for(pilot, lambda: isinstance(app.screen, SessionsScreen), what="the sessions screen")
+        table = app.screen.query_one(DataTable)
+        table.focus()
+        table.move_cursor(row=cells(table, 0).index(str(current)))
+        await pilot.press("d")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="the question")
+        await pilot.press("n")
+        assert {s.id for s in store.sessions()} == {older, current}  # n: nothing deleted
+        await pilot.press("d")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="the question")
+        await pilot.press("y")
+        await wait_for(pilot, lambda: table.row_count == 1, what="the row to go")
+        assert [s.id for s in store.sessions()] == [older]
+        assert any(f"Deleted session {current}: 1 turn" in n for n in notifications(app))
+
+
+async def test_fork_from_a_turn_continues_with_its_history(build, store):
+    app, engines = build(store=store)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        for text in ("one", "two", "three"):
+            await send(pilot, text)
+        parent = app.conversation.session_id
+        app.query_one("#conversation").focus()
+        await pilot.press("shift+up", "f")  # fork at turn 2
+        await wait_for(pilot, lambda: app.conversation is not None and app.conversation.session_id != parent,
+                       what="the fork")
+        await wait_for(pilot, lambda: len(app.conversation.history) == 4, what="its history")
+        assert users(app) == ["one", "two"]
+        await send(pilot, "four")
+        assert [m.content for m in engines[0].received[-1][1]] == ["one", "Echo: one", "two", "Echo: two"]
+        assert [r.user_text for r in store.turns(parent)] == ["one", "two", "three"]
+        fork = app.conversation.session_id
+        assert [r.user_text for r in store.turns(fork)] == ["one", "two", "four"]
+        # From the sessions screen: f forks the highlighted session at its current turn.
+        await pilot.press("f3")
+        await wait_for(pilot, lambda: isinstance(app.screen, SessionsScreen), what="the sessions screen")
+        table = app.screen.query_one(DataTable)
+        table.focus()
+        table.move_cursor(row=cells(table, 0).index(str(parent)))
+        await pilot.press("f")
+        await wait_for(pilot, lambda: app.conversation is not None
+                       and app.conversation.session_id not in (parent, fork), what="the second fork")
+        await wait_for(pilot, lambda: len(app.conversation.history) == 6, what="its history")
+        assert users(app) == ["one", "two", "three"]

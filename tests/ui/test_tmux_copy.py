@@ -1,0 +1,69 @@
+"""End to end: copying a reply in the real `chatterm launch` in tmux emits OSC 52.
+
+tmux with `set-clipboard on` takes an application's OSC 52 sequence into a paste
+buffer, so `tmux show-buffer` holding the reply proves the sequence reached the
+terminal, with the text intact. Real default model; skipped when tmux is missing.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+
+import pytest
+from test_tmux_e2e import FOOTER, REPO, Tmux, flat, title
+
+from chatterm.core.store.session_store import SessionStore
+
+pytestmark = [
+    pytest.mark.tmux,
+    pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed"),
+]
+
+
+def buffer(tmux: Tmux) -> str | None:
+    """The newest paste buffer (None while there is none)."""
+    out = subprocess.run(tmux._tmux("show-buffer"), capture_output=True, text=True)
+    return out.stdout if out.returncode == 0 else None
+
+
+def test_copy_reply_emits_osc_52_in_tmux(tmp_path):
+    db = tmp_path / "data" / "chatterm.db"
+    db.parent.mkdir()
+    env = {
+        "CHATTERM_CONFIG_DIR": str(tmp_path / "config"),
+        "CHATTERM_DATA_DIR": str(tmp_path / "data"),
+        "CHATTERM_CACHE_DIR": str(tmp_path / "cache"),
+        "TERM": "xterm-256color",
+    }
+    launch = shlex.join(
+        ["env", *(f"{k}={v}" for k, v in env.items()), sys.executable, "-m", "chatterm", "launch", "--db", str(db)]
+    )
+    command = f"cd {shlex.quote(str(REPO))} && {launch}; echo CHATTERM-EXIT=$?; sleep 120"
+    tmux = Tmux(f"chatterm-copy-{os.getpid()}", tmp_path / "tmux.sock")
+    try:
+        # The option is set before the app starts: the pane begins with a shell
+        # that waits, and is respawned with the app.
+        tmux.run("new-session", "-d", "-s", tmux.target, "-x", "120", "-y", "40", "sleep 600")
+        tmux.run("set-option", "-g", "set-clipboard", "on")
+        tmux.run("respawn-pane", "-k", "-t", tmux.target, command)
+        tmux.wait_for(lambda s: "· ready" in title(s), 120, "the model to load")
+        tmux.run("send-keys", "-t", tmux.target, "-l", "Say hello in French.")
+        tmux.run("send-keys", "-t", tmux.target, "Enter")
+        tmux.wait_for(lambda s: FOOTER.search(flat(s)) is not None and "· ready" in title(s), 120, "the reply")
+        assert buffer(tmux) is None
+        tmux.run("send-keys", "-t", tmux.target, "F9")
+        screen = tmux.wait_for(lambda s: "Copied the reply" in flat(s), 30, "the copy notice")
+        copied = buffer(tmux)
+        tmux.run("send-keys", "-t", tmux.target, "C-q")
+        tmux.wait_for(lambda s: "CHATTERM-EXIT=" in s, 30, "the app to quit")
+    finally:
+        tmux.kill()
+    assert "Traceback" not in screen
+    with SessionStore(db, readonly=True) as store:
+        (session,) = store.sessions()
+        (record,) = store.turns(session.id)
+    assert record.reply.strip() and copied == record.reply
