@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     persona = replace(base, sampling=replace(base.sampling, temperature=0.0, max_tokens=opts.max_tokens))
     engine = LocalEngine(spec, ws.catalog.price(spec.price_profile), kv_cache=None)
     engine.load()
-    tokens = engine.fit_prompt(persona, [], PROMPT, opts.max_tokens)[0]
+    tokens = engine.fit_prompt(persona, [], PROMPT, opts.max_tokens).tokens
     libraries = {
         name: llama_cpp.Llama(str(spec.model_path()), n_ctx=spec.n_ctx, n_threads=n, n_threads_batch=cpus,
                               verbose=False)

@@ -39,7 +39,7 @@ from typing import Any, Callable
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 RESULTS = REPO / "benchmarks" / "results"
-PAGES = (REPO / "docs" / "benchmarks.md", REPO / "docs" / "configuration.md")
+PAGES = (REPO / "docs" / "benchmarks.md", REPO / "docs" / "configuration.md", REPO / "docs" / "long-conversations.md")
 
 MARKERS = re.compile(
     r"(?P<begin><!-- BEGIN generated from (?P<name>[\w.-]+) -->\n)"
@@ -248,6 +248,27 @@ def render_type_ahead(data: dict[str, Any]) -> list[str]:
     return lines
 
 
+def render_context_overflow(data: dict[str, Any]) -> list[str]:
+    rows = []
+    for run in data["configs"]:
+        policy, target = run["policy"], data["targets"][run["policy"]]
+        what = "median TTFT overflowed / fitting" if policy == "shift" else "mean TTFT all / median fitting"
+        prefilled = [t["prefilled"] for t in run["turns"][1:]]
+        cell = f"**{ratio(run['ratio'])}** {what}" if run["ratio"] is not None else "no overflow"
+        rows.append((f"{run['n_ctx']:,}", f"`{policy}`", str(run["overflows"]), ms(run["median_fit_ms"]), cell,
+                     f"{min(prefilled):,}-{max(prefilled):,}",
+                     against(run["ratio"], target) if run["ratio"] is not None else f"<= {target:g}x (missed)"))
+    lines = [machine_line(data), ""]
+    lines += table(("n_ctx", "policy", "overflows", "TTFT of turns that fit (median)", "ratio",
+                    "tokens prefilled per turn (turns 2-30)", "target"), rows)
+    for run in data["configs"]:
+        if "divergence" in run:
+            d = run["divergence"]
+            lines += ["", f"At n_ctx {run['n_ctx']:,}, {d['diverged']} of the {d['compared']} replies after the first "
+                      "shift differed from the greedy reply to a fresh prefill of the same prompt."]
+    return lines
+
+
 def renderer(data: dict[str, Any]) -> Callable[[dict[str, Any]], list[str]]:
     if "ttft_cold_ms" in data:
         return render_bench
@@ -257,6 +278,8 @@ def renderer(data: dict[str, Any]) -> Callable[[dict[str, Any]], list[str]]:
         return render_store_load
     if "ratio_type_ahead_over_one_word" in data:
         return render_type_ahead
+    if data.get("targets", {}).keys() == {"shift", "truncate"}:
+        return render_context_overflow
     raise ValueError("holds no figures this script knows how to render")
 
 

@@ -277,7 +277,7 @@ def _long_history(engine, persona: Persona, min_tokens: int = 3000) -> list:
         for i in range(6):
             history += [ChatMessage("user", f"Order {i + 1}. " + words * repeat),
                         ChatMessage("assistant", f"Noted order {i + 1}.")]
-        if len(engine.fit_prompt(persona, history, "ok", 32)[0]) - prefix >= min_tokens:
+        if len(engine.fit_prompt(persona, history, "ok", 32).tokens) - prefix >= min_tokens:
             return history
         repeat += 1
 

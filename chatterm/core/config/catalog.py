@@ -49,6 +49,7 @@ from chatterm.errors import ChattermError
 
 KV_TYPES = ("f16", "q8_0", "q4_0")
 ENGINE_KINDS = ("local", "openai")
+OVERFLOW_POLICIES = ("auto", "shift", "truncate")
 STORE_PREFIXES = ("ollama:", "lmstudio:", "hf:")
 """A `source` or `--model` naming a model in a store (chatterm.core.discovery)."""
 
@@ -107,6 +108,10 @@ class ModelSpec:
     """KV cache element type: f16, q8_0 or q4_0 (quantized types need flash attention)."""
     flash_attn: bool | Literal["auto"] = key("auto", check=auto_or(boolean, "true or false"))
     """"auto": on when layers are offloaded or the KV type is quantized."""
+    context_overflow: str = key("auto", check=one_of(*OVERFLOW_POLICIES))
+    """A conversation longer than the context: "shift" removes its oldest turns
+    from the live KV state and keeps the rest, "truncate" drops them from the
+    prompt and prefills what is kept; "auto": shift where the model's memory can."""
     n_threads: int | None = key(None, check=integer(1))
     """CPU threads for decoding; None: one per physical core this process may
     run on, less those other processes keep busy, chosen before each prefill

@@ -117,6 +117,11 @@ class DeviceInfo:
     n_ctx: int = 0
     notes: list[str] = field(default_factory=list)
     """Things the user should know, e.g. "fell back to CPU: out of GPU memory"."""
+    overflow: str = ""
+    threads: str = ""
+    """CPU threads in use: "2 decode · 2 prefill of 2 cores"; "" where not known."""
+    """What a conversation longer than the context does, and why: "shift (the
+    model's memory can shift)"; "" for engines that do not say."""
 
 
 @dataclass(frozen=True)
@@ -137,6 +142,12 @@ class PrefillProgress:
     done: int
     total: int
     elapsed_s: float
+    batch: int = 0
+    """Tokens of the latest batch (0: not known)."""
+    batch_s: float = 0.0
+    """Seconds the latest batch took."""
+    offset: int = 0
+    """Tokens the context held before this prefill's first."""
 
     @property
     def rate(self) -> float:
@@ -145,9 +156,27 @@ class PrefillProgress:
 
     @property
     def eta_s(self) -> float | None:
-        """Seconds left at the rate so far (None before the first batch)."""
+        """Seconds left (None before the first batch).
+
+        A token's cost grows with its position in the context (attention reads
+        every earlier one), so the rate so far overstates the speed of what is
+        left: a 71 s prefill said "29s left" at 5 s. With the latest batch's
+        cost known, the cost per token is taken as growing linearly with the
+        position (fitted to the mean so far and the latest batch), and never
+        below the latest batch's."""
         rate = self.rate
-        return (self.total - self.done) / rate if rate > 0 else None
+        if rate <= 0:
+            return None
+        left = self.total - self.done
+        if not (0 < self.batch < self.done and self.batch_s > 0):
+            return left / rate
+        latest = self.batch_s / self.batch
+        mean = self.elapsed_s / self.done
+        at_latest = self.offset + self.done - self.batch / 2
+        at_mean = self.offset + self.done / 2
+        growth = max((latest - mean) / (at_latest - at_mean), 0.0)
+        start, end = self.offset + self.done, self.offset + self.total
+        return max(latest * left + growth * ((end * end - start * start) / 2 - at_latest * left), latest * left)
 
 
 

@@ -164,6 +164,16 @@ def input_breakdown(m: TurnMetrics) -> str:
     return ", ".join(parts)
 
 
+def context_cut_label(m: TurnMetrics) -> str:
+    """A turn at which the oldest turns left the context: how, in a few words."""
+    if not m.cut_turns:
+        return ""
+    turns = f"{m.cut_turns} oldest turn{'s' if m.cut_turns != 1 else ''}"
+    if m.shifted_tokens:
+        return f"context full: {turns} shifted out ({fmt_int(m.shifted_tokens)} tokens, {fmt_ms(m.shift_ms)})"
+    return f"context full: {turns} cut, the rest prefilled"
+
+
 def footer_line(m: TurnMetrics) -> str:
     """The one-line summary printed under a reply (TUI) or after it (`chatterm ask`)."""
     approx = "~" if m.tokens_estimated else ""
@@ -177,6 +187,8 @@ def footer_line(m: TurnMetrics) -> str:
     if m.energy_wh is not None:
         parts.append(f"{m.energy_wh:.3f} Wh")
     parts.append(cache_label(m))
+    if cut := context_cut_label(m):
+        parts.append(cut)
     stop = stop_label(m)
     if stop and m.cache_outcome != CacheOutcome.NONE:  # its cache label already says it stopped
         parts.append(stop)

@@ -1,11 +1,12 @@
 """Where a turn's time went, and what a token costs on this machine.
 
 Contract:
-- `timeline(m)` splits a turn into waiting | restore | prefill | first token |
-  decode, in ms, from the stored `TurnMetrics` only: waiting = `wait_ms` (submit
-  until the engine could start the turn, e.g. a persona still being prepared),
-  restore = `restore_ms` when the turn restored, prefill = `prefill_ms`, first
-  token = `ttft_ms - waiting - restore - prefill` clamped at 0 (the rest of the
+- `timeline(m)` splits a turn into waiting | restore | shift | prefill | first
+  token | decode, in ms, from the stored `TurnMetrics` only: waiting = `wait_ms`
+  (submit until the engine could start the turn, e.g. a persona still being
+  prepared), restore = `restore_ms` when the turn restored, shift = `shift_ms`
+  (the oldest turns removed from the KV state), prefill = `prefill_ms`, first
+  token = `ttft_ms - waiting - restore - shift - prefill` clamped at 0 (the rest of the
   time to first token: templating, tokenizing, sampling), decode = `decode_ms`.
   A restore done at the persona switch (`restore_at_switch`) is not part of
   the turn: it is `Timeline.switch_restore_ms`, outside the parts and their
@@ -34,17 +35,18 @@ MIN_PREFILL_TOKENS = 8
 MIN_DECODE_TOKENS = 2
 """The first token belongs to TTFT: a decode rate needs a second one."""
 
-PARTS = ("waiting", "restore", "prefill", "first_token", "decode")
+PARTS = ("waiting", "restore", "shift", "prefill", "first_token", "decode")
 PART_LABELS = {
     "waiting": "waiting",
     "restore": "restore",
+    "shift": "shift",
     "prefill": "prefill",
     "first_token": "first token",
     "decode": "decode",
 }
-PART_GLYPHS = {"waiting": "┄", "restore": "▒", "prefill": "█", "first_token": "▓", "decode": "░"}
+PART_GLYPHS = {"waiting": "┄", "restore": "▒", "shift": "╳", "prefill": "█", "first_token": "▓", "decode": "░"}
 """One glyph per part, for timelines drawn in text (the TUI, Markdown)."""
-TTFT_PARTS = PARTS[:4]
+TTFT_PARTS = PARTS[:5]
 """The parts that add up to the time to first token."""
 
 
@@ -52,6 +54,7 @@ TTFT_PARTS = PARTS[:4]
 class Timeline:
     waiting_ms: float
     restore_ms: float
+    shift_ms: float
     prefill_ms: float
     first_token_ms: float
     decode_ms: float
@@ -79,11 +82,13 @@ def timeline(m: TurnMetrics) -> Timeline:
     waiting = max(m.wait_ms or 0.0, 0.0)
     restored = max(m.restore_ms or 0.0, 0.0)
     restore, before = (0.0, restored) if m.restore_at_switch else (restored, 0.0)
+    shift = max(m.shift_ms or 0.0, 0.0)
     prefill = max(m.prefill_ms or 0.0, 0.0)
     if m.ttft_ms is None:
-        return Timeline(waiting, restore, prefill, 0.0, 0.0, False, m.stop_reason, before)
-    first = max(m.ttft_ms - waiting - restore - prefill, 0.0)
-    return Timeline(waiting, restore, prefill, first, max(m.decode_ms or 0.0, 0.0), True, m.stop_reason, before)
+        return Timeline(waiting, restore, shift, prefill, 0.0, 0.0, False, m.stop_reason, before)
+    first = max(m.ttft_ms - waiting - restore - shift - prefill, 0.0)
+    decode = max(m.decode_ms or 0.0, 0.0)
+    return Timeline(waiting, restore, shift, prefill, first, decode, True, m.stop_reason, before)
 
 
 @dataclass(frozen=True)

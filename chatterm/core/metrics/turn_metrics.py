@@ -100,7 +100,15 @@ class TurnMetrics:
     """A `StopReason`; "" while the reply is still streaming."""
     error: str | None = None
     dropped_turns: int = 0
-    """Oldest history turns dropped so the prompt fits the context."""
+    """Oldest history turns the prompt left out so it fits the context."""
+    cut_turns: int = 0
+    """Of `dropped_turns`, those left out at this turn (the cut moved); 0 while
+    the cut holds, so a long conversation's turns reuse their cache."""
+    shifted_tokens: int = 0
+    """Tokens of those turns removed from the KV state by a context shift (the
+    kept turns were not prefilled again)."""
+    shift_ms: float = 0.0
+    """Time the shift took: part of the turn's TTFT."""
     tokens_estimated: bool = False
     """True when a server reported no usage and counts were estimated."""
     cost_input_usd: float = 0.0

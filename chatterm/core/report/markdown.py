@@ -9,7 +9,9 @@ Contract:
   per session its facts, summary, where the time went (a to-scale text bar per
   turn and the measured per-token costs), where the money went (cost split) and
   what it would cost under every price profile, the per-turn table and the
-  messages table (each turn's user text and reply, cut to `PREVIEW_CHARS`).
+  messages table (each turn's user text and reply, cut to `PREVIEW_CHARS`),
+  and for a session with branches the branch of each turn
+  (`chatterm.core.report.branches`).
 - Mermaid has no stacked bars and no legend: the TTFT chart overlays
   cumulative bars (whole TTFT, then up to the end of the prefill, of the
   restore, of the wait) so each colour's visible band is one part, and the
@@ -26,6 +28,7 @@ from typing import Iterable, Sequence
 
 from chatterm.core.metrics.timeline import PART_GLYPHS, PART_LABELS, PARTS, bar_cells
 from chatterm.core.report import words
+from chatterm.core.report.branches import BRANCH_HEADER, BRANCH_NOTE, branch_rows, fork_sentence, has_branches
 from chatterm.core.report.escape import md_escape
 from chatterm.core.report.figures import SessionReport, TurnView
 
@@ -102,9 +105,9 @@ def _charts(reports: Sequence[SessionReport]) -> str:
             tl = v.timeline
             categories.append(_category(r, v.index, tl.status, several))
             waiting.append(tl.waiting_ms)
-            upto_restore.append(tl.waiting_ms + tl.restore_ms)
-            upto_prefill.append(tl.waiting_ms + tl.restore_ms + tl.prefill_ms)
-            total.append(tl.waiting_ms + tl.restore_ms + tl.prefill_ms + tl.first_token_ms)
+            upto_restore.append(tl.waiting_ms + tl.restore_ms + tl.shift_ms)  # a shift is a restore's work
+            upto_prefill.append(tl.waiting_ms + tl.restore_ms + tl.shift_ms + tl.prefill_ms)
+            total.append(tl.waiting_ms + tl.restore_ms + tl.shift_ms + tl.prefill_ms + tl.first_token_ms)
             for k in range(len(reports)):
                 rate = v.record.metrics.decode_tok_s if k == n else None
                 per_session_rate[k].append(rate or 0.0)
@@ -188,4 +191,9 @@ def _session(r: SessionReport) -> str:
         parts.append("\n### Messages\n\n")
         parts.append(table(words.MESSAGE_HEADER, [words.message_row(v, md_escape, PREVIEW_CHARS) for v in r.turns],
                            "rll"))
+    if has_branches(r):
+        fork = fork_sentence(r)
+        parts += ["\n### Branches\n\n", f"{md_escape(BRANCH_NOTE)}\n\n",
+                  table(BRANCH_HEADER, branch_rows(r, md_escape), "rlrrl"),
+                  f"\n{md_escape(fork)}\n" if fork else ""]
     return "".join(parts)

@@ -34,7 +34,7 @@ from chatterm.core.report.figures import SessionReport, TurnView
 from chatterm.core.report.words import PART_COLOURS
 from chatterm.core.report.words import session_colour as colour
 
-PART_OPACITY = {"waiting": 0.12, "restore": 0.35, "prefill": 1.0, "first_token": 0.65, "decode": 0.2}
+PART_OPACITY = {"waiting": 0.12, "restore": 0.35, "shift": 0.5, "prefill": 1.0, "first_token": 0.65, "decode": 0.2}
 """On the TTFT chart colour tells sessions apart, so opacity tells the parts apart."""
 
 WIDTH, HEIGHT = 760, 300

@@ -22,9 +22,9 @@ DASH = "–"
 
 SESSION_COLOURS = ("#4e79a7", "#f28e2b", "#59a14f", "#b07aa1", "#e15759", "#76b7b2", "#9c755f", "#edc948")
 """One colour per session on the comparison charts (colour-blind-safe Tableau 10)."""
-PART_COLOURS = {"waiting": "#bab0ac", "restore": "#9c755f", "prefill": "#4e79a7", "first_token": "#f28e2b",
-                "decode": "#59a14f"}
-"""A timeline's parts: grey, brown, blue, orange, green."""
+PART_COLOURS = {"waiting": "#bab0ac", "restore": "#9c755f", "shift": "#e15759", "prefill": "#4e79a7",
+                "first_token": "#f28e2b", "decode": "#59a14f"}
+"""A timeline's parts: grey, brown, red, blue, orange, green."""
 
 
 def session_colour(n: int) -> str:
@@ -122,9 +122,14 @@ def turn_notes(v: TurnView, escape: Callable[[str, int | None], str]) -> list[st
     if m.restore_at_switch and m.restore_ms:
         notes.append(f"Turn {index}: its {num(m.restore_ms)} ms restore was done at the persona switch, "
                      "before the turn (not part of its TTFT)")
-    if m.dropped_turns:
+    if m.cut_turns:
+        plural = "s" if m.cut_turns != 1 else ""
+        how = (f"shifted out of the KV state ({fmt_int(m.shifted_tokens)} tokens, {num(m.shift_ms)} ms)"
+               if m.shifted_tokens else "the kept turns prefilled again")
+        notes.append(f"Turn {index}: {m.cut_turns} more oldest turn{plural} left the context, {how}")
+    elif m.dropped_turns:
         plural = "s" if m.dropped_turns != 1 else ""
-        notes.append(f"Turn {index}: {m.dropped_turns} oldest turn{plural} dropped to fit the context")
+        notes.append(f"Turn {index}: {m.dropped_turns} oldest turn{plural} not in the context")
     return notes
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import struct
 import threading
 import time
 from dataclasses import replace
@@ -14,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from chatterm.core.cache.prompt_cache import PromptCache, Slot
+from chatterm.core.cache.prompt_cache import PromptCache
 from chatterm.core.engine.conversation import Conversation
 from chatterm.core.engine.local.engine import LocalEngine
 from chatterm.core.store.resume import plan_resume, resume_conversation
@@ -88,8 +87,8 @@ def test_a_resumed_session_continues_token_for_token_and_prefills_only_the_new_m
     finally:
         relaunched.close()
     assert m.cache_outcome == "restored", m.cache_detail
-    assert f"reused conversation of {m.cached_tokens:,} tokens (session {conversation.session_id}, " \
-           "restored from disk)" in m.cache_detail
+    assert f"reused {m.cached_tokens:,} of {m.prompt_tokens:,} tokens (conversation, " \
+           f"session {conversation.session_id}, restored from disk)" in m.cache_detail
     assert m.restore_ms is not None and m.restore_ms > 0
     # Only the new message and the template's few tokens around it are prefilled.
     assert m.prefilled_tokens == m.prompt_tokens - m.cached_tokens
@@ -144,28 +143,27 @@ def test_an_edited_history_falls_back_to_the_persona_prefix(ws, store):
         relaunched.close()
     m = turn.metrics
     assert f"session {conversation.session_id} (disk): stale" in m.cache_detail
-    assert f"reused persona prefix: {prefix:,} tokens (restored from disk)" in m.cache_detail
+    assert f"reused {prefix:,} of {m.prompt_tokens:,} tokens (persona prefix, restored from disk)" in m.cache_detail
     assert m.cached_tokens == prefix
     assert reply == reference_reply
 
 
-def _flip_payload_byte(path):
-    data = bytearray(path.read_bytes())
+# A conversation is stored as its persona's blocks, its own blocks and a chain
+# record: the damage goes to the conversation's newest block, or to its record.
+def _flip_payload_byte(record, block):
+    data = bytearray(block.read_bytes())
     data[-100] ^= 0xFF
-    path.write_bytes(bytes(data))
+    block.write_bytes(bytes(data))
 
 
-def _truncate(path):
-    path.write_bytes(path.read_bytes()[:-5000])
+def _truncate(record, block):
+    block.write_bytes(block.read_bytes()[:-5000])
 
 
-def _foreign(path):
-    data = path.read_bytes()
-    magic, version, hlen = struct.unpack("<12sII", data[:20])
-    header = json.loads(data[20 : 20 + hlen])
-    header["compat"]["model_sha256"] = "0" * 64
-    blob = json.dumps(header).encode()
-    path.write_bytes(struct.pack("<12sII", magic, version, len(blob)) + blob + data[20 + hlen :])
+def _foreign(record, block):
+    body = json.loads(record.read_text())
+    body["compat"]["model_sha256"] = "0" * 64
+    record.write_text(json.dumps(body))
 
 
 @pytest.mark.parametrize(
@@ -180,14 +178,16 @@ def test_damaged_conversation_states_are_rejected_and_rebuilt(ws, store, damage,
         conversation = Conversation(engine, persona, store=store)
         say(conversation, "What is a list in Python?")
         engine.wait_for_saves()
-        path = engine.kv_cache.path_for(engine.spec.id, Slot.session(conversation.session_id))
-        damage(path)
+        blocks = engine.kv_cache.blocks
+        (chain,) = [c for c in blocks.disk_chains(engine.spec.id)
+                    if c.kind == "session" and c.key == str(conversation.session_id)]
+        damage(chain.path, blocks.block_path(engine.spec.id, chain.segments[-1][0]))
         engine.reset_context()  # as a relaunch: empty context,
         engine.kv_cache.clear_ram()  # nothing in RAM
         history = list(conversation.history)
         turn, reply = say(conversation, "And a tuple?")
         assert reason in turn.metrics.cache_detail
-        assert "reused persona prefix" in turn.metrics.cache_detail  # the longest valid prefix
+        assert "(persona prefix, restored" in turn.metrics.cache_detail  # the longest valid prefix
         _, reference_reply = uncached(engine, persona, history, "And a tuple?")
         assert reply == reference_reply  # the damaged state was never used
 
@@ -195,7 +195,7 @@ def test_damaged_conversation_states_are_rejected_and_rebuilt(ws, store, damage,
         engine.reset_context()
         engine.kv_cache.clear_ram()
         again, _ = say(conversation, "And a set?")
-        assert "reused conversation of" in again.metrics.cache_detail
+        assert "(conversation, session" in again.metrics.cache_detail
         assert "restored from disk" in again.metrics.cache_detail
     finally:
         engine.close()
@@ -224,7 +224,8 @@ def test_a_non_chatml_template_override_reuses_the_persona_prefix(ws):
         second.close()
     m = warm.metrics
     assert m.cache_outcome == "restored"
-    assert f"reused persona prefix: {len(prefix.tokens):,} tokens (restored from disk)" in m.cache_detail
+    assert f"reused {len(prefix.tokens):,} of {m.prompt_tokens:,} tokens (persona prefix, restored from disk)" \
+        in m.cache_detail
     assert m.cached_tokens == len(prefix.tokens)
     assert warm_reply == cold_reply
 
@@ -286,7 +287,7 @@ def test_ask_session_resumes_the_conversation_state(tmp_path):
     assert again.returncode == 0, again.stderr
     metrics = json.loads(again.stdout)["metrics"]
     assert metrics["cache_outcome"] == "restored"
-    assert f"(session {session}, restored from disk)" in metrics["cache_detail"]
+    assert f"(conversation, session {session}, restored from disk)" in metrics["cache_detail"]
     listing = chatterm(tmp_path, "cache", "ls").stdout
     assert f"session {session}" in listing
     assert PromptCache(tmp_path / "cache" / "kv").entries()  # files are in the usual folder

@@ -12,15 +12,14 @@ from dataclasses import replace
 
 import pytest
 
-from chatterm.core.cache.prompt_cache import PromptCache, Slot
-from chatterm.core.cache.state_file import MAGIC
+from chatterm.core.cache.prompt_cache import PromptCache
+from chatterm.core.engine.context_window import KEEP_AFTER_CUT
 from chatterm.core.engine.conversation import Conversation
 from chatterm.core.engine.interface import ChatMessage, reply_room
 from chatterm.core.engine.local.engine import LocalEngine
 from chatterm.core.workspace import Workspace
 from chatterm.errors import ChattermError
 from tests.conftest import greedy
-from tests.core.engine.test_trim_history import linear_rule
 
 QUESTION = "Write a Python function that reverses a string."
 
@@ -97,6 +96,11 @@ def test_second_turn_reuses_the_conversation_prefix(ws, persona):
 
 
 def _rewrite_header(path, mutate):
+    if path.suffix == ".kvchain":  # a chain record is one JSON object
+        body = json.loads(path.read_text())
+        mutate(body)
+        path.write_text(json.dumps(body))
+        return
     data = path.read_bytes()
     magic, version, hlen = struct.unpack("<12sII", data[:20])
     header = json.loads(data[20 : 20 + hlen])
@@ -148,7 +152,7 @@ def test_bad_state_files_are_rejected_and_rebuilt(ws, persona, damage, reason):
     try:
         _, reference = run_turn(engine, persona)
         engine.wait_for_saves()
-        path = engine.kv_cache.path_for(engine.spec.id, Slot.persona(persona.id))
+        path = _stored(engine, persona, header=damage in (_foreign_model, _other_llama_build, _other_rope))
         damage(path)
         engine.reset_context()  # as a fresh process would start: empty context,
         engine.kv_cache.clear_ram()  # nothing in RAM
@@ -206,29 +210,36 @@ def test_quantized_kv_cache_restores_like_f16(ws, persona, kv_type):
     assert again == reply
 
 
+def _stored(engine, persona, header: bool):
+    """Where the persona's state is on disk: its chain record (compat, tokens)
+    when `header`, else its last KV block (the payload)."""
+    blocks = engine.kv_cache.blocks
+    (chain,) = [c for c in blocks.disk_chains(engine.spec.id) if (c.kind, c.key) == ("persona", persona.id)]
+    return chain.path if header else blocks.block_path(engine.spec.id, chain.segments[-1][0])
+
+
 def test_state_file_layout_permissions_and_size(ws, persona):
     engine = make_engine(ws)
     try:
         run_turn(engine, persona)
         engine.wait_for_saves()
-        path = engine.kv_cache.path_for(engine.spec.id, Slot.persona(persona.id))
-        data = path.read_bytes()
-        header_len = struct.unpack("<I", data[16:20])[0]
-        header = json.loads(data[20 : 20 + header_len])
+        record = _stored(engine, persona, header=True)
+        body = json.loads(record.read_text())
+        blocks = [engine.kv_cache.blocks.block_path(engine.spec.id, key) for key, _ in body["segments"]]
         prefix = engine.prefix_tokens(persona)
     finally:
         engine.close()
-    assert data[:12] == MAGIC
-    assert header["payload_len"] == len(data) - 20 - header_len
-    assert len(data) <= 1.01 * header["state_size"]
+    assert all(p.read_bytes()[:12] == b"CHATTERM-KB\0" for p in blocks)
+    assert record.stat().st_size + sum(p.stat().st_size for p in blocks) <= 1.01 * body["info"]["state_size"]
     for key in ("model_sha256", "llama_cpp_python", "llama_cpp_build", "architecture", "n_layer",
                 "n_swa", "type_k", "type_v", "flash_attn", "rope"):
-        assert key in header["compat"], key
-    assert (header["kind"], header["key"]) == ("persona", persona.id)
-    assert header["tokens"] == prefix  # an entry is identified by its exact tokens
-    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
-    assert stat.S_IMODE(os.stat(path.parent.parent).st_mode) == 0o700
-    assert not [p for p in path.parent.iterdir() if p.name.endswith(".tmp")]
+        assert key in body["compat"], key
+    assert (body["kind"], body["key"]) == ("persona", persona.id)
+    assert body["tokens"] == prefix  # an entry is identified by its exact tokens
+    for path in (record, *blocks):
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(record.parent.parent).st_mode) == 0o700
+    assert not [p for p in record.parent.rglob("*") if p.name.endswith(".tmp")]
 
 
 def test_metrics_agree_with_llama_perf_counters(ws):
@@ -306,34 +317,32 @@ def test_cancel_interrupts_a_long_prefill(ws):
         engine.close()
 
 
-def test_context_overflow_drops_oldest_turns_never_the_persona(ws, tmp_path):
+def test_context_overflow_cuts_oldest_turns_deep_never_the_persona(ws, tmp_path):
     persona = greedy(ws.personas.get("terse-coder"), max_tokens=16)
     small = replace(ws.catalog.get(None), id="tiny-ctx", n_ctx=512)
     ws.catalog.models[small.id] = small
     engine = make_engine(ws, "tiny-ctx")
     try:
-        filler = "word " * 150  # ~150 tokens per message
+        filler = "word " * 60  # ~60 tokens per message
         history = []
-        for i in range(4):
+        for i in range(6):
             history += [ChatMessage("user", f"{i}: {filler}"), ChatMessage("assistant", f"ok {i}")]
         turn, reply = run_turn(engine, persona, "What is a dict?", history)
         m = turn.metrics
-        assert m.dropped_turns >= 1
-        assert any("dropped the oldest" in n for n in turn.notices)
-        assert m.prompt_tokens + 16 <= 512
-        assert m.prompt_tokens > 512 - 16 - 100  # only as many turns dropped as needed
+        assert m.dropped_turns >= 1 and m.cut_turns == m.dropped_turns
+        assert any("oldest" in n and "left the model's context" in n for n in turn.notices)
+        budget = 512 - reply_room(16, 512)
+        assert m.prompt_tokens <= budget
+        # Cut deep, to about half the budget, so the next turns fit as they are.
+        kept_one_more = engine._prompt_tokens(persona, history[2 * (m.dropped_turns - 1):], "What is a dict?")
+        assert len(kept_one_more) > budget * KEEP_AFTER_CUT - 16
         prefix = engine.prefix_tokens(persona)
         assert engine.llm.input_ids[: len(prefix)].tolist() == prefix  # persona kept
 
-        # On the real template and tokenizer, the bisection keeps what dropping one
-        # turn at a time would keep.
-        long = [ChatMessage("user" if i % 3 else "assistant", f"{i}: " + "word " * (3 + i % 23)) for i in range(150)]
-        def render(kept):
-            return engine._prompt_tokens(persona, kept, "What is a dict?")
-
-        expected = linear_rule(long, render, len, 512 - reply_room(16, 512))
-        assert engine.fit_prompt(persona, long, "What is a dict?", 16)[:2] == expected
-        assert expected[1] > 50
+        # The cut holds: the next turn leaves out the same turns, none more.
+        history += [ChatMessage("user", "What is a dict?"), ChatMessage("assistant", reply)]
+        fitted = engine.fit_prompt(persona, history, "And a list?", 16)
+        assert fitted.dropped_turns == m.dropped_turns and fitted.moved_turns == 0
 
         huge, _ = run_turn(engine, persona, "tell me " * 3000)
         assert huge.metrics.stop_reason in ("eos", "length")

@@ -69,15 +69,19 @@ def test_a_restore_by_the_turn_itself_outranks_the_switch_report():
 @pytest.mark.parametrize(
     "reuse, label",
     [
-        (Reuse("ram", 1234, Slot.session(3)), "reused conversation of 1,234 tokens (session 3, restored from ram)"),
-        (Reuse("disk", 120, Slot.persona("p")), "reused persona prefix: 120 tokens (restored from disk)"),
-        (Reuse("live", 2000), "reused live context: 2,000 tokens"),
+        (Reuse("ram", 1234, Slot.session(3)),
+         "reused 1,234 of 1,300 tokens (conversation, session 3, restored from ram)"),
+        (Reuse("disk", 120, Slot.persona("p")), "reused 120 of 1,300 tokens (persona prefix, restored from disk)"),
+        (Reuse("live", 1000), "reused 1,000 of 1,300 tokens (live context)"),
+        (Reuse("live", 800, shifted=400), "reused 800 of 1,300 tokens (live context, 400 oldest tokens shifted out)"),
+        (Reuse("disk", 28, Slot.session(3)),  # a long prompt that only its persona matched: no hit
+         "reused 28 of 1,300 tokens (conversation, session 3, restored from disk)"),
         (Reuse("live", MIN_REUSE - 1), "nothing reused"),
         (Reuse("", 0), "nothing reused"),
     ],
 )
-def test_labels_say_what_was_reused(reuse, label):
-    assert reuse.label() == label
+def test_labels_say_what_share_was_reused(reuse, label):
+    assert reuse.label(1300) == label
 
 
 def test_saved_is_the_reused_tokens_at_the_rate_less_the_wait_and_the_restore():

@@ -87,8 +87,8 @@ def test_a_draft_that_changes_completely_still_gives_the_right_prompt(engine, pe
     plain, plain_reply = send(engine, persona, "What is 2+2?")
     assert (turn.metrics.prompt_tokens, reply) == (plain.metrics.prompt_tokens, plain_reply)
     # Only the template tokens both prompts share after the persona were of use.
-    long_draft = engine.fit_prompt(persona, [], "Tell me a long story about dragons and castles.", 16)[0]
-    final = engine.fit_prompt(persona, [], "What is 2+2?", 16)[0]
+    long_draft = engine.fit_prompt(persona, [], "Tell me a long story about dragons and castles.", 16).tokens
+    final = engine.fit_prompt(persona, [], "What is 2+2?", 16).tokens
     shared = next(i for i, (a, b) in enumerate(zip(long_draft, final, strict=False)) if a != b)
     assert turn.metrics.ahead_tokens == shared - len(engine.prefix_tokens(persona))
 

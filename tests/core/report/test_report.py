@@ -246,7 +246,7 @@ def test_html_chart_data_equals_the_stored_metrics(sample):
             current = (attrs["data-session"], int(attrs["data-turn"]))
         elif "seg" in cls:
             drawn[current][attrs["data-part"]] = float(attrs["data-ms"])
-    assert len(segments) == 4 * sum(1 for m in stored.values() if m.ttft_ms is not None)
+    assert len(segments) == len(TTFT_PARTS) * sum(1 for m in stored.values() if m.ttft_ms is not None)
     for key, m in stored.items():
         if m.ttft_ms is None:
             assert drawn[key] == {}, "a turn without a first token is not a zero bar"
@@ -255,8 +255,9 @@ def test_html_chart_data_equals_the_stored_metrics(sample):
         assert drawn[key] == {
             "waiting": m.wait_ms,
             "restore": restore,
+            "shift": m.shift_ms,
             "prefill": m.prefill_ms,
-            "first_token": max(m.ttft_ms - m.wait_ms - restore - m.prefill_ms, 0.0),
+            "first_token": max(m.ttft_ms - m.wait_ms - restore - m.shift_ms - m.prefill_ms, 0.0),
         }
         assert sum(drawn[key].values()) == pytest.approx(m.ttft_ms)
     # Decode rate and cumulative cost points.

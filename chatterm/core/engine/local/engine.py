@@ -43,8 +43,15 @@ Contract (beyond chatterm.core.engine.interface):
   the time that prefill ran and the tokens it did; llama.cpp's own perf counters for the
   turn are kept in `Turn.perf` (tests compare the two).
 - When the prompt would not fit n_ctx (leaving room for the reply), the oldest
-  history turns are dropped (never the persona) and the turn says how many;
-  a single message that alone cannot fit keeps its last tokens, and says so.
+  whole turns are left out (never the persona) at a cut that holds for
+  several turns (`chatterm.core.engine.local.prompt_fit`; the cut is
+  remembered, and saved with the conversation's state). The overflow policy
+  (`context_overflow`, `kv_shift.overflow_policy`) says what the KV state
+  does when the cut moves: under SHIFT the left-out turns are removed from
+  the live (or restored) state and what follows is shifted, so the kept
+  turns are not prefilled again; under TRUNCATE the kept turns are prefilled
+  once, and reused until the cut moves again. A turn whose cut moved says so
+  (`cut_turns`, `shifted_tokens`, `shift_ms`, a notice).
 - `prefill_ahead` prefills the prompt a send of the draft would have, in the
   live context, yielding to a turn; its state and the credit a turn gets for
   it (`ahead_tokens`) are `chatterm.core.engine.local.type_ahead`'s.
@@ -61,10 +68,11 @@ from typing import Any, Callable, Iterator, Sequence
 
 import llama_cpp
 
-from chatterm.core.cache.prompt_cache import RAM, Miss, PromptCache, Slot
+from chatterm.core.cache.prompt_cache import RAM, Candidate, Miss, PromptCache, Slot
 from chatterm.core.cache.tokens import common_prefix_len
 from chatterm.core.config.catalog import ModelSpec, PriceProfile
 from chatterm.core.config.personas import Persona, Sampling
+from chatterm.core.engine.context_window import Overflow, shift_span
 from chatterm.core.engine.interface import (
     AheadReport,
     ChatMessage,
@@ -75,11 +83,8 @@ from chatterm.core.engine.interface import (
     PrefixReport,
     Progress,
     Turn,
-    context_full_notice,
-    reply_room,
-    trim_history,
 )
-from chatterm.core.engine.local import kv_state, offload, templates
+from chatterm.core.engine.local import kv_shift, kv_state, offload, templates
 from chatterm.core.engine.local.context_gate import ContextGate
 from chatterm.core.engine.local.model import AbortFlag, Threads, open_model
 from chatterm.core.engine.local.outcome import (
@@ -89,6 +94,7 @@ from chatterm.core.engine.local.outcome import (
     classify,
     saved_prefill_ms,
 )
+from chatterm.core.engine.local.prompt_fit import Fitted, PromptFitter
 from chatterm.core.engine.local.type_ahead import TypeAhead
 from chatterm.core.metrics.turn_metrics import CacheOutcome, StopReason, TurnMetrics
 from chatterm.core.system.file_identity import sha256_of_file
@@ -152,6 +158,11 @@ class LocalEngine(Engine):
         measured here, or stored with a state restored from the cache."""
         self._device_name = ""
         """The GPU or CPU name, worked out once at load (a GPU probe is not free)."""
+        self._anchor = ""
+        """Where the conversation's prompt starts once it outgrew the context
+        (`prompt_fit.anchor_of` its first kept message); "" when it starts at the beginning."""
+        self.overflow = Overflow.TRUNCATE
+        self.overflow_reason = ""
 
     # -- loading ---------------------------------------------------------
     def load(self, progress: Progress | None = None) -> None:
@@ -180,6 +191,15 @@ class LocalEngine(Engine):
             raise
         self._vocab = llama_cpp.llama_model_get_vocab(self.llm.model)
         self._piece = ctypes.create_string_buffer(64)
+        self.overflow, self.overflow_reason = kv_shift.overflow_policy(self.spec.context_overflow, self.llm)
+        llm = self.llm
+        self._fitter = PromptFitter(
+            llm.n_ctx(),
+            self._prompt_tokens,
+            lambda text: llm.tokenize(text.encode("utf-8"), add_bos=False, special=False),
+            lambda tokens: llm.detokenize(tokens).decode("utf-8", "ignore"),
+            self.spec.id,
+        )
         self._gate.abort.install(self.llm)
         self._warm_up()
         if progress is not None:
@@ -224,6 +244,8 @@ class LocalEngine(Engine):
             flash_attn=plan.flash_attn if plan else None,
             n_ctx=llm.n_ctx() if llm is not None else self.spec.n_ctx,
             notes=list(self.load_notes),
+            overflow=f"{self.overflow.value} ({self.overflow_reason})" if self.overflow_reason else "",
+            threads=self._threads.describe() if llm is not None else "",
         )
 
     def context_used(self) -> int:
@@ -274,36 +296,10 @@ class LocalEngine(Engine):
 
     def fit_prompt(
         self, persona: Persona, history: Sequence[ChatMessage], user_text: str, max_tokens: int
-    ) -> tuple[list[int], int, list[str]]:
-        """Prompt tokens that fit n_ctx with room for the reply; (tokens, dropped turns, notices)."""
-        assert self.llm is not None
-        n_ctx = self.llm.n_ctx()
-        room = reply_room(max_tokens, n_ctx)
-        tokens, dropped = trim_history(
-            history,
-            lambda kept: self._prompt_tokens(persona, kept, user_text),
-            len,
-            n_ctx - room,
-        )
-        notices = [context_full_notice(n_ctx, dropped)] if dropped else []
-        if len(tokens) + room > n_ctx:
-            # No history left to drop: the message alone is too long. Keep its end
-            # (a pasted document usually ends with the question about it).
-            prefix_len = len(self.prefix_tokens(persona))
-            message = self.llm.tokenize(user_text.encode("utf-8"), add_bos=False, special=False)
-            keep = len(message) - (len(tokens) + room - n_ctx) - 8  # template may shift a few
-            if keep <= 0:
-                raise ChattermError(
-                    f"the persona prompt ({prefix_len} tokens) leaves no room in the "
-                    f"{n_ctx}-token context of model {self.spec.id!r}"
-                )
-            clipped = self.llm.detokenize(message[-keep:]).decode("utf-8", "ignore")
-            tokens = self._prompt_tokens(persona, [], clipped)
-            notices.append(
-                f"Message too long ({len(message):,} tokens): kept its last {keep:,} tokens "
-                f"to fit the {n_ctx:,}-token context."
-            )
-        return tokens, dropped, notices
+    ) -> Fitted:
+        """The prompt tokens that fit n_ctx with room for the reply, cut where the
+        conversation's cached state is (see the contract)."""
+        return self._fitter.fit(persona, history, user_text, max_tokens, self._anchor)
 
     # -- the prompt cache ------------------------------------------------
     def _live_tokens(self) -> list[int]:
@@ -311,24 +307,39 @@ class LocalEngine(Engine):
         assert llm is not None
         return llm.input_ids[: llm.n_tokens].tolist()
 
-    def _reuse(self, target: list[int], use_cache: bool, expect: Sequence[Slot] = ()) -> Reuse:
+    def _reuse(self, target: list[int], use_cache: bool, expect: Sequence[Slot] = (), keep: int = 0) -> Reuse:
         """Start the context from the state sharing the longest prefix with `target`
         (live context, RAM, disk), trimmed to that prefix. At least one token of
-        `target` is always left to decode."""
+        `target` is always left to decode. Under SHIFT, a state of `expect` (the
+        conversation) whose oldest turns after the first `keep` tokens (the
+        persona) the prompt left out counts with those turns removed."""
         llm = self.llm
         assert llm is not None
         limit = max(len(target) - 1, 0)
+        shifted, shift_ms = self._shift_live(target, keep)
         live = min(common_prefix_len(self._live_tokens(), target), limit)
         misses: list[str] = []
         cache = self.kv_cache if use_cache else None
         if cache is not None:
             t0 = time.perf_counter()
-            found = cache.lookup(self.spec.id, self._compat, target, min_shared=live + MIN_REUSE,
-                                 expect=expect)
+            shifting = self.overflow is Overflow.SHIFT and keep > 0 and bool(expect)
+            found = cache.lookup(self.spec.id, self._compat, target,
+                                 min_shared=1 if shifting else live + MIN_REUSE, expect=expect)
             misses += found.misses
+            plans: list[tuple[int, int, Any]] = []
             for candidate in found.candidates:
+                span, shared = 0, candidate.shared
+                if shifting and candidate.entry.slot in expect:
+                    after = shift_span(candidate.entry.tokens, target, keep)
+                    if after is not None and min(after[1], limit) > shared:
+                        span, shared = after[0], min(after[1], limit)
+                if shared >= live + MIN_REUSE:
+                    plans.append((shared, span, candidate))
+            plans.sort(key=lambda plan: -plan[0])  # stable: the lookup's tier order among equals
+            for shared, span, candidate in plans:
                 entry = candidate.entry
-                opened = cache.open(candidate)
+                # A shift needs the whole state (the cache may hand out only the shared part).
+                opened = cache.open(Candidate(entry, len(entry.tokens)) if span else candidate)
                 if isinstance(opened, Miss):
                     misses.append(opened.reason)
                     continue
@@ -337,17 +348,42 @@ class LocalEngine(Engine):
                 finally:
                     opened.close()
                 self._prepared = None
-                if reason is None and kv_state.trim(llm, candidate.shared):
-                    ms = (time.perf_counter() - t0) * 1000.0
+                if reason is None and span:
+                    t_shift = time.perf_counter()
+                    if kv_shift.shift(llm, keep, span):
+                        shifted, shift_ms = span, (time.perf_counter() - t_shift) * 1000.0
+                    else:
+                        reason = "the memory refused to shift"
+                if reason is None and kv_state.trim(llm, shared):
+                    ms = (time.perf_counter() - t0) * 1000.0 - shift_ms
                     self._adopt_rate(entry.info.get("prefill_ms_per_token"))
-                    return Reuse(entry.tier, llm.n_tokens, entry.slot, ms, misses, entry.info)
+                    return Reuse(entry.tier, llm.n_tokens, entry.slot, ms, misses, entry.info, shifted, shift_ms)
                 reason = reason or "the memory cannot drop a suffix"
                 misses.append(f"{entry.slot.label} ({entry.tier}): rejected: {reason}")
                 cache.discard(entry, reason)
-                live = 0  # a failed restore leaves an empty context
+                live, shifted, shift_ms = 0, 0, 0.0  # a failed restore leaves an empty context
         if not kv_state.trim(llm, live):
             live = 0
-        return Reuse("live" if live else "", llm.n_tokens, misses=misses)
+        return Reuse("live" if live else "", llm.n_tokens, misses=misses, shifted=shifted, shift_ms=shift_ms)
+
+    def _shift_live(self, target: list[int], keep: int) -> tuple[int, float]:
+        """Under SHIFT, remove from the live context the turns after its first
+        `keep` tokens that `target` left out; (tokens removed, ms)."""
+        llm = self.llm
+        assert llm is not None
+        if self.overflow is not Overflow.SHIFT or keep <= 0:
+            return 0, 0.0
+        live = self._live_tokens()
+        now = common_prefix_len(live, target)
+        if now >= len(live):
+            return 0, 0.0  # the context is a prefix of the prompt: nothing left out
+        after = shift_span(live, target, keep)
+        if after is None or after[1] < now + MIN_REUSE:
+            return 0, 0.0
+        t0 = time.perf_counter()
+        if not kv_shift.shift(llm, keep, after[0]):
+            return 0, 0.0
+        return after[0], (time.perf_counter() - t0) * 1000.0
 
     def _note_rate(self, ms: float, tokens: int) -> None:
         """Keep the fastest prefill rate seen: one measured on a busy machine must
@@ -385,7 +421,8 @@ class LocalEngine(Engine):
         t0 = t0 if t0 is not None else time.perf_counter()
 
         def on_progress(p: PrefillProgress) -> None:
-            progress = PrefillProgress(done_before + p.done, total, time.perf_counter() - t0)
+            progress = PrefillProgress(done_before + p.done, total, time.perf_counter() - t0,
+                                       p.batch, p.batch_s, p.offset - done_before)
             if turn is not None:
                 turn.prefill_progress = progress
             if report is not None:
@@ -430,7 +467,20 @@ class LocalEngine(Engine):
             self.kv_cache.flush()
 
     def note_conversation(self, session_id: int | None) -> None:
+        if session_id != self._session:
+            self._anchor = self._saved_anchor(session_id)
         self._session = session_id
+
+    def _saved_anchor(self, session_id: int | None) -> str:
+        """Where session `session_id`'s cached state starts its history ("": the beginning)."""
+        if session_id is None or self.kv_cache is None:
+            return ""
+        slot = Slot.session(session_id)
+        for entry in self.kv_cache.entries(self.spec.id):
+            if entry.slot == slot and not entry.problem:
+                anchor = entry.info.get("context_anchor", "")
+                return anchor if isinstance(anchor, str) else ""
+        return ""
 
     def keep_conversation(self, session_id: int) -> None:
         """Keep the live context as session `session_id`'s conversation state."""
@@ -444,7 +494,7 @@ class LocalEngine(Engine):
             return
         try:
             if self.llm is not None and self.llm.n_tokens >= MIN_REUSE:
-                self._keep(Slot.session(session_id), {})
+                self._keep(Slot.session(session_id), {"context_anchor": self._anchor})
         finally:
             self._gate.lock.release()
 
@@ -506,6 +556,7 @@ class LocalEngine(Engine):
         there (a new conversation with the same persona). Waits for a running turn."""
         with self._gate.lock:
             assert self.llm is not None
+            self._anchor = ""
             prefix = self.prefix_tokens(keep) if keep is not None else []
             if prefix and self._live_tokens()[: len(prefix)] == prefix and kv_state.trim(self.llm, len(prefix)):
                 self._prepared = None
@@ -570,6 +621,8 @@ class LocalEngine(Engine):
         target, total = self._ahead_tokens(persona, history, draft)
         if target[: len(prefix)] != prefix:
             return None  # the template does not start with the persona prefix
+        if self._shift_live(target, len(prefix))[0]:
+            live = self._live_tokens()  # the turns the next prompt leaves out are gone
         self._threads.apply()
         return self._ahead.prefill(llm, live, target, total, progress, epoch)
 
@@ -584,7 +637,7 @@ class LocalEngine(Engine):
         "lo" is one token) and the closing tokens move: the next call keeps the
         longest common prefix and re-prefills only the few tokens after it."""
         try:
-            full = self.fit_prompt(persona, history, draft, persona.sampling.max_tokens)[0]
+            full = self.fit_prompt(persona, history, draft, persona.sampling.max_tokens).tokens
         except ChattermError:
             return [], 0  # the persona alone fills the context: nothing to do ahead
         return full[:-1], len(full)
@@ -643,12 +696,17 @@ class LocalEngine(Engine):
         m = turn.metrics
         llama_cpp.llama_synchronize(llm.ctx)
         llama_cpp.llama_perf_context_reset(llm.ctx)
-        tokens, m.dropped_turns, notices = self.fit_prompt(persona, history, user_text, persona.sampling.max_tokens)
-        turn.notices.extend(notices)
+        fitted = self.fit_prompt(persona, history, user_text, persona.sampling.max_tokens)
+        tokens, m.dropped_turns, m.cut_turns = fitted.tokens, fitted.dropped_turns, fitted.moved_turns
+        self._anchor = fitted.anchor
         pp = self.persona_prefix(persona)
         prepared, self._prepared = self._prepared, None
         expect = [Slot.session(self._session)] if self._session is not None else []
-        reuse = self._reuse(tokens, use_cache, expect)
+        reuse = self._reuse(tokens, use_cache, expect, len(pp.tokens) if pp.helps else 0)
+        m.shifted_tokens, m.shift_ms = reuse.shifted, reuse.shift_ms
+        if fitted.moved_turns:
+            turn.notices.append(self._cut_notice(fitted.moved_turns, reuse.shifted))
+        turn.notices.extend(fitted.notices)
         self._record_start(m, persona, pp, reuse, prepared, len(tokens))
         t_prefill = time.perf_counter()
         if not self._prefill_prompt(turn, persona, pp, tokens, use_cache, t_prefill):
@@ -663,6 +721,15 @@ class LocalEngine(Engine):
         if notice:
             turn.notices.append(notice)
         yield from self._sample(turn, persona.sampling, tokens, t_prefill)
+
+    def _cut_notice(self, turns: int, shifted: int) -> str:
+        n_ctx = self.llm.n_ctx() if self.llm is not None else self.spec.n_ctx
+        plural = "s" if turns != 1 else ""
+        if shifted:
+            how = f"shifted out of the cached state ({shifted:,} tokens): the rest is not prefilled again"
+        else:
+            how = f"the rest is prefilled once ({self.overflow.value}: {self.overflow_reason})"
+        return f"Context full ({n_ctx:,} tokens): the oldest {turns} turn{plural} left the model's context, {how}."
 
     def _record_start(
         self,
@@ -681,7 +748,7 @@ class LocalEngine(Engine):
         outcome = classify(reuse, prepared, persona.fingerprint)
         m.cache_outcome, m.restore_ms, m.restore_at_switch = (
             outcome.label, outcome.restore_ms, outcome.restore_at_switch)
-        details = [reuse.label(), "" if pp.helps else pp.reason, *reuse.misses]
+        details = [reuse.label(prompt_tokens), "" if pp.helps else pp.reason, *reuse.misses]
         credit = self._ahead.take(reuse.tokens if reuse.source == "live" else 0)
         if credit is not None:
             m.ahead_tokens, m.ahead_ms = credit

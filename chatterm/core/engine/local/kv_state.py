@@ -153,6 +153,7 @@ def prefill(
 ) -> PrefillResult:
     """Evaluate `tokens` after the context's current ones, batch by batch."""
     step = max(1, min(batch or llm.n_batch, llm.n_batch))
+    offset = llm.n_tokens
     tokens = list(tokens)
     total = len(tokens)
     t0 = time.perf_counter()
@@ -161,10 +162,12 @@ def prefill(
         if abort is not None and abort.is_set():
             break
         chunk = tokens[done : done + step]
+        t_batch = time.perf_counter()
         llm.eval(chunk)
         done += len(chunk)
         if on_progress is not None:
-            on_progress(PrefillProgress(done, total, time.perf_counter() - t0))
+            now = time.perf_counter()
+            on_progress(PrefillProgress(done, total, now - t0, len(chunk), now - t_batch, offset))
     return PrefillResult(done, total, (time.perf_counter() - t0) * 1000.0, done < total)
 
 

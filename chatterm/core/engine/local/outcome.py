@@ -5,7 +5,8 @@ arithmetic hold without a model.
 Contract:
 - `Reuse` is what a turn (or a persona prepare) started from: the live
   context, a state restored from the prompt cache's RAM or disk tier, or
-  nothing; `label()` says so in the words of `TurnMetrics.cache_detail`.
+  nothing, and what a context shift removed from it; `label(prompt_tokens)`
+  says so in the words of `TurnMetrics.cache_detail`, the share reused first.
 - `PreparedPersona` is a persona prefix that `prepare_persona` made ready and
   no turn has used yet.
 - `classify(reuse, prepared, fingerprint)` names the outcome: RESTORED (from
@@ -47,19 +48,25 @@ class Reuse:
     """Lookup + restore + trim time (0 for the live context)."""
     misses: list[str] = field(default_factory=list)
     info: dict[str, Any] = field(default_factory=dict)
+    shifted: int = 0
+    """Tokens of the oldest turns removed from the state (context shift)."""
+    shift_ms: float = 0.0
 
     @property
     def restored(self) -> bool:
         return self.source in ("ram", "disk")
 
-    def label(self) -> str:
-        n = f"{self.tokens:,}"
+    def label(self, prompt_tokens: int) -> str:
+        """"reused 28 of 714 tokens (...)": the share first, so a restore that
+        gave only the persona of a long prompt does not read like a hit."""
+        share = f"reused {self.tokens:,} of {prompt_tokens:,} tokens"
+        shifted = f", {self.shifted:,} oldest tokens shifted out" if self.shifted else ""
         if self.restored and self.slot is not None and self.slot.kind == "session":
-            return f"reused conversation of {n} tokens (session {self.slot.key}, restored from {self.source})"
+            return f"{share} (conversation, session {self.slot.key}, restored from {self.source}{shifted})"
         if self.restored:
-            return f"reused persona prefix: {n} tokens (restored from {self.source})"
+            return f"{share} (persona prefix, restored from {self.source})"
         if self.source == "live" and self.tokens >= MIN_REUSE:
-            return f"reused live context: {n} tokens"
+            return f"{share} (live context{shifted})"
         return "nothing reused"
 
 

@@ -1,0 +1,99 @@
+"""What a conversation longer than the context keeps in the prompt: pure rules, no model.
+
+Contract:
+- `Overflow` names the two policies. `TRUNCATE` drops the oldest whole turns
+  from the prompt; `SHIFT` drops the same turns from the live KV state too and
+  shifts the positions of what follows (the engine's part), so the kept turns
+  are not prefilled again.
+- `choose_cut(turn_sizes, user_size, fixed, budget, keep, anchor)` says how
+  many of the oldest turns the prompt leaves out. The cut is sticky: it stays
+  at `anchor` (the cut the cached conversation was computed with) while the
+  prompt fits `budget`; when it would not (or with no anchor and no room), it
+  moves forward far enough that the prompt is at most `keep` x budget. So
+  consecutive turns share their prompt's prefix and the cache reuses it: a
+  cut happens once every several turns, not on every turn as with the fewest
+  dropped turns. The anchor is remembered by the engine (and saved with the
+  session's state), so a relaunch, `ask --session` and type-ahead cut where
+  the cached state did.
+- `turn_starts(history)`: where each whole turn begins (a turn ends where the
+  next user message starts; the kept history never starts with a reply).
+- `shift_span(live, target, keep)`: the span of `live` after its first `keep`
+  tokens whose removal makes the rest of `live` the longest prefix of the
+  rest of `target`, as (span length, tokens then shared); None when no removal
+  beats what `live` shares with `target` as it is.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Sequence
+
+from chatterm.core.cache.tokens import common_prefix_len
+
+KEEP_AFTER_CUT = 0.5
+"""The share of the budget a prompt is cut down to when it would not fit. Half
+the context frees room for several turns at once (docs/long-conversations.md
+has the measurement); a larger share cuts more often, a smaller one forgets more."""
+
+
+PARTIAL_CANDIDATES = 64
+"""Spans tried token by token when no removal makes all of live's rest match
+(a reply the model would end differently): bounded, since repeated tokens
+could make every position a candidate."""
+
+
+class Overflow(str, enum.Enum):
+    SHIFT = "shift"
+    TRUNCATE = "truncate"
+
+
+def turn_starts(roles: Sequence[str]) -> list[int]:
+    """Index of the first message of each whole turn in a history of these roles."""
+    if not roles:
+        return []
+    return [0, *(i for i in range(1, len(roles)) if roles[i] == "user")]
+
+
+def choose_cut(turn_sizes: Sequence[int], user_size: int, fixed: int, budget: int, keep: float,
+               anchor: int | None = None) -> int:
+    """How many of the oldest turns the prompt leaves out.
+
+    `turn_sizes[i]`: tokens of history turn i (its messages with their template
+    tokens); `user_size`: tokens of the message sent now; `fixed`: the
+    persona's tokens, never left out; `anchor`: the cut the cached state has,
+    if known. Sizes may be estimates: the caller checks the prompt it renders,
+    and drops more when it still does not fit."""
+    n = len(turn_sizes)
+    kept = [0] * (n + 1)  # kept[c]: tokens of turns c..n-1
+    for i in range(n - 1, -1, -1):
+        kept[i] = kept[i + 1] + turn_sizes[i]
+    start = min(max(anchor or 0, 0), n)
+    if fixed + kept[start] + user_size <= budget:
+        return start
+    low = int(budget * keep)
+    cut = start
+    while cut < n and fixed + kept[cut] + user_size > low:
+        cut += 1
+    return cut
+
+
+def shift_span(live: Sequence[int], target: Sequence[int], keep: int) -> tuple[int, int] | None:
+    """(tokens to remove after `keep`, tokens then shared with `target`), or None."""
+    if keep <= 0 or len(live) <= keep or common_prefix_len(live[:keep], target[:keep]) < keep:
+        return None
+    if len(target) <= keep:
+        return None
+    now = common_prefix_len(live, target)
+    first = target[keep]
+    starts = [i for i in range(keep + 1, len(live)) if live[i] == first]
+    for start in starts:  # the shortest span after which all of live's rest matches
+        rest = len(live) - start
+        if live[start:] == target[keep:keep + rest]:  # compared in C: cheap on long contexts
+            shared = keep + rest
+            return (start - keep, shared) if shared > now else None
+    best: tuple[int, int] | None = None
+    for start in starts[:PARTIAL_CANDIDATES]:
+        shared = keep + common_prefix_len(live[start:], target[keep:])
+        if shared > now and (best is None or shared > best[1]):
+            best = (start - keep, shared)
+    return best

@@ -1,0 +1,144 @@
+"""The prompt a local turn sends when its conversation outgrows the context.
+
+Contract:
+- `PromptFitter.fit(persona, history, user_text, max_tokens, anchor)` renders
+  the prompt (persona, history, message) and, when it would not fit n_ctx
+  with room for the reply, leaves out the oldest whole turns where
+  `context_window.choose_cut` says: at the cut the cached conversation has
+  (`anchor`, the hash of its first kept message, `anchor_of`) while that
+  fits, else far enough back that half the budget is free. The cut is checked
+  on the rendered tokens: estimated turn sizes that were short drop one more
+  turn, never an overlong prompt.
+- Turn sizes are estimates: each message's content tokens (memoized: a long
+  conversation is tokenized once, not on every type-ahead step) plus the
+  template's tokens per message, measured once on a probe.
+- A message that alone cannot fit keeps its last tokens (a pasted document
+  usually ends with the question about it), and says so; a persona that
+  leaves no room at all is a ChattermError.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from chatterm.core.config.personas import Persona
+from chatterm.core.engine.context_window import KEEP_AFTER_CUT, choose_cut, turn_starts
+from chatterm.core.engine.interface import ChatMessage, reply_room
+from chatterm.errors import ChattermError
+
+MEMO_LIMIT = 20_000
+"""Messages whose token counts are remembered (a few MB at most)."""
+
+
+def anchor_of(message: ChatMessage) -> str:
+    """The identity of a conversation's first kept message (saved with its state)."""
+    return hashlib.sha256(f"{message.role}\0{message.content}".encode()).hexdigest()[:24]
+
+
+@dataclass
+class Fitted:
+    tokens: list[int]
+    dropped_turns: int
+    """Oldest turns of the history given that the prompt leaves out."""
+    moved_turns: int
+    """Of those, the turns left out at this call (the cut moved): 0 while the cut holds."""
+    anchor: str
+    """`anchor_of` the first kept message; "" when nothing is left out."""
+    notices: list[str] = field(default_factory=list)
+
+
+class PromptFitter:
+    def __init__(
+        self,
+        n_ctx: int,
+        render: Callable[[Persona, Sequence[ChatMessage], str], list[int]],
+        tokenize: Callable[[str], list[int]],
+        detokenize: Callable[[list[int]], str],
+        model_id: str,
+    ):
+        self.n_ctx = n_ctx
+        self._render = render
+        self._tokenize = tokenize
+        self._detokenize = detokenize
+        self._model_id = model_id
+        self._sizes: dict[str, int] = {}
+        self._per_message: int | None = None
+
+    def _content_tokens(self, text: str) -> int:
+        size = self._sizes.get(text)
+        if size is None:
+            if len(self._sizes) >= MEMO_LIMIT:
+                self._sizes.clear()
+            size = self._sizes[text] = len(self._tokenize(text))
+        return size
+
+    def _template_tokens(self, persona: Persona) -> int:
+        """The template's own tokens per message (role markers, separators)."""
+        if self._per_message is None:
+            probe = [ChatMessage("user", "x"), ChatMessage("assistant", "x")]
+            grown = len(self._render(persona, probe, "x")) - len(self._render(persona, [], "x"))
+            self._per_message = max((grown - 2 * self._content_tokens("x")) // 2, 0)
+        return self._per_message
+
+    def fit(
+        self,
+        persona: Persona,
+        history: Sequence[ChatMessage],
+        user_text: str,
+        max_tokens: int,
+        anchor: str = "",
+    ) -> Fitted:
+        budget = self.n_ctx - reply_room(max_tokens, self.n_ctx)
+        tokens = self._render(persona, history, user_text)
+        starts = turn_starts([m.role for m in history])
+        at = _anchor_index(history, starts, anchor)
+        if len(tokens) <= budget and at == 0:
+            return Fitted(tokens, 0, 0, "")
+        per_message = self._template_tokens(persona)
+        bounds = [*starts, len(history)]
+        sizes = [
+            sum(self._content_tokens(m.content) + per_message for m in history[a:b])
+            for a, b in zip(bounds, bounds[1:], strict=False)
+        ]
+        user_size = self._content_tokens(user_text) + per_message
+        fixed = len(tokens) - sum(sizes) - user_size
+        cut = choose_cut(sizes, user_size, fixed, budget, KEEP_AFTER_CUT, at)
+        tokens = self._render(persona, history[bounds[cut]:], user_text)
+        while len(tokens) > budget and cut < len(starts):
+            cut += 1  # the estimate was short
+            tokens = self._render(persona, history[bounds[cut]:], user_text)
+        # With every turn left out, the next prompt's history starts at this message.
+        first = history[bounds[cut]] if cut < len(starts) else ChatMessage("user", user_text)
+        fitted = Fitted(tokens, cut, max(cut - at, 0), anchor_of(first))
+        if len(tokens) > budget:
+            self._clip(fitted, persona, user_text, budget)
+        return fitted
+
+    def _clip(self, fitted: Fitted, persona: Persona, user_text: str, budget: int) -> None:
+        """No history left to leave out: keep the message's end."""
+        message = self._tokenize(user_text)
+        keep = len(message) - (len(fitted.tokens) - budget) - 8  # the template may shift a few
+        if keep <= 0:
+            prefix = len(self._render(persona, [], ""))
+            raise ChattermError(
+                f"the persona prompt ({prefix} tokens) leaves no room in the "
+                f"{self.n_ctx}-token context of model {self._model_id!r}"
+            )
+        clipped = self._detokenize(message[-keep:])
+        fitted.tokens = self._render(persona, [], clipped)
+        fitted.notices.append(
+            f"Message too long ({len(message):,} tokens): kept its last {keep:,} tokens "
+            f"to fit the {self.n_ctx:,}-token context."
+        )
+
+
+def _anchor_index(history: Sequence[ChatMessage], starts: list[int], anchor: str) -> int:
+    """The cut (in turns) whose first kept message is `anchor`; 0 when none is."""
+    if not anchor:
+        return 0
+    for cut in range(len(starts) - 1, -1, -1):  # the latest: repeated messages ("go on")
+        if anchor_of(history[starts[cut]]) == anchor:
+            return cut
+    return 0

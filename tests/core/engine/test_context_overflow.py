@@ -1,0 +1,110 @@
+"""A conversation longer than the context, on the real default model: under
+`shift` every turn after an overflow prefills only its new tokens, under
+`truncate` a full re-prefill happens once per cut, not on every turn, and a
+relaunch resumes a shifted conversation without prefilling its history."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from chatterm.core.cache.prompt_cache import PromptCache
+from chatterm.core.engine.conversation import Conversation
+from chatterm.core.engine.local.engine import LocalEngine
+from chatterm.core.store.session_store import SessionStore
+from chatterm.core.workspace import Workspace
+from tests.conftest import greedy
+
+N_CTX = 512
+TURNS = 16
+TEMPLATE_SLACK = 24
+"""Tokens a turn may prefill beyond its own message: the template's role markers
+and the end of the previous reply (its last token is sampled, not evaluated)."""
+
+
+def message(i: int) -> str:
+    return f"Note {i}: " + " ".join(f"item{i}-{k}" for k in range(4)) + ". Say ok."
+
+
+@pytest.fixture
+def ws(tmp_path):
+    return Workspace.load(db_path=tmp_path / "chatterm.db")
+
+
+def engine_for(ws, policy: str) -> LocalEngine:
+    spec = replace(ws.catalog.get(None), id=f"small-{policy}", n_ctx=N_CTX, context_overflow=policy)
+    engine = LocalEngine(spec, ws.catalog.price(spec.price_profile), kv_cache=PromptCache(ws.kv_dir))
+    engine.load()
+    return engine
+
+
+def own_tokens(engine: LocalEngine, text: str) -> int:
+    return len(engine.llm.tokenize(text.encode(), add_bos=False, special=False))
+
+
+def converse(ws, policy: str, relaunch_each_turn: bool = False):
+    """TURNS turns of one stored conversation; (metrics, own tokens, engine policy, session id)."""
+    persona = greedy(ws.personas.get("terse-coder"), max_tokens=24)
+    rows, policy_used = [], None
+    with SessionStore(ws.db_path) as store:
+        session_id, history = None, []
+        engine = engine_for(ws, policy)
+        try:
+            for i in range(TURNS):
+                if relaunch_each_turn and i:
+                    engine.wait_for_saves()
+                    engine.close()
+                    engine = engine_for(ws, policy)
+                conversation = Conversation(engine, persona, store=store, session_id=session_id, history=history)
+                turn = conversation.send(message(i))
+                list(turn.stream())
+                m = turn.metrics
+                assert m.stop_reason in ("eos", "length"), m.error
+                rows.append((m, own_tokens(engine, message(i))))
+                session_id, history = conversation.session_id, conversation.history
+            policy_used = (engine.overflow.value, engine.overflow_reason, engine.device().overflow)
+            engine.wait_for_saves()
+        finally:
+            engine.close()
+    return rows, policy_used, session_id
+
+
+def test_shift_prefills_only_new_tokens_after_every_overflow(ws):
+    rows, (policy, reason, line), _ = converse(ws, "auto")
+    assert policy == "shift" and reason == "the model's memory can shift" and line.startswith("shift (")
+    cuts = [i for i, (m, _) in enumerate(rows) if m.cut_turns]
+    assert len(cuts) >= 2, [m.prompt_tokens for m, _ in rows]  # it overflowed more than once
+    for i, (m, own) in enumerate(rows[1:], 1):
+        assert m.prefilled_tokens <= own + TEMPLATE_SLACK, (i, m.prefilled_tokens, own, m.cache_detail)
+        assert m.prompt_tokens + 24 <= N_CTX
+    for i in cuts:
+        m = rows[i][0]
+        assert m.shifted_tokens > 0 and m.shift_ms >= 0, m.cache_detail
+        assert "shifted out" in m.cache_detail
+    # Between cuts the cut holds: the turns left out stay the same number.
+    dropped = [m.dropped_turns for m, _ in rows]
+    assert all(b >= a for a, b in zip(dropped, dropped[1:], strict=False))
+
+
+def test_truncate_reprefills_once_per_cut_not_every_turn(ws):
+    rows, (policy, reason, _), _ = converse(ws, "truncate")
+    assert policy == "truncate" and reason == "set in models.toml"
+    full = [i for i, (m, own) in enumerate(rows[1:], 1) if m.prefilled_tokens > own + TEMPLATE_SLACK]
+    cuts = [i for i, (m, _) in enumerate(rows) if m.cut_turns]
+    assert cuts and full == cuts  # a re-prefill exactly where the cut moved
+    assert len(cuts) <= TURNS // 3  # once every several turns
+    assert all(m.shifted_tokens == 0 for m, _ in rows)
+
+
+def test_a_relaunch_after_every_turn_resumes_the_shifted_conversation(ws):
+    """Each turn in a fresh process (as `chatterm ask --session` runs): the state
+    is restored from disk, shifted there when the cut moves, and the history is
+    never prefilled again; the store keeps every turn."""
+    rows, _, session_id = converse(ws, "shift", relaunch_each_turn=True)
+    assert any(m.cut_turns for m, _ in rows)
+    for i, (m, own) in enumerate(rows[1:], 1):
+        assert m.cache_outcome == "restored", (i, m.cache_detail)
+        assert m.prefilled_tokens <= own + TEMPLATE_SLACK, (i, m.prefilled_tokens, own, m.cache_detail)
+    with SessionStore(ws.db_path, readonly=True) as store:
+        assert [r.user_text for r in store.turns(session_id)] == [message(i) for i in range(TURNS)]
