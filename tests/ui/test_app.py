@@ -376,6 +376,8 @@ async def test_empty_message_is_ignored_and_huge_paste_is_accepted(build):
         shown = rendered(message)
         # Its beginning and its end: the question typed after a paste stays in view.
         assert "characters not shown (click to show all)" in shown and shown.rstrip().endswith("!")
+        message.scroll_visible(top=True, animate=False)
+        await pilot.pause()
         await pilot.click(UserMessage)
         assert message.expanded and "not shown" not in rendered(message)
 

@@ -35,8 +35,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from chatterm import __version__
-from chatterm.core.cache.prompt_cache import Slot
-from chatterm.core.cache.state_file import read_header, read_ms_of
+from chatterm.core.cache.prompt_cache import DISK, Candidate, Entry, Miss, PromptCache, Slot
 from chatterm.core.config.personas import Persona
 from chatterm.core.engine.interface import Engine
 from chatterm.core.metrics.turn_metrics import CacheOutcome, StopReason
@@ -159,6 +158,28 @@ def _bench_turns(engine: Engine, persona: Persona, runs: int, say: Report) -> di
     return {"ttft_ms": _median(ttfts), "decode_tok_s": _median(rates), "ttft_runs_ms": ttfts}
 
 
+def _disk_entry(cache: PromptCache, model_id: str, slot: Slot) -> Entry:
+    """The slot's state on disk (a chain of KV blocks, or a state file)."""
+    cache.flush()
+    for entry in cache.entries(model_id):
+        if entry.slot == slot and entry.tier == DISK and not entry.problem:
+            return entry
+    raise ChattermError(f"benchmark: no {slot.label} state on disk for model {model_id!r}")
+
+
+def _read_ms(cache: PromptCache, entry: Entry) -> float:
+    """Time to read the stored state's bytes (no llama.cpp): what a restore reads."""
+    t0 = time.perf_counter()
+    opened = cache.open(Candidate(entry, len(entry.tokens)))
+    if isinstance(opened, Miss):
+        raise ChattermError(f"benchmark: {opened.reason}")
+    try:
+        memoryview(opened.payload).cast("B").tobytes()
+    finally:
+        opened.close()
+    return (time.perf_counter() - t0) * 1000.0
+
+
 def _bench_local(engine, persona: Persona, runs: int, say: Report) -> dict[str, Any]:
     """Cold / restored / in-memory series on an engine with `kv_control`."""
     from chatterm.core.engine.local.model import threads_in_use
@@ -213,12 +234,10 @@ def _bench_local(engine, persona: Persona, runs: int, say: Report) -> dict[str, 
             if turn.perf.get("n_eval") and turn.perf.get("t_eval_ms"):
                 perf_rates.append(turn.perf["n_eval"] / (turn.perf["t_eval_ms"] / 1000.0))
 
-    path = cache.path_for(engine.spec.id, Slot.persona(persona.id))
-    file_bytes = path.stat().st_size
-    read_ms = [read_ms_of(path) for _ in range(runs)]
-    with open(path, "rb") as fh:
-        header = read_header(fh)
-    state_bytes = header["state_size"]
+    stored = _disk_entry(cache, engine.spec.id, Slot.persona(persona.id))
+    file_bytes = stored.nbytes
+    read_ms = [_read_ms(cache, stored) for _ in range(runs)]
+    state_bytes = stored.info.get("state_size", file_bytes)
 
     baseline = _bench_baseline(engine, persona, runs, say)
 
@@ -315,7 +334,8 @@ def _bench_resume(engine, persona: Persona, runs: int, say: Report) -> dict[str,
     def persona_only(q):
         engine.reset_context()
         cache.clear_ram()
-        saved = cache.path_for(engine.spec.id, Slot.session(RESUME_SESSION))
+        saved = _disk_entry(cache, engine.spec.id, Slot.session(RESUME_SESSION)).path
+        assert saved is not None
         hidden = saved.with_name(saved.name + ".bench")
         saved.rename(hidden)  # today's path: no conversation state
         try:

@@ -213,11 +213,3 @@ def check_payload(fh: BinaryIO, header: Header) -> str | None:
         return "chunk CRC-32 mismatch"
     return None
 
-
-def read_ms_of(path: Path) -> float:
-    """Time to read a whole file into memory (what a plain load would cost)."""
-    t0 = time.perf_counter()
-    with open(path, "rb", buffering=0) as fh:
-        buffer = bytearray(os.fstat(fh.fileno()).st_size)
-        fh.readinto(buffer)
-    return (time.perf_counter() - t0) * 1000.0
