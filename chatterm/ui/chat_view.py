@@ -508,6 +508,10 @@ class ChatView(Vertical):
             await view.add_notice(notice, "warning")
         if m.stop_reason == StopReason.ERROR:
             await view.add_notice(f"Generation failed: {m.error}", "error")
+        if m.dropped_turns:
+            # The turns before this one in the history, less those the prompt left out, plus this one.
+            history_turns = sum(1 for msg in event.conversation.history if msg.role == "user") - 1
+            await view.mark_memory_start(history_turns - m.dropped_turns + 1)
         store_error = event.conversation.store_error
         if store_error and store_error != self._store_error_shown:
             self._store_error_shown = store_error

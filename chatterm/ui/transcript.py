@@ -125,6 +125,10 @@ class UserMessage(Static):
             self.update(literal(self.text if self.expanded else shortened(self.text)))
 
 
+MEMORY_MARK = "-memory-start"
+MEMORY_TEXT = "── earlier turns are no longer in the model's context (they stay here and in the store) ──"
+
+
 class Notice(Static):
     """A one-line message in the conversation (dropped turns, persona switch, errors)."""
 
@@ -501,6 +505,21 @@ class ConversationView(VerticalScroll):
     async def add_notice(self, text: str, kind: str = "info") -> Notice:
         widget = Notice(text, kind)
         await self.mount(widget)
+        return widget
+
+    async def mark_memory_start(self, kept_turns: int) -> Notice | None:
+        """Mark where the model's memory begins: before the oldest of the last
+        `kept_turns` user messages shown (a cut conversation keeps only those in
+        its context). The marker moves with the cut; None when that message is
+        not on screen (an older page) or nothing is left out."""
+        for old in self.query(f"Notice.{MEMORY_MARK}"):
+            await old.remove()
+        users = list(self.query(UserMessage))
+        if kept_turns <= 0 or kept_turns >= len(users) + 1 or kept_turns == len(users) and not self.has_older:
+            return None
+        widget = Notice(MEMORY_TEXT, "info")
+        widget.add_class(MEMORY_MARK)
+        await self.mount(widget, before=users[-kept_turns])
         return widget
 
     async def clear(self) -> None:

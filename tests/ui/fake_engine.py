@@ -43,6 +43,8 @@ class FakeEngine(Engine):
         self.fail_load = fail_load
         self.fail_turn: str | None = None
         self.turn_notices: list[str] = []
+        self.dropped_turns = 0
+        """Oldest history turns each turn reports its prompt left out."""
         self.cache_outcome = CacheOutcome.RESTORED
         self.hold_after: int | None = None
         self.gate = threading.Event()
@@ -94,7 +96,7 @@ class FakeEngine(Engine):
         self.received.append((persona.id, list(history), user_text))
         reply = self.replies.pop(0) if self.replies else f"Echo: {user_text[:40]}"
         metrics = TurnMetrics(engine=self.kind, model_id=self.spec.id, persona_id=persona.id,
-                              submitted_at=time.time())
+                              submitted_at=time.time(), dropped_turns=self.dropped_turns)
         turn = Turn(metrics, self.price, lambda t: self._generate(t, user_text, tokens_of(reply)))
         turn.notices.extend(self.turn_notices)
         return turn
