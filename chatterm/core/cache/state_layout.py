@@ -45,8 +45,6 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, Sequence
 
-import numpy as np
-
 MAGIC = 0xAF143CD8
 _CELL_BYTES = 12
 _U32 = struct.Struct("<I")
@@ -157,6 +155,7 @@ class _Reader:
 
 
 def _check_cells(blob: memoryview, start: int, n: int) -> None:
+    import numpy as np  # here, not at import: every CLI command imports this module
     cells = np.frombuffer(blob, dtype="<i4", count=3 * n, offset=start).reshape(n, 3)
     if n and not (cells[:, 1] == 1).all():
         raise LayoutError("a cell holds more than one sequence")
@@ -247,6 +246,7 @@ def _regions(frame: Frame, n_tokens: int) -> list[tuple[int, Region]]:
 
 def split(blob: Any, layout: Layout, ranges: Sequence[tuple[int, int]]) -> list[bytearray]:
     """The pieces of the token ranges [a, b) in `ranges` (ascending, non-empty, within 0..N)."""
+    import numpy as np  # here, not at import: every CLI command imports this module
     n = layout.n_tokens
     last = 0
     for a, b in ranges:
@@ -275,6 +275,8 @@ def join(frame: Frame, pieces: Sequence[Any], counts: Sequence[int], takes: Sequ
     which the first `takes[i]` (all by default) are used. Written into `out`
     (a writable buffer of exactly the blob's size) when given, else into a new
     bytearray; returns the buffer written."""
+    import numpy as np  # here, not at import: every CLI command imports this module
+
     takes = list(counts) if takes is None else list(takes)
     if not len(pieces) == len(counts) == len(takes):
         raise LayoutError("one token count per piece")

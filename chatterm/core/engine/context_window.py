@@ -5,16 +5,16 @@ Contract:
   from the prompt; `SHIFT` drops the same turns from the live KV state too and
   shifts the positions of what follows (the engine's part), so the kept turns
   are not prefilled again.
-- `choose_cut(turn_sizes, user_size, fixed, budget, keep, anchor)` says how
-  many of the oldest turns the prompt leaves out. The cut is sticky: it stays
-  at `anchor` (the cut the cached conversation was computed with) while the
-  prompt fits `budget`; when it would not (or with no anchor and no room), it
-  moves forward far enough that the prompt is at most `keep` x budget. So
-  consecutive turns share their prompt's prefix and the cache reuses it: a
-  cut happens once every several turns, not on every turn as with the fewest
-  dropped turns. The anchor is remembered by the engine (and saved with the
-  session's state), so a relaunch, `ask --session` and type-ahead cut where
-  the cached state did.
+- `choose_cut(turn_sizes, user_size, fixed, budget, keep)` says how many of
+  the oldest turns the prompt leaves out. The caller passes the turns from
+  the cut the cached conversation was computed with (the anchor), so the cut
+  is sticky: it stays there while the prompt fits `budget`; when it would
+  not, it moves forward far enough that the prompt is at most `keep` x
+  budget. So consecutive turns share their prompt's prefix and the cache
+  reuses it: a cut happens once every several turns, not on every turn as
+  with the fewest dropped turns. The anchor is remembered by the engine (and
+  saved with the session's state), so a relaunch, `ask --session` and
+  type-ahead cut where the cached state did.
 - `turn_starts(history)`: where each whole turn begins (a turn ends where the
   next user message starts; the kept history never starts with a reply).
 - `shift_span(live, target, keep)`: the span of `live` after its first `keep`
@@ -54,25 +54,22 @@ def turn_starts(roles: Sequence[str]) -> list[int]:
     return [0, *(i for i in range(1, len(roles)) if roles[i] == "user")]
 
 
-def choose_cut(turn_sizes: Sequence[int], user_size: int, fixed: int, budget: int, keep: float,
-               anchor: int | None = None) -> int:
-    """How many of the oldest turns the prompt leaves out.
+def choose_cut(turn_sizes: Sequence[int], user_size: int, fixed: int, budget: int, keep: float) -> int:
+    """How many of the oldest of these turns the prompt leaves out: none while
+    the prompt fits `budget`, else enough that it is at most `keep` x budget.
 
     `turn_sizes[i]`: tokens of history turn i (its messages with their template
-    tokens); `user_size`: tokens of the message sent now; `fixed`: the
-    persona's tokens, never left out; `anchor`: the cut the cached state has,
-    if known. Sizes may be estimates: the caller checks the prompt it renders,
-    and drops more when it still does not fit."""
-    n = len(turn_sizes)
-    kept = [0] * (n + 1)  # kept[c]: tokens of turns c..n-1
-    for i in range(n - 1, -1, -1):
-        kept[i] = kept[i + 1] + turn_sizes[i]
-    start = min(max(anchor or 0, 0), n)
-    if fixed + kept[start] + user_size <= budget:
-        return start
+    tokens), from the cut the cached state has on; `user_size`: tokens of the
+    message sent now; `fixed`: the persona's tokens, never left out. Sizes may
+    be estimates: the caller checks the prompt it renders, and drops more when
+    it still does not fit."""
+    kept = sum(turn_sizes)
+    if fixed + kept + user_size <= budget:
+        return 0
     low = int(budget * keep)
-    cut = start
-    while cut < n and fixed + kept[cut] + user_size > low:
+    cut = 0
+    while cut < len(turn_sizes) and fixed + kept + user_size > low:
+        kept -= turn_sizes[cut]
         cut += 1
     return cut
 

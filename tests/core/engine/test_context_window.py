@@ -19,9 +19,9 @@ def prompt_size(sizes, user, cut):
 
 def replay(sizes, users):
     """The cut of each turn of a conversation, each anchored at the one before."""
-    cuts, anchor = [], None
+    cuts, anchor = [], 0
     for j in range(len(sizes) + 1):
-        anchor = choose_cut(sizes[:j], users[j], FIXED, BUDGET, KEEP, anchor)
+        anchor += choose_cut(sizes[anchor:j], users[j], FIXED, BUDGET, KEEP)
         cuts.append(anchor)
     return cuts
 
@@ -50,12 +50,12 @@ def test_the_cut_stays_put_until_the_context_fills_again():
     assert replay(sizes, users) == [0, 0, 0, 0, 0, 3, 3, 3, 6, 6, 6, 9, 9]
 
 
-def test_without_an_anchor_a_prompt_that_fits_is_not_cut_and_one_that_does_not_is_cut_deep():
+def test_a_prompt_that_fits_is_not_cut_and_one_that_does_not_is_cut_deep():
     assert choose_cut([200] * 4, 20, FIXED, BUDGET, KEEP) == 0
     # 50 + 1000 + 20 does not fit: cut until <= 500 (turns 3 and 4 kept: 470).
     assert choose_cut([200] * 5, 20, FIXED, BUDGET, KEEP) == 3
-    # An anchor past the history (a stale one) is the whole history left out.
-    assert choose_cut([200] * 2, 20, FIXED, BUDGET, KEEP, anchor=9) == 2
+    # A message that alone leaves no room: every turn is left out.
+    assert choose_cut([200] * 2, 900, FIXED, BUDGET, KEEP) == 2
 
 
 def test_turn_starts_never_begin_with_a_reply():

@@ -91,27 +91,29 @@ class PromptFitter:
         anchor: str = "",
     ) -> Fitted:
         budget = self.n_ctx - reply_room(max_tokens, self.n_ctx)
-        tokens = self._render(persona, history, user_text)
         starts = turn_starts([m.role for m in history])
-        at = _anchor_index(history, starts, anchor)
-        if len(tokens) <= budget and at == 0:
-            return Fitted(tokens, 0, 0, "")
-        per_message = self._template_tokens(persona)
         bounds = [*starts, len(history)]
+        # From the cached cut on: what is before it is out of the prompt anyway,
+        # so a long conversation is not rendered whole on every turn and keystroke.
+        at = _anchor_index(history, starts, anchor)
+        tokens = self._render(persona, history[bounds[at]:], user_text)
+        if len(tokens) <= budget:
+            return Fitted(tokens, at, 0, anchor if at else "")
+        per_message = self._template_tokens(persona)
         sizes = [
             sum(self._content_tokens(m.content) + per_message for m in history[a:b])
-            for a, b in zip(bounds, bounds[1:], strict=False)
+            for a, b in zip(bounds[at:], bounds[at + 1:], strict=False)
         ]
         user_size = self._content_tokens(user_text) + per_message
         fixed = len(tokens) - sum(sizes) - user_size
-        cut = choose_cut(sizes, user_size, fixed, budget, KEEP_AFTER_CUT, at)
+        cut = at + choose_cut(sizes, user_size, fixed, budget, KEEP_AFTER_CUT)
         tokens = self._render(persona, history[bounds[cut]:], user_text)
         while len(tokens) > budget and cut < len(starts):
             cut += 1  # the estimate was short
             tokens = self._render(persona, history[bounds[cut]:], user_text)
         # With every turn left out, the next prompt's history starts at this message.
         first = history[bounds[cut]] if cut < len(starts) else ChatMessage("user", user_text)
-        fitted = Fitted(tokens, cut, max(cut - at, 0), anchor_of(first))
+        fitted = Fitted(tokens, cut, cut - at, anchor_of(first))
         if len(tokens) > budget:
             self._clip(fitted, persona, user_text, budget)
         return fitted
