@@ -269,9 +269,34 @@ def render_context_overflow(data: dict[str, Any]) -> list[str]:
     return lines
 
 
+def render_ask_startup(data: dict[str, Any]) -> list[str]:
+    scenarios = data["scenarios"]
+    names = list(scenarios)
+    rows, before = [], dict.fromkeys(names, 0.0)
+    for stage in next(iter(scenarios.values())):
+        if stage == "peak_rss_mib":
+            continue
+        cells = []
+        for name in names:
+            at = scenarios[name][stage]
+            cells.append(f"{ms(at)} (+{at - before[name]:,.0f})")
+            before[name] = at
+        rows.append((f"`{stage}`", *cells))
+    rows.append(("peak RSS", *(f"{scenarios[n]['peak_rss_mib']:,.0f} MiB" for n in names)))
+    bare, target = data["bare_llama"], data["target_first_prefill_ms"]
+    lines = [machine_line(data), ""]
+    lines += table(("stage ends (since spawn)", *(f"`ask` {n}" for n in names)), rows)
+    lines += ["", f"llama.cpp called bare in a fresh process: model load {ms(bare['model_load_ms'])}, context at "
+              f"n_ctx {data['n_ctx']:,} {ms(bare['context_ms'])}. Target: first prefill <= {ms(target)}"
+              + ("." if all(s["first prefill"] <= target for s in scenarios.values()) else " (missed).")]
+    return lines
+
+
 def renderer(data: dict[str, Any]) -> Callable[[dict[str, Any]], list[str]]:
     if "ttft_cold_ms" in data:
         return render_bench
+    if "bare_llama" in data:
+        return render_ask_startup
     if "threads_used" in data:
         return render_prefill_threads
     if "plans" in data:

@@ -45,7 +45,23 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"chatterm: error: {message} (see `{self.prog} --help`)\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _named_command(argv: list[str]) -> str | None:
+    """The subcommand argv names, found without parsing it: the first word that
+    is not an option or the value of --models / --db."""
+    words = iter(argv)
+    for word in words:
+        if word in ("--models", "--db"):
+            next(words, None)
+        elif not word.startswith("-"):
+            return word if word in COMMAND_MODULES else None
+    return None
+
+
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The parser for argv: every subcommand, or, when argv names one, only
+    that one. Each command module imports what its command needs (rich, the
+    store, the report writers); `chatterm ask` should not wait for the others'
+    imports before its model starts loading (docs/llama-server.md)."""
     import importlib
 
     common = _common_options()
@@ -56,14 +72,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"chatterm {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in COMMAND_MODULES:
+    named = _named_command(sys.argv[1:] if argv is None else argv)
+    for name in (named,) if named else COMMAND_MODULES:
         module = importlib.import_module(f"chatterm.cli.{name}_cmd")
         module.register(sub, common)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     for name, default in (("models", None), ("db", None), ("verbose", False)):
         if not hasattr(args, name):

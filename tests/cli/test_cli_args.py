@@ -4,9 +4,12 @@ files and `chatterm.cli.main`; none of it loads a model."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
-from chatterm.cli import main
+from chatterm.cli import COMMAND_MODULES, main
 from tests.core.report.test_export import build_sample, one_line_error
 
 # Every command that opens the database; `launch --resume` gets to the store
@@ -205,3 +208,26 @@ def test_a_usage_error_is_one_line_too(argv, words, capsys):
     assert exited.value.code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("chatterm: error: ") and words in err
+
+
+# -- one command's module per run ------------------------------------------------------
+@pytest.mark.parametrize("argv, command", [
+    (["ask", "hi"], "ask"),
+    (["--db", "sessions", "export"], "export"),  # an option's value that reads like a command
+    (["--models=m.toml", "-v", "sessions", "--json"], "sessions"),
+    (["--help"], None),
+    (["nope"], None),
+])
+def test_the_parser_imports_only_the_module_of_the_command_argv_names(argv, command):
+    code = ("import sys, chatterm.cli as c; c.build_parser(sys.argv[1:]); "
+            "print(' '.join(sorted(m for m in sys.modules if m.startswith('chatterm.cli.') and m.endswith('_cmd'))))")
+    out = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, check=True).stdout.split()
+    expected = [command] if command else COMMAND_MODULES
+    assert out == sorted(f"chatterm.cli.{name}_cmd" for name in expected)
+
+
+def test_the_top_level_help_still_lists_every_command(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    listed = capsys.readouterr().out
+    assert all(f"    {name} " in listed for name in COMMAND_MODULES)

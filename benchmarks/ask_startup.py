@@ -1,0 +1,217 @@
+"""Start-up benchmark: `chatterm ask` from process spawn to its first prefill batch.
+
+Runs the real command (default model and persona, fresh folders in a temp dir)
+with a small wrapper that timestamps where the time goes, without changing
+what runs: an import hook wraps a few functions as their modules load, so the
+import order and the work are those of a plain `chatterm ask`. The clock starts
+just before the process is spawned, so interpreter start-up is included.
+
+Stages, each the time since spawn of its end:
+- `python`: the interpreter has started (the wrapper's first line);
+- `cli`: `chatterm.cli` imported;
+- `parser`: the command line parsed (`build_parser`, the chosen command's module);
+- `engine import`: `LocalEngine.load` begins (llama-cpp-python, numpy and the
+  engine's modules imported; the catalog, personas and store read);
+- `llama init`: `llama_cpp.Llama()` returned: llama.cpp's model load (its
+  tokenizer included) and its context (the KV cache allocated and cleared);
+- `load`: `LocalEngine.load` returned (model hash from its cache, template,
+  warm-up decode);
+- `first prefill`: the turn's first prefill batch begins (`kv_state.prefill`);
+- `first token`: the reply's first byte on stdout; `exit`: the process ended.
+
+Two scenarios, warm (a first run, not counted, fills the page cache, the model
+hash cache and the persona prefix cache): a new conversation (`ask QUESTION`)
+and a stored one continued (`ask --session ID QUESTION`). Also recorded: the
+same llama.cpp calls made bare (`llama_model_load_from_file`, then
+`llama_init_from_model` at the model's n_ctx), the floor no Python code can go
+under, and the peak RSS of each run.
+
+Target (issue #26): first prefill <= 0.3 s warm. Exit status 1 when missed.
+
+Run: .venv/bin/python benchmarks/ask_startup.py [--runs N] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import selectors
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from chatterm.core.system.machine import calibration_ms, cpu_name  # noqa: E402
+
+TARGET_MS = 300.0
+STAGES = ("python", "cli", "parser", "engine import", "llama init", "load", "first prefill", "first token", "exit")
+MARK = "\x00startup "
+
+# Runs inside the child: stamps stages on stderr, then is `chatterm ask`.
+WRAPPER = r'''
+import importlib.abc, importlib.util, sys, time
+def stamp(name):
+    sys.stderr.write(f"\x00startup {name} {time.time():.6f}\n")
+stamp("python")
+def wrap(owner, attr, begin, end):
+    inner = getattr(owner, attr)
+    def wrapped(*a, **k):
+        if begin:
+            stamp(begin)
+        try:
+            return inner(*a, **k)
+        finally:
+            if end:
+                stamp(end)
+    setattr(owner, attr, wrapped)
+TARGETS = {
+    "llama_cpp.llama": lambda m: wrap(m.Llama, "__init__", None, "llama init"),
+    "chatterm.core.engine.local.engine": lambda m: wrap(m.LocalEngine, "load", "engine import", "load"),
+    "chatterm.core.engine.local.kv_state": lambda m: wrap(m, "prefill", "first prefill", None),
+}
+class Hook(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name not in TARGETS:
+            return None
+        sys.meta_path.remove(self)
+        try:
+            spec = importlib.util.find_spec(name)
+        finally:
+            sys.meta_path.insert(0, self)
+        run = spec.loader.exec_module
+        def exec_module(module):
+            run(module)
+            TARGETS[name](module)
+        spec.loader.exec_module = exec_module
+        return spec
+sys.meta_path.insert(0, Hook())
+import chatterm.cli
+stamp("cli")
+wrap(chatterm.cli, "build_parser", None, "parser")
+sys.argv = ["chatterm", *sys.argv[1:]]
+code = chatterm.cli.main()
+sys.exit(code)
+'''
+
+
+def run_once(env: dict[str, str], args: list[str]) -> dict[str, float]:
+    """One `chatterm ask *args`: each stage's end in ms since spawn, and peak RSS."""
+    t0 = time.time()
+    proc = subprocess.Popen([sys.executable, "-c", WRAPPER, "ask", *args], env=env, cwd=REPO,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    stages: dict[str, float] = {}
+    err = b""
+    with selectors.DefaultSelector() as sel:
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        sel.register(proc.stderr, selectors.EVENT_READ)
+        while sel.get_map():
+            for key, _ in sel.select():
+                chunk = os.read(key.fileobj.fileno(), 65536)
+                if not chunk:
+                    sel.unregister(key.fileobj)
+                elif key.fileobj is proc.stdout:
+                    stages.setdefault("first token", (time.time() - t0) * 1000)
+                else:
+                    err += chunk
+    _, status, usage = os.wait4(proc.pid, 0)
+    stages["exit"] = (time.time() - t0) * 1000
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"chatterm ask {' '.join(args)} failed:\n{err.decode(errors='replace')}")
+    for line in err.decode(errors="replace").splitlines():
+        if line.startswith(MARK):
+            name, _, when = line[len(MARK):].rpartition(" ")
+            stages.setdefault(name, (float(when) - t0) * 1000)
+    missing = [s for s in STAGES if s not in stages]
+    if missing:
+        raise SystemExit(f"the run did not reach {', '.join(missing)}")
+    stages["peak_rss_mib"] = usage.ru_maxrss / 1024
+    return stages
+
+
+def bare_llama_ms(model_path: Path, n_ctx: int, runs: int) -> dict[str, float]:
+    """llama.cpp's own model load and context creation, called bare (median ms)."""
+    script = r'''
+import sys, time, llama_cpp as L
+path, n_ctx = sys.argv[1].encode(), int(sys.argv[2])
+t0 = time.perf_counter()
+model = L.llama_model_load_from_file(path, L.llama_model_default_params())
+t1 = time.perf_counter()
+params = L.llama_context_default_params()
+params.n_ctx = n_ctx
+ctx = L.llama_init_from_model(model, params)
+t2 = time.perf_counter()
+print((t1 - t0) * 1000, (t2 - t1) * 1000)
+'''
+    model_ms, context_ms = [], []
+    for _ in range(runs):
+        out = subprocess.run([sys.executable, "-c", script, str(model_path), str(n_ctx)], capture_output=True,
+                             text=True, check=True).stdout.split()
+        model_ms.append(float(out[0]))
+        context_ms.append(float(out[1]))
+    return {"model_load_ms": statistics.median(model_ms), "context_ms": statistics.median(context_ms)}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=7, help="measured runs per scenario (default: 7)")
+    parser.add_argument("--json", type=Path, help="write the figures here")
+    args = parser.parse_args()
+    from chatterm.core.workspace import Workspace
+
+    spec = Workspace.load().catalog.get(None)
+    calib_before, load_before = calibration_ms(), os.getloadavg()[0]
+    with tempfile.TemporaryDirectory(prefix="ask-startup-") as tmp:
+        env = {k: v for k, v in os.environ.items() if k != "CHATTERM_DB"}
+        env.update(CHATTERM_CONFIG_DIR=f"{tmp}/config", CHATTERM_DATA_DIR=f"{tmp}/data",
+                   CHATTERM_CACHE_DIR=f"{tmp}/cache")
+        first = subprocess.run([sys.executable, "-m", "chatterm", "ask", "--json", "Hello."], env=env, cwd=REPO,
+                               stdin=subprocess.DEVNULL, capture_output=True, text=True)
+        if first.returncode != 0:
+            raise SystemExit(f"the warm-up run failed:\n{first.stderr}")
+        session = str(json.loads(first.stdout)["session_id"])
+        scenarios = {"new conversation": ["Name a colour."],
+                     "--session": ["--session", session, "Name a colour."]}
+        runs: dict[str, list[dict[str, float]]] = {name: [] for name in scenarios}
+        for _ in range(args.runs):  # the scenarios take turns, so they see the same load
+            for name, argv in scenarios.items():
+                runs[name].append(run_once(env, argv))
+    bare = bare_llama_ms(spec.model_path(), spec.n_ctx or 0, args.runs)
+    calib_after, load_after = calibration_ms(), os.getloadavg()[0]
+
+    result = {
+        "cpu": cpu_name(), "cores": len(os.sched_getaffinity(0)),
+        "calibration_ms": [calib_before, calib_after], "loadavg_1min": [load_before, load_after],
+        "when": time.strftime("%Y-%m-%dT%H:%M:%S"), "runs": args.runs, "model": spec.id, "n_ctx": spec.n_ctx,
+        "target_first_prefill_ms": TARGET_MS, "bare_llama": bare,
+        "scenarios": {name: {stage: statistics.median(r[stage] for r in rs) for stage in (*STAGES, "peak_rss_mib")}
+                      for name, rs in runs.items()},
+    }
+    print(f"{result['cpu']} · calibration {calib_before:.1f} / {calib_after:.1f} ms · "
+          f"load {load_before:.2f} / {load_after:.2f} · median of {args.runs}")
+    print(f"bare llama.cpp: model load {bare['model_load_ms']:.0f} ms, context (n_ctx {spec.n_ctx}) "
+          f"{bare['context_ms']:.0f} ms")
+    met = True
+    for name, stages in result["scenarios"].items():
+        print(f"\n{name}:")
+        before = 0.0
+        for stage in STAGES:
+            print(f"  {stage:<14} {stages[stage]:7.0f} ms  (+{stages[stage] - before:.0f})")
+            before = stages[stage]
+        print(f"  peak RSS {stages['peak_rss_mib']:.0f} MiB")
+        ok = stages["first prefill"] <= TARGET_MS
+        met &= ok
+        print(f"  first prefill {stages['first prefill']:.0f} ms, target <= {TARGET_MS:.0f} ms: "
+              f"{'met' if ok else 'MISSED'}")
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    return 0 if met else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
