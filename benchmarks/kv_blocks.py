@@ -25,7 +25,6 @@ import argparse
 import json
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -80,18 +79,11 @@ def tree_bytes(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
 
 
-def calibration() -> dict[str, str]:
-    timeit = subprocess.run(["python3", "-m", "timeit", "sum(range(10**6))"], capture_output=True, text=True)
-    cpu = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"cpu": cpu, "machine": platform.machine(), "python": platform.python_version(),
-            "timeit_sum_range_1e6": timeit.stdout.strip()}
+def calibration() -> dict[str, object]:
+    from chatterm.core.system.machine import calibration_ms, cpu_name
+
+    return {"cpu": cpu_name(), "machine": platform.machine(), "python": platform.python_version(),
+            "calibration_ms": calibration_ms()}
 
 
 def main() -> int:

@@ -24,12 +24,12 @@ import argparse
 import json
 import os
 import platform
-import shutil
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 from typing import Sequence
+
+from harness import bench_workspace, in_temp_home
 
 RATIO_TARGET = 1.5
 HISTORY = [
@@ -46,32 +46,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--json", type=Path, help="also write the figures as JSON to FILE")
     args = parser.parse_args(argv)
-    tmp = Path(tempfile.mkdtemp(prefix="chatterm-bench-"))
-    try:
-        return run(args, tmp)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    return in_temp_home(run, args)
 
 
 def run(args: argparse.Namespace, tmp: Path) -> int:
-    for name in ("CONFIG", "DATA", "CACHE"):
-        os.environ[f"CHATTERM_{name}_DIR"] = str(tmp / name.lower())
-    os.environ.pop("CHATTERM_DB", None)
-
-    from chatterm.core.config import paths
     from chatterm.core.engine.conversation import Conversation
     from chatterm.core.store.resume import history_of
     from chatterm.core.store.session_store import SessionStore
     from chatterm.core.system.machine import calibration_ms, cpu_name
-    from chatterm.core.workspace import Workspace
 
-    folder = paths.user_personas_dir()
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "bench.toml").write_text(
-        'name = "Bench"\nsystem_prompt = "You are a concise analyst."\n'
-        "[sampling]\ntemperature = 0.0\nmax_tokens = 8\n"
-    )
-    workspace = Workspace.load(db_path=tmp / "bench.db")
+    workspace = bench_workspace(tmp)
     spec, persona = workspace.resolve(None, "bench")
     engine = workspace.make_engine(spec)
     engine.load()

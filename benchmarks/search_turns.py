@@ -19,7 +19,6 @@ finds the wrong turns.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import statistics
@@ -30,6 +29,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+
+from harness import finish  # noqa: E402
 
 from chatterm.core.metrics.turn_metrics import TurnMetrics  # noqa: E402
 from chatterm.core.store import schema  # noqa: E402
@@ -132,15 +133,11 @@ def main(args: list[str] | None = None) -> int:
             count, first = expected.get(name, (None, None))
             if count is not None and f["hits"] != count or first is not None and f["first"] != first:
                 failures.append(f"{mode} {name}: found {f['hits']} hits, first {f['first']}")
-    if opts.json:
-        opts.json.write_text(json.dumps({
-            "cpu": cpu_name(), "cores": os.cpu_count(), "calibration_ms": calib, "sessions": opts.sessions,
-            "turns": opts.turns, "reply_words": opts.reply_words, "runs": opts.runs, "results": results,
-            "target_ms": TARGET_MS, "failures": failures,
-        }, indent=2) + "\n")
-    for failure in failures:
-        print(f"MISS: {failure}", file=sys.stderr)
-    return 1 if failures else 0
+    return finish(failures, opts.json, {
+        "cpu": cpu_name(), "cores": os.cpu_count(), "calibration_ms": calib, "sessions": opts.sessions,
+        "turns": opts.turns, "reply_words": opts.reply_words, "runs": opts.runs, "results": results,
+        "target_ms": TARGET_MS,
+    })
 
 
 if __name__ == "__main__":

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
-import json
 import os
 import sqlite3
 import statistics
@@ -35,6 +34,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+
+from harness import finish  # noqa: E402
 
 from chatterm.cli import main as chatterm_main  # noqa: E402
 from chatterm.core.metrics.turn_metrics import TurnMetrics  # noqa: E402
@@ -152,16 +153,12 @@ def main(args: list[str] | None = None) -> int:
             failures.append(f"a listing query reads the turn rows: {plan}")
     if exported != opts.turns:
         failures.append(f"the export holds {exported} of {opts.turns} turns")
-    if opts.json:
-        opts.json.write_text(json.dumps({
-            "cpu": cpu_name(), "cores": os.cpu_count(), "calibration_ms": calib, "sessions": opts.sessions,
-            "turns": opts.turns, "reply_words": opts.reply_words, "build_s": build_s, "db_mb": db_mb,
-            "export_mb": out_mb, "runs": opts.runs, "results": results, "plans": query_plans,
-            "target_s": TARGET_S, "failures": failures,
-        }, indent=2) + "\n")
-    for failure in failures:
-        print(f"MISS: {failure}", file=sys.stderr)
-    return 1 if failures else 0
+    return finish(failures, opts.json, {
+        "cpu": cpu_name(), "cores": os.cpu_count(), "calibration_ms": calib, "sessions": opts.sessions,
+        "turns": opts.turns, "reply_words": opts.reply_words, "build_s": build_s, "db_mb": db_mb,
+        "export_mb": out_mb, "runs": opts.runs, "results": results, "plans": query_plans,
+        "target_s": TARGET_S,
+    })
 
 
 if __name__ == "__main__":

@@ -26,13 +26,13 @@ import asyncio
 import json
 import os
 import platform
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Sequence
+
+from harness import bench_workspace, in_temp_home
 
 TTFT_RATIO_TARGET = 1.5
 KEY_P95_TARGET_MS = 50.0
@@ -63,33 +63,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--json", type=Path, help="also write the figures as JSON to FILE")
     args = parser.parse_args(argv)
-    tmp = Path(tempfile.mkdtemp(prefix="chatterm-bench-"))
-    try:
-        return run(args, tmp)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    return in_temp_home(run, args)
 
 
 def run(args: argparse.Namespace, tmp: Path) -> int:
-    for name in ("CONFIG", "DATA", "CACHE"):
-        os.environ[f"CHATTERM_{name}_DIR"] = str(tmp / name.lower())
-    os.environ.pop("CHATTERM_DB", None)
-
     from textual import events
 
-    from chatterm.core.config import paths
     from chatterm.core.system.machine import calibration_ms, cpu_name
-    from chatterm.core.workspace import Workspace
     from chatterm.ui.chat_view import TurnPhase
     from chatterm.ui.launch import make_app
 
-    folder = paths.user_personas_dir()
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "bench.toml").write_text(
-        'name = "Bench"\nsystem_prompt = "You are a concise analyst."\n'
-        "[sampling]\ntemperature = 0.0\nmax_tokens = 8\n"
-    )
-    workspace = Workspace.load(db_path=tmp / "bench.db")
+    workspace = bench_workspace(tmp)
 
     async def until(pilot, predicate, timeout: float = 600.0) -> None:
         deadline = time.monotonic() + timeout
