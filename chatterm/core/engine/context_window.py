@@ -17,6 +17,10 @@ Contract:
   type-ahead cut where the cached state did.
 - `turn_starts(history)`: where each whole turn begins (a turn ends where the
   next user message starts; the kept history never starts with a reply).
+- `anchor_of(message)` is the identity of a cut: a hash of the first kept
+  message. `anchor_index(history, starts, anchor)` finds that cut again in a
+  longer history (the latest turn starting with that message), 0 when it is
+  not there (another conversation, or an edited one): cut from the start.
 - `shift_span(live, target, keep)`: the span of `live` after its first `keep`
   tokens whose removal makes the rest of `live` the longest prefix of the
   rest of `target`, as (span length, tokens then shared); None when no removal
@@ -26,9 +30,13 @@ Contract:
 from __future__ import annotations
 
 import enum
-from typing import Sequence
+import hashlib
+from typing import TYPE_CHECKING, Sequence
 
 from chatterm.core.cache.tokens import common_prefix_len
+
+if TYPE_CHECKING:
+    from chatterm.core.engine.interface import ChatMessage
 
 KEEP_AFTER_CUT = 0.5
 """The share of the budget a prompt is cut down to when it would not fit. Half
@@ -52,6 +60,21 @@ def turn_starts(roles: Sequence[str]) -> list[int]:
     if not roles:
         return []
     return [0, *(i for i in range(1, len(roles)) if roles[i] == "user")]
+
+
+def anchor_of(message: ChatMessage) -> str:
+    """The identity of a conversation's first kept message (saved with its state)."""
+    return hashlib.sha256(f"{message.role}\0{message.content}".encode()).hexdigest()[:24]
+
+
+def anchor_index(history: Sequence[ChatMessage], starts: Sequence[int], anchor: str) -> int:
+    """The cut (in turns) whose first kept message is `anchor`; 0 when none is."""
+    if not anchor:
+        return 0
+    for cut in range(len(starts) - 1, -1, -1):  # the latest: repeated messages ("go on")
+        if anchor_of(history[starts[cut]]) == anchor:
+            return cut
+    return 0
 
 
 def choose_cut(turn_sizes: Sequence[int], user_size: int, fixed: int, budget: int, keep: float) -> int:

@@ -25,7 +25,7 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Sequence, TypeVar
+from typing import Any, Callable, Iterator, Sequence
 
 from chatterm.core.config.catalog import ModelSpec, PriceProfile
 from chatterm.core.config.personas import Persona
@@ -49,52 +49,11 @@ class ChatMessage:
 MIN_REPLY_TOKENS = 64
 """Room always left for the reply when history is trimmed to fit the context."""
 
-P = TypeVar("P")
-
-
 def reply_room(max_tokens: int, n_ctx: int) -> int:
     """Tokens kept free for the reply: the persona's max_tokens, capped at a quarter
     of the context (at least MIN_REPLY_TOKENS), so a large max_tokens does not
     trim away a whole history for a reply that stays short."""
     return min(max_tokens, max(MIN_REPLY_TOKENS, n_ctx // 4))
-
-
-def trim_history(
-    history: Sequence[ChatMessage],
-    prompt_for: Callable[[Sequence[ChatMessage]], P],
-    size: Callable[[P], int],
-    budget: int,
-) -> tuple[P, int]:
-    """Drop whole turns from the front of `history` (never the persona, which
-    `prompt_for` adds) until `size(prompt_for(kept)) <= budget` or nothing is left.
-    Returns the prompt of the kept history and how many turns were dropped.
-
-    A turn ends where the next user message starts: the kept history never starts
-    with an assistant reply. The fewest dropped turns whose prompt fits are found
-    by bisection over those boundaries (a prompt grows with its history), so a
-    long history costs O(log n) renders, not one per dropped turn: this runs on
-    every type-ahead step once a conversation overflows the context."""
-    prompt = prompt_for(history)
-    if size(prompt) <= budget or not history:
-        return prompt, 0
-    # starts[k]: where the kept history begins once k turns are dropped.
-    starts = [0, *(i for i in range(1, len(history)) if history[i].role == "user"), len(history)]
-    built: dict[int, P] = {}
-
-    def fits(k: int) -> bool:
-        built[k] = prompt_for(history[starts[k]:])
-        return size(built[k]) <= budget
-
-    lo, hi = 1, len(starts) - 1  # hi: everything dropped, kept whether it fits or not
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if fits(mid):
-            hi = mid
-        else:
-            lo = mid + 1
-    if lo not in built:
-        built[lo] = prompt_for(history[starts[lo]:])
-    return built[lo], lo
 
 
 def context_full_notice(n_ctx: int, dropped: int, how: str = "") -> str:

@@ -19,8 +19,12 @@ Contract (in addition to `chatterm.core.engine.interface`):
   `cached_tokens` is what the server reports
   (`usage.prompt_tokens_details.cached_tokens`, or llama.cpp's `timings.cache_n`).
 - Context trimming uses the same 4-characters-per-token estimate (we have no
-  tokenizer for the served model): the oldest history turns are dropped until
-  the prompt plus the reply's token budget fits `spec.n_ctx`.
+  tokenizer for the served model) and the local engine's sticky cut
+  (`context_window.choose_cut`): when the prompt plus the reply's room would
+  not fit `spec.n_ctx`, the oldest turns are left out until half of it is free,
+  and the cut stays where it is while the prompt fits again (remembered by the
+  engine as `anchor_of` its first kept message), so consecutive requests share
+  their prefix and a server's prefix cache keeps hitting.
 - Cancel closes the HTTP stream, which is how every one of these servers learns
   to stop generating. `Turn.cancel()` from another thread also shuts the
   socket down once response headers have arrived, so a server that is silent
@@ -47,6 +51,7 @@ import httpx
 
 from chatterm.core.config.catalog import ModelSpec, PriceProfile
 from chatterm.core.config.personas import Persona
+from chatterm.core.engine.context_window import KEEP_AFTER_CUT, anchor_index, anchor_of, choose_cut, turn_starts
 from chatterm.core.engine.interface import (
     MIN_REPLY_TOKENS,
     ChatMessage,
@@ -57,7 +62,6 @@ from chatterm.core.engine.interface import (
     Turn,
     context_full_notice,
     reply_room,
-    trim_history,
 )
 from chatterm.core.metrics.turn_metrics import CacheOutcome, StopReason, TurnMetrics
 from chatterm.errors import ChattermError
@@ -84,6 +88,10 @@ def estimate_tokens(text: str) -> int:
 
 def estimate_prompt_tokens(messages: Iterable[dict[str, str]]) -> int:
     return sum(estimate_tokens(m["content"]) + MESSAGE_OVERHEAD_TOKENS for m in messages)
+
+
+def _message_tokens(message: ChatMessage) -> int:
+    return estimate_tokens(message.content) + MESSAGE_OVERHEAD_TOKENS
 
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
@@ -168,6 +176,8 @@ class RemoteEngine(Engine):
         self._client: httpx.Client | None = None
         self._notes: list[str] = []
         self._url = _public_url(spec.base_url)
+        self._anchor = ""
+        """`anchor_of` the first message the last prompt kept; "" when it kept the whole history."""
 
     def __repr__(self) -> str:
         return f"RemoteEngine({self.spec.id!r}, {self._url!r})"
@@ -284,16 +294,12 @@ class RemoteEngine(Engine):
         sampling = persona.sampling
         n_ctx = self.spec.n_ctx
         room = reply_room(sampling.max_tokens, n_ctx)
-        messages, dropped = trim_history(
-            history,
-            lambda kept: [system, *({"role": m.role, "content": m.content} for m in kept), user],
-            estimate_prompt_tokens,
-            n_ctx - room,
-        )
-        if dropped:
-            metrics.dropped_turns = dropped
+        dropped, moved, first = self._cut(history, system, user_text, n_ctx - room)
+        messages = [system, *({"role": m.role, "content": m.content} for m in history[first:]), user]
+        metrics.dropped_turns, metrics.cut_turns = dropped, moved
+        if moved:
             turn.notices.append(
-                context_full_notice(n_ctx, dropped, f", estimated at {CHARS_PER_TOKEN} characters per token")
+                context_full_notice(n_ctx, moved, f", estimated at {CHARS_PER_TOKEN} characters per token")
             )
         metrics.prompt_tokens = estimate_prompt_tokens(messages)
         if metrics.prompt_tokens + MIN_REPLY_TOKENS > n_ctx:
@@ -322,6 +328,23 @@ class RemoteEngine(Engine):
         return turn
 
     # -- generation ----------------------------------------------------------
+    def _cut(self, history: Sequence[ChatMessage], system: dict[str, str], user_text: str,
+             budget: int) -> tuple[int, int]:
+        """(turns the prompt leaves out, the index of its first history message):
+        the last request's cut while the prompt fits `budget`, else where
+        `choose_cut` moves it."""
+        starts = turn_starts([m.role for m in history])
+        bounds = [*starts, len(history)]
+        at = anchor_index(history, starts, self._anchor)
+        sizes = [sum(_message_tokens(m) for m in history[a:b])
+                 for a, b in zip(bounds[at:], bounds[at + 1:], strict=False)]
+        user = ChatMessage("user", user_text)
+        cut = at + choose_cut(sizes, _message_tokens(user), estimate_prompt_tokens([system]), budget, KEEP_AFTER_CUT)
+        # With every turn left out, the next prompt's history starts at this message.
+        first = history[bounds[cut]] if cut < len(starts) else user
+        self._anchor = anchor_of(first) if cut else ""
+        return cut, cut - at, bounds[cut]
+
     def _generate(self, turn: Turn, exchange: "_Exchange") -> Iterator[str]:
         key = ""
         with self._lock:

@@ -28,7 +28,7 @@ from chatterm.core.config.catalog import ModelSpec, PriceProfile, load_catalog
 from chatterm.core.config.personas import Persona, Sampling
 from chatterm.core.engine.conversation import Conversation
 from chatterm.core.engine.interface import ChatMessage
-from chatterm.core.engine.remote import RemoteEngine
+from chatterm.core.engine.remote import RemoteEngine, estimate_prompt_tokens
 from chatterm.errors import ChattermError
 
 pytestmark = pytest.mark.timeout(120)
@@ -482,31 +482,43 @@ def test_request_shape_and_usage_with_cached_tokens(scripted):
     eng.close()
 
 
-def test_oldest_turns_are_dropped_to_fit_the_context(scripted):
+def test_past_the_context_the_cut_is_sticky_so_requests_share_their_prefix(scripted):
     def script(h):
         h.start_events()
         h.event(chunk("ok", finish="stop"))
         h.event("[DONE]")
 
     scripted.script = script
-    # n_ctx 256 with 64 tokens for the reply leaves ~190 prompt tokens (~760 characters).
-    eng = RemoteEngine(make_spec(scripted.url, n_ctx=256), PRICE)
-    history = []
-    for i in range(6):
-        history += [ChatMessage("user", f"question {i} " + "q" * 150),
-                    ChatMessage("assistant", f"answer {i} " + "a" * 150)]
-    turn = eng.start_turn(make_persona(max_tokens=64), history, "last question")
-    drain(turn)
-    sent = scripted.requests[0]["body"]["messages"]
-    kept_turns = (len(sent) - 2) // 2
-    m = turn.metrics
-    assert m.error is None and m.stop_reason == "eos"
-    assert 0 < kept_turns < 6 and m.dropped_turns == 6 - kept_turns
-    assert sent[0]["role"] == "system" and sent[1]["role"] == "user"
-    assert sent[1]["content"].startswith(f"question {6 - kept_turns} ")  # newest turns kept
-    assert sent[-1] == {"role": "user", "content": "last question"}
-    assert any(f"dropped the oldest {m.dropped_turns} turns" in n for n in turn.notices)
-    assert sum(len(x["content"]) for x in sent) / 4 + 64 <= 256
+    # n_ctx 512 with 64 tokens for the reply leaves 448 prompt tokens; a turn
+    # of two 160-character messages is about 90 (4 characters per token + 4).
+    eng = RemoteEngine(make_spec(scripted.url, n_ctx=512), PRICE)
+    persona = make_persona(max_tokens=64)
+    history: list[ChatMessage] = []
+    sent, metrics, notices = [], [], []
+    for i in range(14):
+        question = f"question {i} " + "q" * 150
+        turn = eng.start_turn(persona, list(history), question)
+        drain(turn)
+        sent.append(scripted.requests[-1]["body"]["messages"])
+        metrics.append(turn.metrics)
+        notices.append(turn.notices)
+        history += [ChatMessage("user", question), ChatMessage("assistant", f"answer {i} " + "a" * 150)]
+    assert all(m.error is None for m in metrics)
+    for body in sent:
+        assert body[0]["role"] == "system" and body[1]["role"] == "user"  # never starts with a reply
+        assert estimate_prompt_tokens(body) + 64 <= 512
+    moves = [i for i, m in enumerate(metrics) if m.cut_turns]
+    assert len(moves) >= 2  # the context filled more than once
+    for i in moves:  # a move frees half the budget, and says so
+        assert estimate_prompt_tokens(sent[i]) <= 448 // 2
+        assert any(f"dropped the oldest {metrics[i].cut_turns} turn" in n for n in notices[i])
+    for i in range(1, len(sent)):
+        if i not in moves:  # between moves the prompt only grows: the previous one is its prefix
+            assert sent[i][: len(sent[i - 1]) - 1] == sent[i - 1][:-1]
+            assert metrics[i].dropped_turns == metrics[i - 1].dropped_turns and not notices[i]
+    # Fewer moves than turns past the context: the fewest-dropped rule would cut on every one.
+    overflowing = [i for i, m in enumerate(metrics) if m.dropped_turns]
+    assert len(moves) * 2 <= len(overflowing)
     eng.close()
 
 

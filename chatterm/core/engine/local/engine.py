@@ -160,7 +160,7 @@ class LocalEngine(Engine):
         """The GPU or CPU name, worked out once at load (a GPU probe is not free)."""
         self._anchor = ""
         """Where the conversation's prompt starts once it outgrew the context
-        (`prompt_fit.anchor_of` its first kept message); "" when it starts at the beginning."""
+        (`context_window.anchor_of` its first kept message); "" when it starts at the beginning."""
         self.overflow = Overflow.TRUNCATE
         self.overflow_reason = ""
 

@@ -19,22 +19,16 @@ Contract:
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from chatterm.core.config.personas import Persona
-from chatterm.core.engine.context_window import KEEP_AFTER_CUT, choose_cut, turn_starts
+from chatterm.core.engine.context_window import KEEP_AFTER_CUT, anchor_index, anchor_of, choose_cut, turn_starts
 from chatterm.core.engine.interface import ChatMessage, reply_room
 from chatterm.errors import ChattermError
 
 MEMO_LIMIT = 20_000
 """Messages whose token counts are remembered (a few MB at most)."""
-
-
-def anchor_of(message: ChatMessage) -> str:
-    """The identity of a conversation's first kept message (saved with its state)."""
-    return hashlib.sha256(f"{message.role}\0{message.content}".encode()).hexdigest()[:24]
 
 
 @dataclass
@@ -95,7 +89,7 @@ class PromptFitter:
         bounds = [*starts, len(history)]
         # From the cached cut on: what is before it is out of the prompt anyway,
         # so a long conversation is not rendered whole on every turn and keystroke.
-        at = _anchor_index(history, starts, anchor)
+        at = anchor_index(history, starts, anchor)
         tokens = self._render(persona, history[bounds[at]:], user_text)
         if len(tokens) <= budget:
             return Fitted(tokens, at, 0, anchor if at else "")
@@ -134,13 +128,3 @@ class PromptFitter:
             f"Message too long ({len(message):,} tokens): kept its last {keep:,} tokens "
             f"to fit the {self.n_ctx:,}-token context."
         )
-
-
-def _anchor_index(history: Sequence[ChatMessage], starts: list[int], anchor: str) -> int:
-    """The cut (in turns) whose first kept message is `anchor`; 0 when none is."""
-    if not anchor:
-        return 0
-    for cut in range(len(starts) - 1, -1, -1):  # the latest: repeated messages ("go on")
-        if anchor_of(history[starts[cut]]) == anchor:
-            return cut
-    return 0
