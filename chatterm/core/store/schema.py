@@ -12,6 +12,12 @@ Contract:
   session it was forked from, and a full-text index `turns_fts` (SQLite FTS5,
   kept by triggers) where the SQLite build has FTS5; where it lacks it the
   store searches with a plain scan.
+- v9 never gives a deleted session's id out again: SQLite's rowid is the
+  largest id + 1, so deleting the newest session made its id the next one's,
+  while an export, a note or a script may still name it. `id_floor` keeps the
+  largest id ever deleted (a trigger), and a new session takes
+  `NEW_SESSION_ID`. (AUTOINCREMENT would need the table rebuilt, and dropping
+  the old one cascades into the turns.)
 """
 
 from __future__ import annotations
@@ -207,7 +213,23 @@ def _to_v8(conn: sqlite3.Connection) -> None:
     conn.execute(f"INSERT INTO {FTS_TABLE}({FTS_TABLE}) VALUES ('rebuild')")
 
 
+def _to_v9(conn: sqlite3.Connection) -> None:
+    conn.execute("CREATE TABLE id_floor (name TEXT PRIMARY KEY, value INTEGER NOT NULL)")
+    conn.execute("INSERT INTO id_floor VALUES ('sessions', (SELECT coalesce(max(id), 0) FROM sessions))")
+    conn.execute(
+        """
+        CREATE TRIGGER sessions_id_floor AFTER DELETE ON sessions BEGIN
+            UPDATE id_floor SET value = max(value, old.id) WHERE name = 'sessions';
+        END"""
+    )
+
+
+NEW_SESSION_ID = (
+    "(SELECT max(coalesce((SELECT max(id) FROM sessions), 0), value) + 1 FROM id_floor WHERE name = 'sessions')"
+)
+"""The id of a session inserted now: above every id there is or was (v9)."""
+
 MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (
-    _to_v1, _to_v2, _to_v3, _to_v4, _to_v5, _to_v6, _to_v7, _to_v8,
+    _to_v1, _to_v2, _to_v3, _to_v4, _to_v5, _to_v6, _to_v7, _to_v8, _to_v9,
 )
 SCHEMA_VERSION = len(MIGRATIONS)

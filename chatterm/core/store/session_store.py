@@ -64,7 +64,7 @@ from chatterm.core.store.records import (
     metrics_of,
     sql_value,
 )
-from chatterm.core.store.schema import FTS_TABLE, SCHEMA_VERSION
+from chatterm.core.store.schema import FTS_TABLE, NEW_SESSION_ID, SCHEMA_VERSION
 from chatterm.errors import ChattermError
 
 __all__ = ["SCHEMA_VERSION", "SearchHit", "SessionInfo", "SessionStore", "TurnRecord"]
@@ -167,8 +167,8 @@ class SessionStore:
 
         def insert(conn: sqlite3.Connection) -> int:
             cur = conn.execute(
-                "INSERT INTO sessions (started_at, model_id, model_identity, engine, device, "
-                "persona_id, active_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO sessions (id, started_at, model_id, model_identity, engine, device, "
+                f"persona_id, active_at) VALUES ({NEW_SESSION_ID}, ?, ?, ?, ?, ?, ?, ?)",
                 values,
             )
             return int(cur.lastrowid)
@@ -294,8 +294,8 @@ class SessionStore:
                 raise self._unknown_turn(session_id, end)
             now = time.time()
             new = int(conn.execute(
-                "INSERT INTO sessions (started_at, model_id, model_identity, engine, device, persona_id, "
-                "active_at, forked_from, forked_turn) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO sessions (id, started_at, model_id, model_identity, engine, device, persona_id, "
+                f"active_at, forked_from, forked_turn) VALUES ({NEW_SESSION_ID}, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (now, *row[:5], now, session_id, end),
             ).lastrowid)
             # Every column but the tree's: a column a later migration adds is copied too.

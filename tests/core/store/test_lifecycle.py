@@ -8,6 +8,7 @@ import sqlite3
 import pytest
 
 from chatterm.core.cache.prompt_cache import DISK, PromptCache, Slot
+from chatterm.core.store import schema
 from chatterm.core.store.lifecycle import delete_session, fork_session
 from chatterm.core.store.session_store import SessionStore
 from chatterm.errors import ChattermError
@@ -96,3 +97,30 @@ def test_a_fork_without_saved_states_still_works(world):
     fork = fork_session(store, cache, sid)
     assert (fork.turns, fork.states) == (1, 0)
     assert fork_session(store, None, sid).states == 0
+
+
+def test_a_deleted_sessions_id_is_never_given_out_again(world, tmp_path):
+    store, cache = world
+    first, newest = new_session(store), new_session(store)
+    store.record_turn(first, "q", "a", full_metrics())
+    delete_session(store, cache, newest)
+    again = new_session(store)
+    assert again == newest + 1  # SQLite alone would give `newest` again
+    forked = fork_session(store, cache, first, None).session_id
+    assert forked == again + 1
+    for sid in (first, again, forked):
+        delete_session(store, cache, sid)
+    assert new_session(store) == forked + 1  # an empty table too
+    # A database from before v9 starts its floor at its largest id.
+    db = tmp_path / "v8.db"
+    conn = sqlite3.connect(db)
+    for migration in schema.MIGRATIONS[:8]:
+        migration(conn)
+    conn.execute("PRAGMA user_version = 8")
+    conn.execute("INSERT INTO sessions (id, started_at, model_id, model_identity, engine, device, persona_id) "
+                 "VALUES (7, 1.0, 'm', 'sha', 'local', 'CPU', 'assistant')")
+    conn.commit()
+    conn.close()
+    with SessionStore(db) as old:
+        delete_session(old, cache, 7)
+        assert new_session(old) == 8
