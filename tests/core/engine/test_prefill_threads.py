@@ -14,7 +14,7 @@ import pytest
 
 from chatterm.core.config.catalog import load_catalog
 from chatterm.core.engine.local.model import Threads, open_model, threads_in_use
-from chatterm.core.system.machine import OtherLoad
+from chatterm.core.system.machine import OtherLoad, physical_cores
 
 pytestmark = pytest.mark.skipif(
     not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2 or not os.path.exists("/proc/stat"),
@@ -101,3 +101,41 @@ def test_decode_and_prefill_give_a_busy_core_back_and_a_fixed_count_stays():
         hog.kill()
         hog.wait()
         llm.close()
+
+
+def test_a_reply_gives_a_core_back_when_another_process_starts_mid_reply(tmp_path):
+    """The decode threads are looked at again while the reply streams, not only
+    before its prefill: a busy process started mid-reply takes a core within
+    the reply (real model, real busy loop)."""
+    from dataclasses import replace
+
+    from chatterm.core.engine.local.engine import LocalEngine
+    from chatterm.core.workspace import Workspace
+
+    if physical_cores() < 2:
+        pytest.skip("one physical core: no thread to give back")
+    ws = Workspace.load(db_path=tmp_path / "t.db")
+    spec = ws.catalog.get(None)
+    base = ws.personas.get(None)
+    persona = replace(base, sampling=replace(base.sampling, temperature=0.0, max_tokens=2000))
+    engine = LocalEngine(spec, ws.catalog.price(spec.price_profile), kv_cache=None)
+    engine.load()
+    hog = None
+    try:
+        turn = engine.start_turn(persona, [], "Count from 1 to 1000, one number per line.", use_cache=False)
+        seen = []
+        for n, _ in enumerate(turn.stream()):
+            seen.append(threads_in_use(engine.llm)[0])
+            if n == 4:
+                if seen[0] < physical_cores():
+                    turn.cancel()
+                    pytest.skip("other processes already keep a core busy: nothing to take")
+                hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+            if hog is not None and seen[-1] < seen[0]:
+                turn.cancel()  # the reply gave the core back: seen enough
+        assert seen[-1] == seen[0] - 1, f"decode threads during the reply: {seen[0]} -> {seen[-1]}"
+    finally:
+        if hog is not None:
+            hog.kill()
+            hog.wait()
+        engine.close()

@@ -37,7 +37,8 @@ Contract (beyond chatterm.core.engine.interface):
   (`wait_ms`); 0 for a turn stopped before its prefill ended.
 - Each prefill, and the decode after it, runs on the threads
   `chatterm.core.engine.local.model.Threads` picks: one per physical core,
-  fewer while other processes keep cores busy.
+  fewer while other processes keep cores busy, looked at again every
+  `RECHECK_TOKENS` tokens of the reply.
 - Metrics are exact: TTFT from submit to the first sampled token; decode
   tokens/s from first to last token; a turn stopped during its prefill keeps
   the time that prefill ran and the tokens it did; llama.cpp's own perf counters for the
@@ -86,7 +87,7 @@ from chatterm.core.engine.interface import (
 )
 from chatterm.core.engine.local import kv_shift, kv_state, offload, templates
 from chatterm.core.engine.local.context_gate import ContextGate
-from chatterm.core.engine.local.model import AbortFlag, Threads, open_model
+from chatterm.core.engine.local.model import RECHECK_TOKENS, AbortFlag, Threads, open_model
 from chatterm.core.engine.local.outcome import (
     MIN_REUSE,
     PreparedPersona,
@@ -827,6 +828,8 @@ class LocalEngine(Engine):
                 if m.generated_tokens >= max_tokens:
                     m.stop_reason = StopReason.LENGTH
                     break
+                if m.generated_tokens % RECHECK_TOKENS == 0:
+                    self._threads.apply()  # another process may have taken a core, or left one
             else:
                 m.stop_reason = StopReason.EOS
         finally:

@@ -31,7 +31,6 @@ import ctypes
 import threading
 import time
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -188,7 +187,7 @@ def compat_fields(llm: llama_cpp.Llama, model_path: Path, model_sha256: str, fla
     return {
         "model_sha256": model_sha256,
         "model_size": model_path.stat().st_size,
-        "llama_cpp_python": metadata.version("llama-cpp-python"),
+        "llama_cpp_python": llama_cpp.__version__,
         "llama_cpp_build": llama_library_sha256(),
         "architecture": arch,
         "n_layer": llama_cpp.llama_model_n_layer(llm.model),

@@ -10,7 +10,9 @@ Contract:
   error, the specific one. The device name (a GPU probe or /proc/cpuinfo) is
   worked out here, once.
 - `Threads` picks how many threads llama.cpp decodes and prefills with,
-  before each prefill (the reply's decode follows it): the models.toml
+  before each prefill and again every `RECHECK_TOKENS` tokens of a reply (so
+  a process that starts mid-reply gets its core back within a fraction of a
+  second, and one that ends gives it back): the models.toml
   `n_threads` / `n_threads_batch` when set, else one per physical core this
   process may run on (`machine.physical_cores`: its affinity mask and the OS's
   sibling lists; llama-cpp-python's own default halves the machine's CPU
@@ -93,6 +95,11 @@ def open_model(spec: ModelSpec, progress: Progress | None = None) -> OpenedModel
             raise ChattermError(f"{path}: llama.cpp could not load the model: {reason}") from None
     on_gpu = bool(loaded_plan.layers_offloaded(llama_cpp.llama_model_n_layer(llm.model)))
     return OpenedModel(llm, loaded_plan, tuple(notes), _gpu_name() if on_gpu else cpu_name())
+
+
+RECHECK_TOKENS = 16
+"""Tokens of a reply between two looks at the other processes' load: a fraction
+of a second at typical decode speeds, and `OtherLoad` samples every 0.5 s."""
 
 
 class Threads:
