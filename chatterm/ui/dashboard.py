@@ -212,11 +212,13 @@ class Dashboard(VerticalScroll):
     def on_resize(self) -> None:
         self.call_after_refresh(self._update_hint)
 
+    # After the event: a subclass's handler runs before Widget's own, which is
+    # what sets `has_focus`.
     def on_focus(self) -> None:
-        self._update_hint()
+        self.call_later(self._update_hint)
 
     def on_blur(self) -> None:
-        self._update_hint()
+        self.call_later(self._update_hint)
 
     # -- the sections ------------------------------------------------------------------
     def _set(self, widget_id: str, content: Rows, live: bool = False) -> None:

@@ -39,8 +39,8 @@ HELP_KEYS: tuple[tuple[str, str], ...] = (
     ("Ctrl+R", "regenerate the last reply (the old one stays as a branch)"),
     ("↑", "edit your last message (empty prompt); Enter resends it"),
     ("F9 / F10", "copy the reply / one of its code blocks to the clipboard"),
-    ("Shift+↑ ↓", "select a turn: ← → its branch, e edit, f fork, y / c copy"),
-    ("Ctrl+P", "command palette: personas, themes, sessions, exports"),
+    ("Shift+↑ ↓", "select a turn: ← → branch, e edit, f fork, y / c copy, x expand"),
+    ("Ctrl+P", "command palette: personas, models, themes, sessions, exports"),
     ("Tab / Shift+Tab", "focus prompt, conversation, dashboard (arrows, PgUp/PgDn)"),
     ("Ctrl+Q", "quit (also mid-reply and while the model loads)"),
 )

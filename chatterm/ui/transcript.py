@@ -61,7 +61,7 @@ def shortened(text: str, limit: int = USER_DISPLAY_CHARS) -> str:
     if len(text) <= limit:
         return text
     half = limit // 2
-    return (f"{text[:half]}\n… {len(text) - 2 * half:,} characters not shown (click to show all) …\n"
+    return (f"{text[:half]}\n… {len(text) - 2 * half:,} characters not shown (x or click: show all) …\n"
             f"{text[-half:]}")
 
 
@@ -111,7 +111,8 @@ def render_markdown(text: str, width: int, console: Console, first: bool = True)
 
 
 class UserMessage(Static):
-    """A user message; a long one shows its beginning and end until clicked."""
+    """A user message; a long one shows its beginning and end until clicked
+    (or `x` on its turn in the conversation)."""
 
     def __init__(self, text: str) -> None:
         super().__init__(literal(shortened(text)))
@@ -120,6 +121,10 @@ class UserMessage(Static):
         self.expanded = False
 
     def on_click(self) -> None:
+        self.toggle()
+
+    def toggle(self) -> None:
+        """Show all of a long message, or its beginning and end again."""
         if len(self.text) > USER_DISPLAY_CHARS:
             self.expanded = not self.expanded
             self.update(literal(self.text if self.expanded else shortened(self.text)))
@@ -357,6 +362,7 @@ class ConversationView(VerticalScroll):
         Binding("f", "app.fork", "Fork here", show=False),
         Binding("y", "app.copy_reply", "Copy reply", show=False),
         Binding("c", "app.copy_code", "Copy code", show=False),
+        Binding("x", "toggle_message", "Expand message", show=False),
     ]
 
     PAGE_TURNS = 4
@@ -450,6 +456,12 @@ class ConversationView(VerticalScroll):
             return self._selected
         replies = self.query(AssistantReply)
         return replies.last() if replies else None
+
+    def action_toggle_message(self) -> None:
+        """Show all of the selected turn's long message (the last turn's when none is selected)."""
+        reply = self.current_reply()
+        if reply is not None and reply.user is not None:
+            reply.user.toggle()
 
     def action_select_turn(self, delta: int) -> None:
         replies = list(self.query(AssistantReply))

@@ -26,7 +26,7 @@ from chatterm.ui.dashboard import BAR_WIDTH, Dashboard
 from chatterm.ui.rows import LABEL_WIDTH
 from chatterm.ui.screens import HELP_KEYS, HelpScreen, PersonaPicker
 from chatterm.ui.sessions_screen import SessionsScreen
-from chatterm.ui.transcript import AssistantReply, Notice, UserMessage
+from chatterm.ui.transcript import AssistantReply, ConversationView, Notice, UserMessage
 
 SIZE = (120, 40)
 
@@ -375,11 +375,20 @@ async def test_empty_message_is_ignored_and_huge_paste_is_accepted(build):
         message = app.query_one(UserMessage)
         shown = rendered(message)
         # Its beginning and its end: the question typed after a paste stays in view.
-        assert "characters not shown (click to show all)" in shown and shown.rstrip().endswith("!")
+        assert "characters not shown (x or click: show all)" in shown
+        assert shown.rstrip().endswith("!")
         message.scroll_visible(top=True, animate=False)
         await pilot.pause()
         await pilot.click(UserMessage)
         assert message.expanded and "not shown" not in rendered(message)
+        await pilot.click(UserMessage)
+        assert not message.expanded and "not shown" in rendered(message)
+        # From the keyboard: x in the conversation, on the selected (here the last) turn.
+        app.query_one(ConversationView).focus()
+        await pilot.press("x")
+        assert message.expanded and "not shown" not in rendered(message)
+        await pilot.press("x")
+        assert not message.expanded
 
 
 async def test_newline_key_inserts_a_line_and_enter_sends(build):
