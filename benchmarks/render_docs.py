@@ -12,7 +12,8 @@ Two kinds of source:
 - a result file in benchmarks/results/ (docs/benchmarks.md): the figures the
   run recorded. Which table a file gets follows from what it holds (`chatterm
   bench --json`, its `--resume` part, `prefill_threads.py`, `store_load.py`,
-  `type_ahead.py`), so a new run only needs its pair of markers;
+  `type_ahead.py`, `context_overflow.py`, `ask_startup.py`, `llama_server.py`,
+  `flash_attn_cpu.py`), so a new run only needs its pair of markers;
 - a config dataclass, by its dotted name (docs/configuration.md): every TOML key
   it reads (`chatterm.core.config.schema`), the values its check accepts (the
   words of the check's own error), its default and its field docstring.
@@ -39,7 +40,8 @@ from typing import Any, Callable
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 RESULTS = REPO / "benchmarks" / "results"
-PAGES = (REPO / "docs" / "benchmarks.md", REPO / "docs" / "configuration.md", REPO / "docs" / "long-conversations.md")
+PAGES = (REPO / "docs" / "benchmarks.md", REPO / "docs" / "configuration.md", REPO / "docs" / "long-conversations.md",
+         REPO / "docs" / "llama-server.md")
 
 MARKERS = re.compile(
     r"(?P<begin><!-- BEGIN generated from (?P<name>[\w.-]+) -->\n)"
@@ -292,11 +294,52 @@ def render_ask_startup(data: dict[str, Any]) -> list[str]:
     return lines
 
 
+def render_llama_server(data: dict[str, Any]) -> list[str]:
+    idle, busy = data["scenarios"]["idle"], data["scenarios"]["one core busy"]
+    names = list(idle["decode_tok_s"])
+    server, targets, r = "llama-server", data["targets"], data["ratios"]
+
+    def per(values: dict[str, float], unit: str) -> tuple[str, ...]:
+        return tuple(f"{values[n]:,.1f} {unit} ({values[n] / values[server]:.2f}x)" if n != server
+                     else f"{values[n]:,.1f} {unit}" for n in names)
+
+    tokens = idle["prefill_tokens"][server]
+    rss = data["peak_rss_mb"]
+    rows = [
+        ("decode, idle", *per(idle["decode_tok_s"], "tok/s"), f">= {targets['decode']:g}x"),
+        (f"cold prefill, {tokens:,} tokens", *per(idle["prefill_tok_s"], "tok/s"), f">= {targets['prefill']:g}x"),
+        ("decode, one core busy", *per(busy["decode_tok_s"], "tok/s"), "–"),
+        ("idle / one core busy", ratio(r["chatterm_idle_over_busy"]), "–", ratio(r["server_idle_over_busy"]),
+         "<= 1.3x (2 cores: see text)"),
+        (f"peak RSS, n_ctx {data['n_ctx']:,}", f"{rss['chatterm ask']:,.0f} MB (`chatterm ask`)", "–",
+         f"{rss[server]:,.0f} MB", f"<= +{targets['rss_margin_mb']:g} MB"
+         + ("" if r["rss_chatterm_minus_server_mb"] <= targets["rss_margin_mb"] else " (missed)")),
+    ]
+    stages = ", ".join(f"{k} {v:,.0f} MB" for k, v in data["chatterm_rss_stages_mb"].items())
+    threads = f"; llama-server on {data['server_threads']} threads" if data.get("server_threads") else ""
+    return [machine_line(data), "", *table(("figure", *names, "target (chatterm / llama-server)"), rows), "",
+            f"chatterm's RSS in one process, stage by stage: {stages}{threads}."]
+
+
+def render_flash_attn(data: dict[str, Any]) -> list[str]:
+    rows = []
+    for depth, kinds in data["flash_attn_by_depth"].items():
+        d, p = kinds["decode"], kinds["prefill"]
+        rows.append((f"{int(depth):,}", f"{d['off']:.1f}", f"{d['on']:.1f}", ratio(d["on"] / d["off"]),
+                     f"{p['off']:,.0f}", f"{p['on']:,.0f}", ratio(p["on"] / p["off"])))
+    return [machine_line(data), "", *table(("context depth", "decode off (tok/s)", "decode on", "on / off",
+                                            "prefill off (tok/s)", "prefill on", "on / off"), rows)]
+
+
 def renderer(data: dict[str, Any]) -> Callable[[dict[str, Any]], list[str]]:
     if "ttft_cold_ms" in data:
         return render_bench
     if "bare_llama" in data:
         return render_ask_startup
+    if "peak_rss_mb" in data:
+        return render_llama_server
+    if "flash_attn_by_depth" in data:
+        return render_flash_attn
     if "threads_used" in data:
         return render_prefill_threads
     if "plans" in data:
