@@ -189,6 +189,11 @@ class ChatApp(App[None]):
         # The screen must survive llama-cpp-python's fd 2 redirection (ui/terminal.py).
         return terminal.driver_class(super().get_driver_class())
 
+    def _display(self, screen: Screen, renderable) -> None:
+        # Every widget's part of a row at its own column, also in a full redraw
+        # (ui/terminal.py: emoji sequences the terminal counts differently).
+        super()._display(screen, terminal.placed(renderable))
+
     def on_resize(self, event) -> None:
         self._apply_width(event.size.width)
 

@@ -76,7 +76,7 @@ from chatterm.errors import ChattermError
 from chatterm.ui import branches, gc_policy
 from chatterm.ui.engine_lease import EngineClosing, EngineLease
 from chatterm.ui.notices import notify_plain
-from chatterm.ui.prompt import PromptArea
+from chatterm.ui.prompt import BOX_ID, PromptArea
 from chatterm.ui.transcript import AssistantReply, ConversationView, OlderTurns, UserMessage, branch_label
 from chatterm.ui.worker_errors import reported
 
@@ -211,7 +211,12 @@ class ChatView(Vertical):
         with Horizontal(id="status-line"):
             yield ProgressBar(total=1.0, show_eta=False, id="load-progress")
             yield Static(Content("starting…"), id="status")
-        yield PromptArea(id="prompt", placeholder="Message — Enter sends, Ctrl+J new line, F1 help")
+        # The box's border is its own widget, not the text area's: Textual places
+        # each widget's part of a line with a cursor move of its own, so the right
+        # border stays in its column where the terminal counts an emoji sequence
+        # wider or narrower than rich does (docs/tui.md, "Wide characters").
+        with Vertical(id=BOX_ID):
+            yield PromptArea(id="prompt", placeholder="Message — Enter sends, Ctrl+J new line, F1 help")
 
     def on_mount(self) -> None:
         self._dash_timer = self.set_interval(1 / self.DASHBOARD_HZ, self._dashboard_tick, pause=True)

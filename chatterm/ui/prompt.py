@@ -7,6 +7,11 @@ why a blank edit is refused). ↑ in an empty prompt posts `EditLastAsked`
 which every terminal sends as a distinct byte (LF); Shift+Enter and Alt+Enter
 also work in terminals that report them (kitty keyboard protocol, most
 xterm-likes for Alt).
+
+The prompt's border is drawn by the box around it (`BOX_ID`), and every redraw
+of the prompt redraws the rest of the box's rows after it (the border, the
+dashboard beside it), so they keep their columns whatever width the terminal
+gives an emoji sequence (docs/tui.md, "Wide characters").
 """
 
 from __future__ import annotations
@@ -14,10 +19,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from textual import events
+from textual.geometry import Region
 from textual.message import Message
+from textual.widget import Widget
 from textual.widgets import TextArea
 
 NEWLINE_KEYS = ("ctrl+j", "shift+enter", "alt+enter")
+
+BOX_ID = "prompt-box"
+"""The container that draws the prompt's border (ui/chat_view.py)."""
 
 
 class PromptArea(TextArea):
@@ -44,6 +54,22 @@ class PromptArea(TextArea):
         super().__init__(**kwargs)
         self.editing = False
         """The prompt holds an earlier message being edited (the chat sets it)."""
+
+    def refresh(self, *regions: Region, repaint: bool = True, layout: bool = False, recompose: bool = False):
+        # Whatever of this area is redrawn, the rest of its box's rows is redrawn
+        # after it, to the screen's right edge: its border (chat_view.py: the
+        # border is the box's) and whatever stands beside it. Textual starts each
+        # widget's part of a row with a cursor move, so where the terminal counts
+        # an emoji sequence wider than rich does and the text runs over the
+        # border and the dashboard, they are written again at their own columns.
+        result = super().refresh(*regions, repaint=repaint, layout=layout, recompose=recompose)
+        box = self.parent
+        if repaint and self.is_mounted and isinstance(box, Widget) and box.id == BOX_ID:
+            band = box.region
+            if band:
+                screen = self.screen
+                screen.refresh(Region(band.x, band.y, screen.size.width - band.x, band.height))
+        return result
 
     async def _on_key(self, event: events.Key) -> None:
         if self.read_only:
