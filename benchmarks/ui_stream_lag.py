@@ -235,6 +235,9 @@ def run(args: argparse.Namespace) -> int:
             await pilot.press("enter")
             prompt.focus()
             keyboard = asyncio.create_task(typist(app, prompt))
+            # Started first (the app is idle until the send reaches the engine), then done.
+            while app.chat.phase is TurnPhase.IDLE:
+                await asyncio.sleep(0.001)
             while not (app.conversation.turns[args.history_turns:] and app.chat.phase is TurnPhase.IDLE):
                 await asyncio.sleep(0.005)
             streaming = False
