@@ -8,11 +8,10 @@ import sqlite3
 import pytest
 
 from chatterm.core.cache.prompt_cache import DISK, PromptCache, Slot
-from chatterm.core.store import schema
 from chatterm.core.store.lifecycle import delete_session, fork_session
 from chatterm.core.store.session_store import SessionStore
 from chatterm.errors import ChattermError
-from tests.core.store.test_store import full_metrics, new_session
+from tests.core.store.test_store import full_metrics, new_session, old_database
 
 COMPAT = {"model_sha256": "ab" * 32, "llama_cpp_build": "cd" * 32}
 
@@ -113,10 +112,7 @@ def test_a_deleted_sessions_id_is_never_given_out_again(world, tmp_path):
     assert new_session(store) == forked + 1  # an empty table too
     # A database from before v9 starts its floor at its largest id.
     db = tmp_path / "v8.db"
-    conn = sqlite3.connect(db)
-    for migration in schema.MIGRATIONS[:8]:
-        migration(conn)
-    conn.execute("PRAGMA user_version = 8")
+    conn = old_database(db, 8)
     conn.execute("INSERT INTO sessions (id, started_at, model_id, model_identity, engine, device, persona_id) "
                  "VALUES (7, 1.0, 'm', 'sha', 'local', 'CPU', 'assistant')")
     conn.commit()

@@ -60,6 +60,15 @@ def full_metrics(i: int = 0, **changes) -> TurnMetrics:
     return TurnMetrics(**values)
 
 
+def old_database(path, version: int) -> sqlite3.Connection:
+    """A database as an older chatterm left it: migrated to `version` only (still open)."""
+    conn = sqlite3.connect(path)
+    for migration in store_schema.MIGRATIONS[:version]:
+        migration(conn)
+    conn.execute(f"PRAGMA user_version = {version}")
+    return conn
+
+
 def new_session(store: SessionStore, persona: str = "assistant", started_at: float | None = None) -> int:
     return store.create_session(
         model_id="smollm2-135m",

@@ -12,12 +12,11 @@ import sqlite3
 import pytest
 
 from chatterm.core.engine.interface import ChatMessage
-from chatterm.core.store import schema
 from chatterm.core.store.resume import history_of
 from chatterm.core.store.session_store import SCHEMA_VERSION, SessionStore
 from chatterm.errors import ChattermError
 from tests.conftest import export_text
-from tests.core.store.test_store import full_metrics, new_session
+from tests.core.store.test_store import full_metrics, new_session, old_database
 
 
 def four_turns(store: SessionStore) -> int:
@@ -165,10 +164,7 @@ def test_rename_and_titles(tmp_path):
 def make_v7_database(path) -> int:
     """A database as the previous chatterm left it (schema v7), with one session
     of three turns."""
-    conn = sqlite3.connect(path)
-    for migration in schema.MIGRATIONS[:7]:
-        migration(conn)
-    conn.execute("PRAGMA user_version = 7")
+    conn = old_database(path, 7)
     conn.execute("INSERT INTO sessions (started_at, model_id, model_identity, engine, device, persona_id) "
                  "VALUES (100.0, 'smollm2-135m', 'sha256:abc', 'local', 'CPU', 'assistant')")
     for i in (1, 2, 3):
