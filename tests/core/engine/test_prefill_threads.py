@@ -21,6 +21,8 @@ pytestmark = pytest.mark.skipif(
     reason="needs Linux /proc/stat and at least 2 cores",
 )
 
+STORY = "Write a very long story about a dragon who learns to cook, with many chapters."
+"""A prompt the default model answers at length (2,000 greedy tokens), so a reply outlasts the load sampler."""
 SETTLE_S = 1.6  # OtherLoad keeps the larger of two 0.5 s windows
 
 
@@ -126,7 +128,7 @@ def test_a_reply_gives_a_core_back_when_another_process_starts_mid_reply(tmp_pat
         hog, started = None, 0.0
         seen: list[int] = []
         try:
-            turn = engine.start_turn(persona, [], "Write a very long story about a dragon who learns to cook, with many chapters.", use_cache=False)
+            turn = engine.start_turn(persona, [], STORY, use_cache=False)
             for n, _ in enumerate(turn.stream()):
                 seen.append(threads_in_use(engine.llm)[0])
                 if n == 4:
