@@ -4,8 +4,11 @@ llama-server is built on demand from the llama.cpp sources vendored in the
 sdist of the llama-cpp-python chatterm runs (`pip download` of that version,
 or `--sdist FILE`), with GGML_NATIVE=OFF like chatterm's own build in
 `.ci/run`, into `<cache>/llama-server/<version>/` (about 8 minutes on 2
-cores, once). The same default model, the same n_ctx, greedy sampling and the
-same conversation run on both, taking turns within each run so they see the
+cores, once). The same default model, the same n_ctx, the same sampler
+(greedy, no repeat penalty: llama-server's default; the default persona's 1.1
+makes llama.cpp's penalty sampler visit the whole 49k-token vocabulary, about
+0.3 ms a token here, which llama-server would pay alike) and the same
+conversation run on both, taking turns within each run so they see the
 same load; both use their default threads (llama-server: one per physical
 core; chatterm: the same less the cores other processes keep busy). chatterm
 runs twice: as configured (on the CPU, flash attention off unless models.toml
@@ -130,7 +133,8 @@ class Server:
             time.sleep(0.1)
 
     def chat(self, messages: list[dict], cache_prompt: bool = True) -> dict:
-        body = {"messages": messages, "temperature": 0.0, "max_tokens": MAX_TOKENS, "cache_prompt": cache_prompt}
+        body = {"messages": messages, "temperature": 0.0, "repeat_penalty": 1.0, "max_tokens": MAX_TOKENS,
+                "cache_prompt": cache_prompt}
         reply = self.client.post("/v1/chat/completions", json=body)
         reply.raise_for_status()
         return reply.json()
@@ -202,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     stages = rss_stages(opts.n_ctx)
     base = ws.personas.get(None)
     persona = replace(base, system_prompt=SYSTEM,
-                      sampling=replace(base.sampling, temperature=0.0, max_tokens=MAX_TOKENS))
+                      sampling=replace(base.sampling, temperature=0.0, repeat_penalty=1.0, max_tokens=MAX_TOKENS))
     engines = {}
     for name, flash_attn in (("chatterm", spec.flash_attn), ("chatterm flash_attn", True)):
         engines[name] = LocalEngine(replace(spec, flash_attn=flash_attn), ws.catalog.price(spec.price_profile),
@@ -271,9 +275,10 @@ def main(argv: list[str] | None = None) -> int:
                 proc.kill()
                 proc.wait()
         entry = {"others_busy_before": busy_seen, "chatterm_threads": list(threads),
-                 "decode_tok_s": {k: statistics.median(v) for k, v in decode.items()}}
+                 "decode_tok_s": {k: statistics.median(v) for k, v in decode.items()}, "decode_runs": decode}
         if hogs == 0:
             entry["prefill_tok_s"] = {k: statistics.median(v) for k, v in prefill.items()}
+            entry["prefill_runs"] = prefill
             entry["prefill_tokens"] = prefill_tokens
             entry["chatterm_prefill_threads"] = prefill_threads
         results[scenario] = entry
