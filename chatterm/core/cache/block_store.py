@@ -271,8 +271,12 @@ class BlockStore:
         ram_segments, ram_missing = self._fill(plan, tokens, ram_have) if ram else ([], [])
         disk_have = self.disk_block_keys(model_id) if disk else set()
         disk_segments, disk_missing = self._fill(plan, tokens, disk_have) if disk else ([], [])
-        ranges = sorted({(s, s + t) for s, t, _, _ in ram_missing + disk_missing})
-        pieces = dict(zip(ranges, state_layout.split(payload, layout, ranges), strict=True)) if ranges else {}
+        with self._lock:  # a block the RAM tier holds is written from there: no second copy of it
+            pieces = {(s, s + t): self._ram_blocks[(model_id, k)].piece
+                      for s, t, _, k in disk_missing if (model_id, k) in self._ram_blocks}
+        ranges = sorted({(s, s + t) for s, t, _, _ in ram_missing + disk_missing} - pieces.keys())
+        if ranges:
+            pieces |= dict(zip(ranges, state_layout.split(payload, layout, ranges), strict=True))
         if ram:
             with self._lock:
                 for start, take, prev, bkey in ram_missing:

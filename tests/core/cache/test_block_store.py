@@ -75,6 +75,28 @@ def test_a_state_is_stored_as_blocks_and_restores_exactly_its_prefix(tmp_path):
     assert got == (tokens[:150], bytes(fake_state(tokens[:150])))  # 2 blocks and 22 tokens of the third
 
 
+def test_the_disk_writer_takes_blocks_the_ram_tier_holds_instead_of_splitting_again(tmp_path, monkeypatch):
+    cache = PromptCache(tmp_path / "kv", block_tokens=64)
+    tokens = toks(300)
+    state = fake_state(tokens)
+    split = state_layout.split
+    asked: list[list[tuple[int, int]]] = []
+
+    def counting_split(payload, layout, ranges):
+        asked.append(list(ranges))
+        return split(payload, layout, ranges)
+
+    monkeypatch.setattr(state_layout, "split", counting_split)
+    cache.put("m", Slot.session(1), tokens, state, COMPAT)
+    cache.flush()
+    # The first state of a (model, compat) is split once to check its layout,
+    # once for the RAM tier's blocks, and the writer splits nothing more.
+    assert len(asked) == 2
+    assert asked[-1] == [(0, 64), (64, 128), (128, 192), (192, 256), (256, 300)]
+    got = restored(PromptCache(tmp_path / "kv"), tokens + [7])  # the disk copy, in a fresh cache
+    assert got == (tokens, bytes(state))
+
+
 def test_two_sessions_of_a_persona_store_its_blocks_once(tmp_path):
     cache = PromptCache(tmp_path / "kv")
     persona = toks(2000)
