@@ -155,3 +155,60 @@ def test_a_reply_gives_a_core_back_when_another_process_starts_mid_reply(tmp_pat
         assert seen[-1] == seen[0] - 1, f"decode threads during the reply: {seen[0]} -> {seen[-1]} ({ran:.1f} s)"
     finally:
         engine.close()
+
+
+def test_a_long_prefill_takes_a_core_back_when_the_other_process_ends(tmp_path):
+    """The prefill's thread count is looked at again between its batches: a
+    prompt that starts while another process holds a core gets the core back
+    before its prefill ends once that process is gone (real model, real busy loop)."""
+    from dataclasses import replace
+
+    from chatterm.core.engine.local.engine import LocalEngine
+    from chatterm.core.workspace import Workspace
+
+    cores = physical_cores()
+    if cores < 2:
+        pytest.skip("one physical core: no thread to give back")
+    ws = Workspace.load(db_path=tmp_path / "t.db")
+    spec = ws.catalog.get(None)
+    base = ws.personas.get(None)
+    persona = replace(base, sampling=replace(base.sampling, temperature=0.0, max_tokens=1))
+    engine = LocalEngine(spec, ws.catalog.price(spec.price_profile), kv_cache=None)
+    engine.load()
+    for _ in engine.start_turn(persona, [], "Hi", use_cache=False).stream():  # the persona's prefix first
+        pass
+    long_prompt = "The committee weighed cost, light and access for the new library. " * 100  # 3 batches
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    seen: list[tuple[int, int]] = []  # (tokens prefilled, prefill threads), while the prompt prefills
+    stop = threading.Event()
+    try:
+        time.sleep(SETTLE_S)  # the load sampler has seen the busy loop
+        turn = engine.start_turn(persona, [], long_prompt, use_cache=False)
+
+        def watch() -> None:
+            while not stop.is_set():
+                progress = turn.prefill_progress
+                done = progress.done if progress is not None else 0
+                if done and hog.poll() is None:
+                    hog.kill()  # the first batch ran beside it: now the core is free
+                if progress is None or done < progress.total:
+                    seen.append((done, threads_in_use(engine.llm)[1]))
+                time.sleep(0.05)
+
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        try:
+            for _ in turn.stream():
+                pass
+        finally:
+            stop.set()
+            watcher.join()
+    finally:
+        hog.kill()
+        hog.wait()
+        engine.close()
+    beside = [done for done, threads in seen if threads == cores - 1]
+    if not beside or beside[0] > 0:
+        pytest.skip("the busy loop did not take a core from the prefill's first batch")
+    back = [done for done, threads in seen if done > 0 and threads == cores]
+    assert back, f"(tokens prefilled, prefill threads) while the prompt prefilled: {sorted(set(seen))}"

@@ -422,6 +422,10 @@ class LocalEngine(Engine):
         t0 = t0 if t0 is not None else time.perf_counter()
 
         def on_progress(p: PrefillProgress) -> None:
+            # Between batches too: the load sampler lags a process that just
+            # ended by up to a second, and one count for a whole long prompt ran
+            # it on one core of two for 20 s after llama-server's turn.
+            self._threads.apply()
             progress = PrefillProgress(done_before + p.done, total, time.perf_counter() - t0,
                                        p.batch, p.batch_s, p.offset - done_before)
             if turn is not None:

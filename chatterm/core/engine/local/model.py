@@ -10,9 +10,9 @@ Contract:
   error, the specific one. The device name (a GPU probe or /proc/cpuinfo) is
   worked out here, once.
 - `Threads` picks how many threads llama.cpp decodes and prefills with,
-  before each prefill and again every `RECHECK_TOKENS` tokens of a reply (so
-  a process that starts mid-reply gets its core back within a fraction of a
-  second, and one that ends gives it back): the models.toml
+  before each prefill, between its batches, and every `RECHECK_TOKENS` tokens
+  of a reply (so a process that starts mid-reply gets its core back within a
+  fraction of a second, and one that ends gives it back): the models.toml
   `n_threads` / `n_threads_batch` when set, else one per physical core this
   process may run on (`machine.physical_cores`: its affinity mask and the OS's
   sibling lists; llama-cpp-python's own default halves the machine's CPU
