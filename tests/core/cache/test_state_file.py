@@ -75,3 +75,18 @@ def test_the_model_hash_cache_sweeps_what_a_killed_writer_left(tmp_path):
     os.utime(other, (time.time() - 7200, time.time() - 7200))
     assert len(sha256_of_file(model, cache_file)) == 64
     assert not stale.exists() and other.exists() and cache_file.exists()
+
+
+def test_the_model_hash_is_the_files_sha256_and_follows_a_change(tmp_path):
+    import hashlib
+
+    from chatterm.core.system.file_identity import sha256_of_file
+
+    model, cache_file = tmp_path / "m.gguf", tmp_path / "model-hashes.json"
+    model.write_bytes(os.urandom(300_000))  # more than one read buffer
+    assert sha256_of_file(model, cache_file) == hashlib.sha256(model.read_bytes()).hexdigest()
+    assert sha256_of_file(model, cache_file) == hashlib.sha256(model.read_bytes()).hexdigest()  # from the cache
+    model.write_bytes(b"other weights")
+    os.utime(model, ns=(time.time_ns(), time.time_ns() + 1_000_000))  # a new mtime even on a coarse clock
+    assert sha256_of_file(model, cache_file) == hashlib.sha256(b"other weights").hexdigest()
+    assert len(json.loads(cache_file.read_text())) == 1  # the stale entry for the path is gone
