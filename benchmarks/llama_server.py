@@ -9,7 +9,8 @@ cores, once). The same default model, the same n_ctx, the same sampler
 makes llama.cpp's penalty sampler visit the whole 49k-token vocabulary, about
 0.3 ms a token here, which llama-server would pay alike) and the same
 conversation run on both, taking turns within each run so they see the
-same load; both use their default threads (llama-server: one per physical
+same load (each after a pause of SETTLE_S, so none starts while the last one's
+threads are still counted as another process's load); both use their default threads (llama-server: one per physical
 core; chatterm: the same less the cores other processes keep busy). chatterm
 runs twice: as configured (on the CPU, flash attention off unless models.toml
 asks), and with `flash_attn = true`, llama-server's own CPU default. Figures:
@@ -60,6 +61,11 @@ DECODE_TARGET = 0.97
 PREFILL_TARGET = 0.95
 RSS_MARGIN_MB = 60.0
 MAX_TOKENS = 64
+SETTLE_S = 1.6
+"""Pause before each contender: chatterm's load sampler keeps the larger of its
+last two 0.5 s windows, so for up to 1.5 s after the previous contender's work
+it still counts those cores as taken (as it should when another process is
+really busy)."""
 SYSTEM = "You are a helpful assistant who answers in full sentences."
 QUESTIONS = [
     "Tell me about the history of bread, from the first flatbreads to modern bakeries.",
@@ -264,9 +270,11 @@ def main(argv: list[str] | None = None) -> int:
                 # Each run starts with another contender: none always follows the same one.
                 order = contenders[i % len(contenders):] + contenders[:i % len(contenders)]
                 for name in order:
+                    time.sleep(SETTLE_S)
                     decode[name] += conversations[name]()
                 if hogs == 0:
                     for name in order:
+                        time.sleep(SETTLE_S)
                         prefill_tokens[name], rate = prefills[name]()
                         prefill[name].append(rate)
             threads = threads_in_use(engines["chatterm"].llm)
@@ -344,7 +352,15 @@ def peak_rss(binary: Path, model: Path, n_ctx: int) -> dict[str, float]:
     models = Path(os.environ["CHATTERM_CONFIG_DIR"]) / "models.toml"
     models.parent.mkdir(parents=True, exist_ok=True)
     models.write_text(f'[models.bench]\nsource = "{model}"\nn_ctx = {n_ctx}\n')
-    ask = subprocess.Popen([sys.executable, "-m", "chatterm", "ask", "--model", "bench", QUESTIONS[0]],
+    # The same turn as the server's: its system prompt, greedy, MAX_TOKENS. The
+    # peak is at the state's save, whose size grows with the reply's length.
+    personas = models.parent / "personas"
+    personas.mkdir(exist_ok=True)
+    (personas / "bench.toml").write_text(
+        f'name = "Bench"\nsystem_prompt = "{SYSTEM}"\n'
+        f"[sampling]\ntemperature = 0.0\nrepeat_penalty = 1.0\nmax_tokens = {MAX_TOKENS}\n")
+    ask = subprocess.Popen([sys.executable, "-m", "chatterm", "ask", "--model", "bench", "--persona", "bench",
+                            QUESTIONS[0]],
                            cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     _, status, usage = os.wait4(ask.pid, 0)
     if os.waitstatus_to_exitcode(status) != 0:

@@ -629,7 +629,13 @@ class LocalEngine(Engine):
         if self._shift_live(target, len(prefix))[0]:
             live = self._live_tokens()  # the turns the next prompt leaves out are gone
         self._threads.apply()
-        return self._ahead.prefill(llm, live, target, total, progress, epoch)
+
+        def on_batch(done: int, of: int) -> None:
+            self._threads.apply()  # between batches, as a turn's prefill does
+            if progress is not None:
+                progress(done, of)
+
+        return self._ahead.prefill(llm, live, target, total, on_batch, epoch)
 
     def _ahead_tokens(
         self, persona: Persona, history: list[ChatMessage], draft: str
