@@ -105,10 +105,9 @@ def test_decode_and_prefill_give_a_busy_core_back_and_a_fixed_count_stays():
         llm.close()
 
 
-def test_a_reply_gives_a_core_back_when_another_process_starts_mid_reply(tmp_path):
-    """The decode threads are looked at again while the reply streams, not only
-    before its prefill: a busy process started mid-reply takes a core within
-    the reply (real model, real busy loop)."""
+def greedy_engine(tmp_path, max_tokens: int):
+    """The default model loaded (skips on one physical core: no thread to give
+    back), and the default persona made greedy with `max_tokens`."""
     from dataclasses import replace
 
     from chatterm.core.engine.local.engine import LocalEngine
@@ -119,9 +118,17 @@ def test_a_reply_gives_a_core_back_when_another_process_starts_mid_reply(tmp_pat
     ws = Workspace.load(db_path=tmp_path / "t.db")
     spec = ws.catalog.get(None)
     base = ws.personas.get(None)
-    persona = replace(base, sampling=replace(base.sampling, temperature=0.0, max_tokens=2000))
+    persona = replace(base, sampling=replace(base.sampling, temperature=0.0, max_tokens=max_tokens))
     engine = LocalEngine(spec, ws.catalog.price(spec.price_profile), kv_cache=None)
     engine.load()
+    return engine, persona
+
+
+def test_a_reply_gives_a_core_back_when_another_process_starts_mid_reply(tmp_path):
+    """The decode threads are looked at again while the reply streams, not only
+    before its prefill: a busy process started mid-reply takes a core within
+    the reply (real model, real busy loop)."""
+    engine, persona = greedy_engine(tmp_path, max_tokens=2000)
 
     def reply_with_a_process_started_mid_reply() -> tuple[list[int], float]:
         """(decode threads after each token, seconds the busy loop ran within the reply)."""
@@ -161,20 +168,8 @@ def test_a_long_prefill_takes_a_core_back_when_the_other_process_ends(tmp_path):
     """The prefill's thread count is looked at again between its batches: a
     prompt that starts while another process holds a core gets the core back
     before its prefill ends once that process is gone (real model, real busy loop)."""
-    from dataclasses import replace
-
-    from chatterm.core.engine.local.engine import LocalEngine
-    from chatterm.core.workspace import Workspace
-
     cores = physical_cores()
-    if cores < 2:
-        pytest.skip("one physical core: no thread to give back")
-    ws = Workspace.load(db_path=tmp_path / "t.db")
-    spec = ws.catalog.get(None)
-    base = ws.personas.get(None)
-    persona = replace(base, sampling=replace(base.sampling, temperature=0.0, max_tokens=1))
-    engine = LocalEngine(spec, ws.catalog.price(spec.price_profile), kv_cache=None)
-    engine.load()
+    engine, persona = greedy_engine(tmp_path, max_tokens=1)
     for _ in engine.start_turn(persona, [], "Hi", use_cache=False).stream():  # the persona's prefix first
         pass
     long_prompt = "The committee weighed cost, light and access for the new library. " * 100  # 3 batches
