@@ -289,7 +289,8 @@ def render_ask_startup(data: dict[str, Any]) -> list[str]:
     lines = [machine_line(data), ""]
     lines += table(("stage ends (since spawn)", *(f"`ask` {n}" for n in names)), rows)
     lines += ["", f"llama.cpp called bare in a fresh process: model load {ms(bare['model_load_ms'])}, context at "
-              f"n_ctx {data['n_ctx']:,} {ms(bare['context_ms'])}. Target: first prefill <= {ms(target)}"
+              f"n_ctx {data.get('n_ctx_of_the_turn', data['n_ctx']):,} (the context `ask` allocates for the turn; the "
+              f"model's is {data['n_ctx']:,}) {ms(bare['context_ms'])}. Target: first prefill <= {ms(target)}"
               + ("." if all(s["first prefill"] <= target for s in scenarios.values()) else " (missed).")]
     return lines
 

@@ -12,27 +12,35 @@ turn is bad input, and makes nothing). Exit status: 0 when the reply finished,
 GGUF included, found before the session database is touched), 130 when
 interrupted. When stderr is a terminal, the model load's progress and then a
 long prefill's are shown there, on one line rewritten in place and cleared
-before the reply.
+before the reply. A local model is loaded with the context this one turn
+needs (`one_turn_context`), not its whole `n_ctx`: the KV buffer is
+allocated and cleared at load.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import logging
 import sys
 import threading
 from typing import Callable
 
 from chatterm.cli.common import add_model_persona_options, db_path, workspace
 from chatterm.core.config.catalog import ModelSpec
+from chatterm.core.config.personas import Persona
+from chatterm.core.engine.context_window import one_turn_context
 from chatterm.core.engine.conversation import Conversation
 from chatterm.core.metrics.format import footer_line, prefill_progress_line, printable
 from chatterm.core.metrics.turn_metrics import StopReason
 from chatterm.core.store.lifecycle import fork_session
-from chatterm.core.store.resume import plan_resume, resume_conversation
+from chatterm.core.store.resume import Continuation, plan_resume, read_continuation, resume_conversation
 from chatterm.core.store.session_store import SessionStore
 from chatterm.core.workspace import Workspace
 from chatterm.errors import ChattermError
+
+log = logging.getLogger(__name__)
 
 
 def register(sub, common) -> None:
@@ -119,6 +127,19 @@ def _show_progress(turn) -> Callable[[], None]:
     return done
 
 
+def _sized_for_the_turn(spec: ModelSpec, persona: Persona, text: str, continuation: Continuation | None) -> ModelSpec:
+    """A local model's spec with the context this one turn needs
+    (`one_turn_context`): its KV buffer is allocated and cleared at load, so
+    cells the turn never uses cost start-up time and memory. A stored state
+    restores into any context with room for its cells."""
+    if spec.kind != "local":
+        return spec
+    texts = [persona.system_prompt, text, *(m.content for m in (continuation.history if continuation else ()))]
+    n_ctx = one_turn_context(spec.n_ctx, persona.sampling.max_tokens, texts)
+    log.debug("context for this turn: %d of the model's %d tokens", n_ctx, spec.n_ctx)
+    return dataclasses.replace(spec, n_ctx=n_ctx)
+
+
 def _fork_point(value: str) -> tuple[int, int | None]:
     """`--fork ID[:TURN]` as (session id, turn index or None)."""
     sid, sep, turn = value.partition(":")
@@ -159,25 +180,26 @@ def run(args: argparse.Namespace) -> int:
         raise ChattermError(f"unknown session {wanted}: there is no session database at {db}")
     store = None if args.no_store else SessionStore(db)
     try:
-        plan = None
+        plan = continuation = None
         if continued:
             assert store is not None
             session = args.session if args.fork is None else _fork(store, ws, args)
             plan = plan_resume(store, ws, session, model_id=args.model, persona_id=args.persona)
             spec, persona = plan.spec, plan.persona
             spec.check_file()
+            continuation = read_continuation(store, plan)
         load_progress = _LoadProgress(spec) if sys.stderr.isatty() else None
         try:
             if load_progress is not None:
                 load_progress(0.0)
-            engine = ws.make_engine(spec)
+            engine = ws.make_engine(_sized_for_the_turn(spec, persona, text, continuation))
             engine.load(load_progress)
         finally:
             if load_progress is not None:
                 load_progress.clear()
         try:
             if plan is not None:
-                conversation = resume_conversation(plan, store, engine)
+                conversation = resume_conversation(plan, store, engine, continuation=continuation)
             else:
                 conversation = Conversation(engine, persona, store=store)
             turn = conversation.send(text)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -69,6 +70,28 @@ def test_ask_continues_a_session(tmp_path):
     assert data["metrics"]["cached_tokens"] > 0
     missing = chatterm(tmp_path, "ask", "--session", "999", "hi")
     assert missing.returncode == 2 and "999" in missing.stderr
+
+
+def _turn_context(stderr: str) -> tuple[int, int]:
+    match = re.search(r"context for this turn: (\d+) of the model's (\d+) tokens", stderr)
+    assert match, stderr
+    return int(match[1]), int(match[2])
+
+
+def test_ask_allocates_the_context_its_turn_needs_and_a_session_grows_it(tmp_path):
+    write_greedy_persona(tmp_path)
+    first = chatterm(tmp_path, "ask", "-v", "--persona", "quick", "--json", "My name is Ada.")
+    assert first.returncode == 0, first.stderr
+    used, whole = _turn_context(first.stderr)
+    assert used < whole and used % 256 == 0
+    session_id = json.loads(first.stdout)["session_id"]
+    long_question = "Tell me again, please: " + "what is my name? " * 40
+    second = chatterm(tmp_path, "ask", "-v", "--session", str(session_id), "--json", long_question)
+    assert second.returncode == 0, second.stderr
+    assert _turn_context(second.stderr)[0] > used  # the history and the longer message
+    data = json.loads(second.stdout)
+    # The first turn's state, saved from a smaller context, restores into this one.
+    assert data["metrics"]["cache_outcome"] == "restored" and data["metrics"]["cached_tokens"] > 0
 
 
 def test_bench_json_end_to_end(tmp_path):

@@ -25,13 +25,19 @@ Contract:
   tokens whose removal makes the rest of `live` the longest prefix of the
   rest of `target`, as (span length, tokens then shared); None when no removal
   beats what `live` shares with `target` as it is.
+- `one_turn_context(n_ctx, max_tokens, texts)`: the context one turn of these
+  texts (system prompt, history, message) surely fits in with `max_tokens` of
+  reply, at most `n_ctx`, known before the model (and its tokenizer) is
+  loaded. `chatterm ask` allocates that, not the model's whole context: the
+  KV buffer is allocated and cleared at load (104 ms at 8k for the default
+  model, seconds and gigabytes at 7-9B sizes) for cells one turn never uses.
 """
 
 from __future__ import annotations
 
 import enum
 import hashlib
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Iterable, Sequence
 
 from chatterm.core.cache.tokens import common_prefix_len
 
@@ -48,6 +54,23 @@ PARTIAL_CANDIDATES = 64
 """Spans tried token by token when no removal makes all of live's rest match
 (a reply the model would end differently): bounded, since repeated tokens
 could make every position a candidate."""
+
+
+CONTEXT_STEP = 256
+"""One-turn contexts are a multiple of this: llama.cpp pads a context to 256 cells."""
+
+TEMPLATE_TOKENS = 128
+"""Tokens a chat template may add once besides the messages: BOS, the reply's
+header, a default system text some templates insert (SmolLM2's name line,
+Llama 3.1's date lines: 15-25 tokens)."""
+
+TOKENS_PER_MESSAGE = 40
+"""Tokens a template wraps one message in: its role markers, 4-6 when the
+vocabulary has them as special tokens (ChatML, Mistral, Llama 3 with its own
+vocabulary), up to 29 when it spells them out in pieces (Llama 3's headers
+through SmolLM2's vocabulary; tests/core/engine/test_templates.py checks every
+family). Too few would trim a conversation that fits the model; each spare
+token costs one KV cell."""
 
 
 class Overflow(str, enum.Enum):
@@ -117,3 +140,15 @@ def shift_span(live: Sequence[int], target: Sequence[int], keep: int) -> tuple[i
         if shared > now and (best is None or shared > best[1]):
             best = (start - keep, shared)
     return best
+
+
+def one_turn_context(n_ctx: int, max_tokens: int, texts: Iterable[str]) -> int:
+    """The context a turn of `texts` needs with `max_tokens` of reply, at most `n_ctx`.
+
+    Every token of a byte-level BPE or SentencePiece vocabulary spells at least
+    one byte of text, so a text's UTF-8 length bounds its tokens; the template
+    adds at most TOKENS_PER_MESSAGE per text and TEMPLATE_TOKENS once. English
+    runs about 4 bytes a token, so the bound is generous: it only has to beat
+    the whole context for the turns `ask` is used for."""
+    bound = TEMPLATE_TOKENS + max_tokens + sum(len(t.encode("utf-8")) + TOKENS_PER_MESSAGE for t in texts)
+    return min(n_ctx, -(-bound // CONTEXT_STEP) * CONTEXT_STEP)

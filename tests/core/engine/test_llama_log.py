@@ -21,6 +21,17 @@ def test_levels_follow_ggml_enum_and_lines_are_joined(caplog):
     ]
 
 
+def test_the_callback_drops_debug_lines_only_when_nobody_reads_them(caplog):
+    caplog.set_level(logging.INFO, logger="llama.cpp")
+    llama_log._callback(1, b"tensor 1 of 2000\n", None)
+    llama_log._callback(4, b"load failed: ", None)
+    llama_log._callback(5, b"bad tensor\n", None)
+    caplog.set_level(logging.DEBUG, logger="llama.cpp")
+    llama_log._callback(1, b"now read\n", None)
+    got = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "llama.cpp"]
+    assert got == [(logging.ERROR, "load failed: bad tensor"), (logging.DEBUG, "now read")]
+
+
 def test_capture_errors_collects_only_errors():
     with llama_log.capture_errors() as errors:
         llama_log._emit(3, "just a warning\n")

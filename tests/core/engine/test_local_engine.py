@@ -571,3 +571,66 @@ def test_a_fresh_process_estimates_saved_prefill_from_the_restored_state(ws, tmp
         assert m.cache_outcome == "restored", m.cache_detail
         assert m.saved_usd > 0
         assert m.saved_prefill_ms > 0, "the restored state's prefill rate gives an estimate"
+
+
+def _sized_engine(ws, n_ctx) -> LocalEngine:
+    spec = replace(ws.catalog.get(None), n_ctx=n_ctx)
+    engine = LocalEngine(spec, ws.catalog.price(spec.price_profile), kv_cache=PromptCache(ws.kv_dir))
+    engine.load()
+    return engine
+
+
+def test_a_state_from_a_one_turn_context_restores_in_the_whole_context(ws, persona):
+    small = _sized_engine(ws, 1024)  # what `chatterm ask` allocates for a short turn
+    try:
+        cold, cold_reply = run_turn(small, persona)
+        small.wait_for_saves()
+    finally:
+        small.close()
+    assert cold.metrics.cache_outcome == "cold"
+    whole = make_engine(ws)  # the model's 8k context, as the TUI loads it
+    try:
+        restored, reply = run_turn(whole, persona)
+    finally:
+        whole.close()
+    assert restored.metrics.cache_outcome == "restored", restored.metrics.cache_detail
+    assert reply == cold_reply
+
+
+def test_a_whole_state_too_large_for_a_small_context_is_skipped_and_kept(ws, monkeypatch):
+    from chatterm.core.cache import prompt_cache
+    from chatterm.core.config.personas import Persona, Sampling
+
+    def whole_states_only(payload):  # as for a model whose states do not split into blocks
+        raise prompt_cache.LayoutError("test: whole states")
+
+    monkeypatch.setattr(prompt_cache.state_layout, "parse", whole_states_only)
+    text = " ".join(f"Rule {i}: answer briefly, name the source, and keep the user's terms." for i in range(40))
+    sampling = Sampling(temperature=0.0, max_tokens=8)
+    long = Persona(id="long", system_prompt=text, sampling=sampling)
+    short = Persona(id="short", system_prompt=text[:400], sampling=sampling)
+
+    engine = make_engine(ws)
+    try:
+        run_turn(engine, long, "Hi.")
+        engine.wait_for_saves()
+        n_long = len(engine.prefix_tokens(long))
+    finally:
+        engine.close()
+    assert n_long > 512
+
+    small = _sized_engine(ws, 512)
+    try:
+        turn, _ = run_turn(small, short, "Hi.")
+    finally:
+        small.close()
+    assert turn.metrics.cache_outcome == "cold"
+    assert "do not fit this 512-token context" in turn.metrics.cache_detail, turn.metrics.cache_detail
+    # Not discarded: the whole context still restores it.
+    assert any(e.slot.kind == "persona" and len(e.tokens) == n_long for e in PromptCache(ws.kv_dir).entries())
+    again = make_engine(ws)
+    try:
+        restored, _ = run_turn(again, long, "Hi.")
+    finally:
+        again.close()
+    assert restored.metrics.cache_outcome == "restored", restored.metrics.cache_detail

@@ -9,6 +9,7 @@ import llama_cpp
 import pytest
 from llama_cpp import llama_chat_format as lcf
 
+from chatterm.core.engine.context_window import CONTEXT_STEP, one_turn_context
 from chatterm.core.engine.local import llama_log
 from chatterm.core.engine.local.templates import (
     KEY,
@@ -166,6 +167,38 @@ def test_a_template_failing_at_turn_time_is_a_chatterm_error(vocab):
     not_alternating = [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]
     with pytest.raises(ChattermError, match="roles must alternate"):
         template.render(not_alternating)
+
+
+ADVERSARIAL = {
+    "one byte": "a",
+    "CJK": "模型的上下文",
+    "emoji": "🦙🦙🦙",
+    "whitespace": "\n \n\t",
+}
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("kind", list(ADVERSARIAL))
+def test_a_turn_fits_the_context_sized_for_it_before_the_load(vocab, family, kind):
+    """`ask` sizes its context from the texts alone; the rendered prompt and the
+    reply must fit it for every template family, also for texts that spend the
+    most tokens per byte and many tiny messages, where the markup dominates."""
+    override = FAMILIES[family][0]
+    template = template_for(vocab, "smollm2-135m", override)
+    max_tokens = 64
+    text = ADVERSARIAL[kind]
+    for messages in (conversation(text), conversation(*[text] * 41)):
+        messages[0]["content"] = text  # a long system prompt would hide the markup's cost
+        needed = len(template.tokens(vocab, messages)) + max_tokens
+        assert needed <= one_turn_context(1 << 20, max_tokens, [m["content"] for m in messages])
+
+
+def test_a_one_turn_context_is_whole_steps_and_never_beyond_the_model():
+    texts = ["x" * 1000, "y"]
+    sized = one_turn_context(1 << 20, 256, texts)
+    assert sized % CONTEXT_STEP == 0 and sized >= 1000 + 1 + 256
+    assert one_turn_context(512, 256, texts) == 512
+    assert one_turn_context(1 << 20, 256, texts + ["z" * 3000]) > sized
 
 
 def test_common_prefix_len():

@@ -339,7 +339,13 @@ class LocalEngine(Engine):
             plans.sort(key=lambda plan: -plan[0])  # stable: the lookup's tier order among equals
             for shared, span, candidate in plans:
                 entry = candidate.entry
-                # A shift needs the whole state (the cache may hand out only the shared part).
+                # A shift needs the whole state; so does a file (the cache may
+                # hand out only the shared part of a chain of blocks).
+                cells = len(entry.tokens) if span or entry.chain is None else candidate.shared
+                if cells > llm.n_ctx():  # a state from a larger context: fine there, kept
+                    misses.append(f"{entry.slot.label} ({entry.tier}): {cells:,} tokens do not fit "
+                                  f"this {llm.n_ctx():,}-token context")
+                    continue
                 opened = cache.open(Candidate(entry, len(entry.tokens)) if span else candidate)
                 if isinstance(opened, Miss):
                     misses.append(opened.reason)

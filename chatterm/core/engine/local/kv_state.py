@@ -180,7 +180,10 @@ def llama_library_sha256() -> str:
 
 
 def compat_fields(llm: llama_cpp.Llama, model_path: Path, model_sha256: str, flash_attn: bool) -> dict[str, Any]:
-    """Everything a KV state depends on besides its tokens (JSON-ready)."""
+    """Everything a KV state depends on besides its tokens (JSON-ready). Not
+    the context size: a sequence's state holds its own cells and restores into
+    any context with room for them (`restore` checks), so `chatterm ask`'s
+    one-turn context and the TUI's whole one share their states."""
     meta = llm.metadata
     arch = meta.get("general.architecture", "")
     cp = llm.context_params
@@ -192,7 +195,6 @@ def compat_fields(llm: llama_cpp.Llama, model_path: Path, model_sha256: str, fla
         "architecture": arch,
         "n_layer": llama_cpp.llama_model_n_layer(llm.model),
         "n_swa": llama_cpp.llama_model_n_swa(llm.model),
-        "n_ctx": llm.n_ctx(),
         "type_k": int(cp.type_k),
         "type_v": int(cp.type_v),
         "flash_attn": bool(flash_attn),
