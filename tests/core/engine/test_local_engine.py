@@ -45,6 +45,16 @@ def run_turn(engine, persona, text=QUESTION, history=()):
     return turn, reply
 
 
+def turn_then_close(engine, persona):
+    """One turn in a fresh engine, its state saved, the engine closed: what one `ask` process does."""
+    try:
+        turn, reply = run_turn(engine, persona)
+        engine.wait_for_saves()
+        return turn, reply
+    finally:
+        engine.close()
+
+
 @pytest.fixture
 def persona(ws):
     return greedy(ws.personas.get("terse-coder"), max_tokens=24)
@@ -195,17 +205,8 @@ def test_mismatched_kv_settings_are_a_miss(ws, persona):
 def test_quantized_kv_cache_restores_like_f16(ws, persona, kv_type):
     spec = replace(ws.catalog.get("smollm2-135m-q8kv"), id=f"smollm2-{kv_type}", kv_type=kv_type)
     ws.catalog.models[spec.id] = spec
-    first = make_engine(ws, spec.id)
-    try:
-        _, reply = run_turn(first, persona)
-        first.wait_for_saves()
-    finally:
-        first.close()
-    second = make_engine(ws, spec.id)
-    try:
-        turn, again = run_turn(second, persona)
-    finally:
-        second.close()
+    _, reply = turn_then_close(make_engine(ws, spec.id), persona)
+    turn, again = turn_then_close(make_engine(ws, spec.id), persona)
     assert turn.metrics.cache_outcome == "restored", turn.metrics.cache_detail
     assert again == reply
 
@@ -581,18 +582,10 @@ def _sized_engine(ws, n_ctx) -> LocalEngine:
 
 
 def test_a_state_from_a_one_turn_context_restores_in_the_whole_context(ws, persona):
-    small = _sized_engine(ws, 1024)  # what `chatterm ask` allocates for a short turn
-    try:
-        cold, cold_reply = run_turn(small, persona)
-        small.wait_for_saves()
-    finally:
-        small.close()
+    # a short turn's context, as `chatterm ask` allocates it, then the model's 8k, as the TUI loads it
+    cold, cold_reply = turn_then_close(_sized_engine(ws, 1024), persona)
     assert cold.metrics.cache_outcome == "cold"
-    whole = make_engine(ws)  # the model's 8k context, as the TUI loads it
-    try:
-        restored, reply = run_turn(whole, persona)
-    finally:
-        whole.close()
+    restored, reply = turn_then_close(make_engine(ws), persona)
     assert restored.metrics.cache_outcome == "restored", restored.metrics.cache_detail
     assert reply == cold_reply
 
