@@ -169,7 +169,7 @@ def main() -> int:
 
     spec, persona = Workspace.load().resolve(None, None)
     # The context `ask` allocates for the new conversation's turn: the floor is measured at it.
-    n_ctx = one_turn_context(spec.n_ctx or 0, persona.sampling.max_tokens, [persona.system_prompt, QUESTION])
+    n_ctx = one_turn_context(spec.n_ctx, persona.sampling.max_tokens, [persona.system_prompt, QUESTION])
     calib_before, load_before = calibration_ms(), os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="ask-startup-") as tmp:
         # PYTHONDONTWRITEBYTECODE (set on some CI machines) would make every start
