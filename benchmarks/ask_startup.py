@@ -24,7 +24,9 @@ hash cache, the persona prefix cache and chatterm's bytecode): a new
 conversation (`ask QUESTION`) and a stored one continued (`ask --session ID
 QUESTION`). Also recorded: the same llama.cpp calls made bare
 (`llama_model_load_from_file`, then `llama_init_from_model` at the context
-`ask` allocates for the turn), the floor no Python code can go under, and the
+`ask` allocates for the turn), the floor no Python code can go under; the
+first prefill in that fresh context with and without a warm-up decode before
+it (whether the CPU backend's first decode carries a one-time cost); and the
 peak RSS of each run.
 
 Target (issue #26): first prefill <= 0.3 s warm. Exit status 1 when missed.
@@ -48,7 +50,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from chatterm.core.system.machine import calibration_ms, cpu_name  # noqa: E402
+from chatterm.core.system.machine import calibration_ms, cpu_name, physical_cores  # noqa: E402
 
 TARGET_MS = 300.0
 STAGES = ("python", "cli", "parser", "engine import", "llama init", "load", "first prefill", "first token", "exit")
@@ -136,27 +138,45 @@ def run_once(env: dict[str, str], args: list[str]) -> dict[str, float]:
     return stages
 
 
-def bare_llama_ms(model_path: Path, n_ctx: int, runs: int) -> dict[str, float]:
-    """llama.cpp's own model load and context creation, called bare (median ms)."""
+def bare_llama_ms(model_path: Path, n_ctx: int, threads: int, prompt: str, runs: int) -> dict[str, float]:
+    """llama.cpp's own model load and context creation, called bare, and the
+    first prefill of `prompt` in the fresh context with and without a warm-up
+    decode before it (8 tokens, then 1, then the memory cleared: what
+    `LocalEngine` does on a GPU backend). Median ms of `runs` processes each."""
     script = r'''
 import sys, time, llama_cpp as L
-path, n_ctx = sys.argv[1].encode(), int(sys.argv[2])
+path, n_ctx, threads = sys.argv[1].encode(), int(sys.argv[2]), int(sys.argv[3])
+warm, text = sys.argv[4] == "1", sys.argv[5].encode()
 t0 = time.perf_counter()
 model = L.llama_model_load_from_file(path, L.llama_model_default_params())
 t1 = time.perf_counter()
 params = L.llama_context_default_params()
-params.n_ctx = n_ctx
+params.n_ctx, params.n_threads, params.n_threads_batch = n_ctx, threads, threads
 ctx = L.llama_init_from_model(model, params)
 t2 = time.perf_counter()
-print((t1 - t0) * 1000, (t2 - t1) * 1000)
+tokens = (L.llama_token * 512)()
+n = L.llama_tokenize(L.llama_model_get_vocab(model), text, len(text), tokens, 512, True, True)
+if warm:
+    L.llama_decode(ctx, L.llama_batch_get_one(tokens, 8))
+    L.llama_decode(ctx, L.llama_batch_get_one(tokens, 1))
+    L.llama_synchronize(ctx)
+    L.llama_memory_clear(L.llama_get_memory(ctx), True)
+t3 = time.perf_counter()
+L.llama_decode(ctx, L.llama_batch_get_one(tokens, n))
+L.llama_synchronize(ctx)
+print((t1 - t0) * 1000, (t2 - t1) * 1000, (time.perf_counter() - t3) * 1000, n)
 '''
-    model_ms, context_ms = [], []
+    figures: dict[str, list[float]] = {"model_load_ms": [], "context_ms": [], "first_prefill_ms": [],
+                                       "first_prefill_after_warm_up_ms": []}
     for _ in range(runs):
-        out = subprocess.run([sys.executable, "-c", script, str(model_path), str(n_ctx)], capture_output=True,
-                             text=True, check=True).stdout.split()
-        model_ms.append(float(out[0]))
-        context_ms.append(float(out[1]))
-    return {"model_load_ms": statistics.median(model_ms), "context_ms": statistics.median(context_ms)}
+        for warm in ("0", "1"):
+            out = subprocess.run([sys.executable, "-c", script, str(model_path), str(n_ctx), str(threads), warm,
+                                  prompt], capture_output=True, text=True, check=True).stdout.split()
+            figures["model_load_ms"].append(float(out[0]))
+            figures["context_ms"].append(float(out[1]))
+            figures["first_prefill_after_warm_up_ms" if warm == "1" else "first_prefill_ms"].append(float(out[2]))
+            prompt_tokens = int(out[3])
+    return {name: statistics.median(values) for name, values in figures.items()} | {"prompt_tokens": prompt_tokens}
 
 
 def main() -> int:
@@ -187,7 +207,8 @@ def main() -> int:
         for _ in range(args.runs):  # the scenarios take turns, so they see the same load
             for name, argv in scenarios.items():
                 runs[name].append(run_once(env, argv))
-    bare = bare_llama_ms(spec.model_path(), n_ctx, args.runs)
+    bare = bare_llama_ms(spec.model_path(), n_ctx, physical_cores(), f"{persona.system_prompt}\n{QUESTION}",
+                         args.runs)
     calib_after, load_after = calibration_ms(), os.getloadavg()[0]
 
     result = {
@@ -202,7 +223,8 @@ def main() -> int:
     print(f"{result['cpu']} · calibration {calib_before:.1f} / {calib_after:.1f} ms · "
           f"load {load_before:.2f} / {load_after:.2f} · median of {args.runs}")
     print(f"bare llama.cpp: model load {bare['model_load_ms']:.0f} ms, context (n_ctx {n_ctx}) "
-          f"{bare['context_ms']:.0f} ms")
+          f"{bare['context_ms']:.0f} ms, first prefill of {bare['prompt_tokens']} tokens "
+          f"{bare['first_prefill_ms']:.0f} ms ({bare['first_prefill_after_warm_up_ms']:.0f} ms after a warm-up)")
     met = True
     for name, stages in result["scenarios"].items():
         print(f"\n{name}:")

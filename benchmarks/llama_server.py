@@ -22,7 +22,9 @@ asks), and with `flash_attn = true`, llama-server's own CPU default. Figures:
   reuse its cache, chatterm's context reset);
 - decode with a busy loop holding one core, on both;
 - peak RSS of `chatterm ask` (one turn, a fresh process: os.wait4) against a
-  fresh llama-server's (VmHWM after serving the same turn), at the same n_ctx;
+  fresh llama-server's (VmHWM after serving the same turn) at the same context
+  size: the one `ask` allocates for the turn (it sizes its context to the
+  turn, at most the configured n_ctx); llama-server at the configured n_ctx too;
 - chatterm's RSS stage by stage in one process (imports, model load, a turn,
   the state saved), for the accounting in docs/llama-server.md.
 
@@ -208,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     spec = replace(ws.catalog.get(None), n_ctx=opts.n_ctx)
     # First, while this process is small: Linux carries ru_maxrss across exec,
     # so a child forked from a process holding two models reports their size.
-    rss = peak_rss(binary, spec.model_path(), opts.n_ctx)
+    rss, turn_ctx = peak_rss(binary, spec.model_path(), opts.n_ctx)
     stages = rss_stages(opts.n_ctx)
     base = ws.personas.get(None)
     persona = replace(base, system_prompt=SYSTEM,
@@ -329,16 +331,18 @@ def main(argv: list[str] | None = None) -> int:
           f"{ratios['prefill_flash_attn_over_server']:.2f}x llama-server's")
     print(f"one core busy: chatterm {ratios['chatterm_idle_over_busy']:.2f}x slower than idle, llama-server "
           f"{ratios['server_idle_over_busy']:.2f}x")
-    print(f"peak RSS at n_ctx {opts.n_ctx}: chatterm ask {rss['chatterm ask']:.0f} MB, llama-server "
-          f"{rss['llama-server']:.0f} MB (+{ratios['rss_chatterm_minus_server_mb']:.0f} MB; target <= "
-          f"+{RSS_MARGIN_MB:.0f})")
+    print(f"peak RSS, one turn (n_ctx {opts.n_ctx}; {turn_ctx} allocated for it): chatterm ask "
+          f"{rss['chatterm ask']:.0f} MB, llama-server {rss['llama-server']:.0f} MB at the same {turn_ctx} "
+          f"(+{ratios['rss_chatterm_minus_server_mb']:.0f} MB; target <= +{RSS_MARGIN_MB:.0f}), "
+          f"{rss['llama-server at n_ctx']:.0f} MB at {opts.n_ctx}")
     print("chatterm RSS by stage: " + ", ".join(f"{k} {v:.0f} MB" for k, v in stages.items()))
     print(f"calibration after {calib_after:.1f} ms; load average {load_after:.2f}")
     if opts.json:
         opts.json.write_text(json.dumps({
             "cpu": cpu_name(), "cores": physical_cores(), "calibration_ms": [calib_before, calib_after],
             "loadavg_1min": [load_before, load_after], "when": time.strftime("%Y-%m-%dT%H:%M:%S"),
-            "runs": opts.runs, "n_ctx": opts.n_ctx, "max_tokens": MAX_TOKENS, "server_threads": server_threads,
+            "runs": opts.runs, "n_ctx": opts.n_ctx, "n_ctx_of_the_turn": turn_ctx, "max_tokens": MAX_TOKENS,
+            "server_threads": server_threads,
             "scenarios": results, "peak_rss_mb": rss, "chatterm_rss_stages_mb": stages, "ratios": ratios,
             "targets": {"decode": DECODE_TARGET, "prefill": PREFILL_TARGET, "rss_margin_mb": RSS_MARGIN_MB},
             "missed": missed,
@@ -347,8 +351,12 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if missed else 0
 
 
-def peak_rss(binary: Path, model: Path, n_ctx: int) -> dict[str, float]:
-    """Peak RSS (MB) of one turn in a fresh process: `chatterm ask`, and llama-server."""
+def peak_rss(binary: Path, model: Path, n_ctx: int) -> tuple[dict[str, float], int]:
+    """Peak RSS (MB) of one turn in a fresh process: `chatterm ask`, and
+    llama-server at the context `ask` allocates for that turn (the same
+    allocation) and at the configured n_ctx; and that turn's context size."""
+    from chatterm.core.engine.context_window import one_turn_context
+
     models = Path(os.environ["CHATTERM_CONFIG_DIR"]) / "models.toml"
     models.parent.mkdir(parents=True, exist_ok=True)
     models.write_text(f'[models.bench]\nsource = "{model}"\nn_ctx = {n_ctx}\n')
@@ -365,13 +373,16 @@ def peak_rss(binary: Path, model: Path, n_ctx: int) -> dict[str, float]:
     _, status, usage = os.wait4(ask.pid, 0)
     if os.waitstatus_to_exitcode(status) != 0:
         raise SystemExit(f"chatterm ask failed:\n{ask.stderr.read().decode(errors='replace')}")
-    server = Server(binary, model, n_ctx)
-    try:
-        server.chat([{"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTIONS[0]}])
-        server_mb = server.peak_rss_mb()
-    finally:
-        server.close()
-    return {"chatterm ask": usage.ru_maxrss / 1024, "llama-server": server_mb}
+    turn_ctx = one_turn_context(n_ctx, MAX_TOKENS, [SYSTEM, QUESTIONS[0]])
+    rss = {"chatterm ask": usage.ru_maxrss / 1024}
+    for label, size in (("llama-server", turn_ctx), ("llama-server at n_ctx", n_ctx)):
+        server = Server(binary, model, size)
+        try:
+            server.chat([{"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTIONS[0]}])
+            rss[label] = server.peak_rss_mb()
+        finally:
+            server.close()
+    return rss, turn_ctx
 
 
 STAGES_SCRIPT = r'''

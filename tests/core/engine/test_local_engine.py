@@ -438,6 +438,24 @@ def test_the_device_name_is_probed_once_at_load(ws, monkeypatch):
     assert len(probes) == 1 and names == {probes[0]()} and names != {""}
 
 
+@pytest.mark.parametrize("gpu_backend", [False, True], ids=["cpu-build", "gpu-device"])
+def test_only_a_gpu_backend_warms_up_before_the_first_turn(ws, monkeypatch, gpu_backend):
+    # On the CPU backend a first prefill is as fast without a warm-up
+    # (docs/engine.md), so a CPU-only load decodes nothing before turn one.
+    import chatterm.core.engine.local.model as llama_model
+
+    monkeypatch.setattr(llama_model.llama_cpp, "llama_supports_gpu_offload", lambda: gpu_backend)
+    engine = make_engine(ws)
+    try:
+        perf = llama_model.llama_cpp.llama_perf_context(engine.llm.ctx)
+        # llama.cpp reports at least 1 for each count; the warm-up decodes 8 + 1.
+        decoded = perf.n_p_eval + perf.n_eval
+        assert engine.context_used() == 0
+    finally:
+        engine.close()
+    assert (decoded > 2) is gpu_backend
+
+
 class GatedPrepare:
     """prepare_persona in a thread, held after its first batch until `release()`:
     the real prefill is provably under way (and holds the engine) meanwhile."""

@@ -202,13 +202,17 @@ class LocalEngine(Engine):
             self.spec.id,
         )
         self._gate.abort.install(self.llm)
-        self._warm_up()
+        if opened.gpu_backend:
+            self._warm_up()
         if progress is not None:
             progress(1.0)
 
     def _warm_up(self) -> None:
-        """Decode a short batch and a single token, then forget them: the first
-        decode of a fresh context carries a one-time cost (docs/engine.md)."""
+        """Decode a short batch and a single token, then forget them: on a GPU
+        backend the first decode of a fresh context carries a one-time cost
+        (kernel loading). On the CPU backend it does not (a first prefill is
+        as fast after a warm-up as without one), so a CPU-only build skips the
+        35-45 ms this takes (docs/engine.md)."""
         llm = self.llm
         assert llm is not None
         tokens = llm.tokenize(b"Hello, warm up.", add_bos=False, special=False)[:8] or [0]
