@@ -292,6 +292,15 @@ def render_ask_startup(data: dict[str, Any]) -> list[str]:
               f"n_ctx {data.get('n_ctx_of_the_turn', data['n_ctx']):,} (the context `ask` allocates for the turn; the "
               f"model's is {data['n_ctx']:,}) {ms(bare['context_ms'])}. Target: first prefill <= {ms(target)}"
               + ("." if all(s["first prefill"] <= target for s in scenarios.values()) else " (missed).")]
+    if "ready_since_spawn_ms" in bare:
+        floor = bare["ready_since_spawn_ms"]
+        over = ", ".join(f"{n} {scenarios[n]['first prefill'] / floor:.2f}x "
+                         f"(+{scenarios[n]['first prefill'] - floor:,.0f} ms)" for n in names)
+        lines += ["", f"From spawn to that context, `import llama_cpp` included: {ms(floor)}, the floor of any "
+                  f"program built on llama-cpp-python. `ask`'s first prefill against it: {over}. The first prefill "
+                  f"of the turn's {bare['prompt_tokens']} prompt tokens in that fresh context: "
+                  f"{ms(bare['first_prefill_ms'])}, and {ms(bare['first_prefill_after_warm_up_ms'])} after a warm-up "
+                  "decode."]
     return lines
 
 
