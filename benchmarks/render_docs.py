@@ -13,7 +13,7 @@ Two kinds of source:
   run recorded. Which table a file gets follows from what it holds (`chatterm
   bench --json`, its `--resume` part, `prefill_threads.py`, `store_load.py`,
   `type_ahead.py`, `context_overflow.py`, `ask_startup.py`, `llama_server.py`,
-  `flash_attn_cpu.py`), so a new run only needs its pair of markers;
+  `flash_attn_cpu.py`, `ui_decode_share.py`), so a new run only needs its pair of markers;
 - a config dataclass, by its dotted name (docs/configuration.md): every TOML key
   it reads (`chatterm.core.config.schema`), the values its check accepts (the
   words of the check's own error), its default and its field docstring.
@@ -344,7 +344,23 @@ def render_flash_attn(data: dict[str, Any]) -> list[str]:
                                             "prefill off (tok/s)", "prefill on", "on / off"), rows)]
 
 
+def render_ui_decode_share(data: dict[str, Any]) -> list[str]:
+    runs = data["decode_tok_s"]
+    rows = []
+    for name, m in data["median_tok_s"].items():
+        spread = {k: f"{min(v):.0f}-{max(v):.0f}" for k, v in runs[name].items()}
+        rows.append((name, f"**{m['tui']:.1f}** ({spread['tui']})", f"{m['ask']:.1f} ({spread['ask']})",
+                     f"{m['tui'] / m['ask']:.0%}"))
+    return [machine_line(data), f"{data['rounds']} rounds of {data['turns']} turns, {data['max_tokens']} tokens "
+            "each; medians (range) of decode tok/s.", "",
+            *table(("decode threads", "TUI on a pty", "`chatterm ask`", "TUI / ask"), rows), "",
+            f"TUI with every core against the TUI with a core left to the UI: "
+            f"**{data['every_core_over_core_left']:.2f}x** (check: >= 0.97x)."]
+
+
 def renderer(data: dict[str, Any]) -> Callable[[dict[str, Any]], list[str]]:
+    if "every_core_over_core_left" in data:
+        return render_ui_decode_share
     if "ttft_cold_ms" in data:
         return render_bench
     if "bare_llama" in data:
