@@ -14,8 +14,8 @@ Stages, each the time since spawn of its end:
   engine's modules imported; the catalog, personas and store read);
 - `llama init`: `llama_cpp.Llama()` returned: llama.cpp's model load (its
   tokenizer included) and its context (the KV cache allocated and cleared);
-- `load`: `LocalEngine.load` returned (model hash from its cache, template,
-  warm-up decode);
+- `load`: `LocalEngine.load` returned (model hash from its cache, template;
+  a warm-up decode only with layers on a GPU);
 - `first prefill`: the turn's first prefill batch begins (`kv_state.prefill`);
 - `first token`: the reply's first byte on stdout; `exit`: the process ended.
 
@@ -144,7 +144,8 @@ def bare_llama_ms(model_path: Path, n_ctx: int, threads: int, prompt: str, runs:
     """llama.cpp's own model load and context creation, called bare; the time
     from spawn to that context, `import llama_cpp` included (the floor of
     `ask`'s first prefill); and the first prefill of `prompt` in the fresh
-    context with and without a warm-up decode before it (8 tokens, then 1,
+    context with and without a warm-up decode before it (`prompt` is the
+    persona's system prompt and the question, untemplated) (8 tokens, then 1,
     then the memory cleared: what `LocalEngine` does on a GPU backend).
     Median ms of `runs` processes each."""
     script = r'''
@@ -158,8 +159,10 @@ params = L.llama_context_default_params()
 params.n_ctx, params.n_threads, params.n_threads_batch = n_ctx, threads, threads
 ctx = L.llama_init_from_model(model, params)
 t2, ready = time.perf_counter(), time.time()
-tokens = (L.llama_token * 512)()
-n = L.llama_tokenize(L.llama_model_get_vocab(model), text, len(text), tokens, 512, True, True)
+room = len(text) + 2  # a token is at least one byte; BOS
+tokens = (L.llama_token * room)()
+n = L.llama_tokenize(L.llama_model_get_vocab(model), text, len(text), tokens, room, True, True)
+assert n > 8, n
 if warm:
     L.llama_decode(ctx, L.llama_batch_get_one(tokens, 8))
     L.llama_decode(ctx, L.llama_batch_get_one(tokens, 1))
@@ -172,8 +175,8 @@ print((t1 - t0) * 1000, (t2 - t1) * 1000, (time.perf_counter() - t3) * 1000, n, 
 '''
     figures: dict[str, list[float]] = {"model_load_ms": [], "context_ms": [], "ready_since_spawn_ms": [],
                                        "first_prefill_ms": [], "first_prefill_after_warm_up_ms": []}
-    for _ in range(runs):
-        for warm in ("0", "1"):
+    for run in range(runs):
+        for warm in ("01" if run % 2 else "10"):  # each order half the time
             spawned = time.time()
             out = subprocess.run([sys.executable, "-c", script, str(model_path), str(n_ctx), str(threads), warm,
                                   prompt], capture_output=True, text=True, check=True).stdout.split()

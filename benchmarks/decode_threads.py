@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
             pass
         return turn.metrics.decode_tok_s, threads_in_use(engine.llm)[0]
 
-    for llm in libraries.values():  # warm up: the first decode carries a one-time cost
+    for llm in libraries.values():  # warm up: page cache, the first graph of each size
         library_tok_s(llm, tokens, 4, persona.sampling)
     chatterm_tok_s()
 

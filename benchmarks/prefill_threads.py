@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         contexts[name] = (llm, threads)
     fixed_llm = contexts["fixed"][0]
     tokens = fixed_llm.tokenize(TEXT.encode(), add_bos=True)[: max(SIZES)]
-    for llm, threads in contexts.values():  # warm up: the first decode carries a one-time cost
+    for llm, threads in contexts.values():  # warm up: page cache, the first graph of each size
         prefill_ms(llm, threads, tokens[:8])
 
     results, threads_used, ok = {}, {}, True

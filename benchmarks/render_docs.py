@@ -298,7 +298,8 @@ def render_ask_startup(data: dict[str, Any]) -> list[str]:
                          f"(+{scenarios[n]['first prefill'] - floor:,.0f} ms)" for n in names)
         lines += ["", f"From spawn to that context, `import llama_cpp` included: {ms(floor)}, the floor of any "
                   f"program built on llama-cpp-python. `ask`'s first prefill against it: {over}. The first prefill "
-                  f"of the turn's {bare['prompt_tokens']} prompt tokens in that fresh context: "
+                  f"of the persona's prompt and the question ({bare['prompt_tokens']} tokens, untemplated) in that "
+                  "fresh context: "
                   f"{ms(bare['first_prefill_ms'])}, and {ms(bare['first_prefill_after_warm_up_ms'])} after a warm-up "
                   "decode."]
     return lines

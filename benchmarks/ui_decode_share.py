@@ -33,6 +33,7 @@ import json
 import os
 import pty
 import select
+import signal
 import sqlite3
 import statistics
 import struct
@@ -67,30 +68,60 @@ class Pty:
     def __init__(self, argv: list[str], env: dict[str, str]):
         self.pid, self.fd = pty.fork()
         if self.pid == 0:  # child: becomes `chatterm launch` on the pty
-            os.chdir(REPO)
-            os.execve(sys.executable, [sys.executable, *argv], env)
+            try:
+                os.chdir(REPO)
+                os.execve(sys.executable, [sys.executable, *argv], env)
+            finally:
+                os._exit(127)  # never back into the parent's stack (its temp-dir cleanup)
+        self.exited = False
         fcntl.ioctl(self.fd, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
         self.seen = b""
 
     def pump(self, seconds: float) -> None:
-        """Read (and keep the tail of) what the app draws for `seconds`."""
+        """Read (and keep the tail of) what the app draws for `seconds`; a
+        SystemExit with the tail of its output if the app has ended."""
         end = time.perf_counter() + seconds
         while (left := end - time.perf_counter()) > 0:
             if select.select([self.fd], [], [], min(left, 0.05))[0]:
                 try:
                     chunk = os.read(self.fd, 65536)
-                except OSError:
-                    return
+                except OSError:  # EIO: the app closed the terminal
+                    chunk = b""
+                if not chunk:
+                    self._check_alive(wait=True)
+                    continue
                 self.seen = (self.seen + chunk)[-65536:]
+        self._check_alive(wait=False)
+
+    def _check_alive(self, wait: bool) -> None:
+        if not self.exited and os.waitpid(self.pid, 0 if wait else os.WNOHANG)[0]:
+            self.exited = True
+        if self.exited:
+            tail = self.seen[-2000:].decode(errors="replace")
+            raise SystemExit(f"chatterm launch ended; the last of its output:\n{tail}")
 
     def write(self, data: bytes) -> None:
         os.write(self.fd, data)
 
     def close(self) -> None:
-        self.write(CTRL_Q)
-        end = time.perf_counter() + 30
-        while time.perf_counter() < end and not os.waitpid(self.pid, os.WNOHANG)[0]:
-            self.pump(0.05)
+        """Quit the app (Ctrl+Q), killing it if it does not go within 30 s."""
+        if not self.exited:
+            try:
+                self.write(CTRL_Q)
+            except OSError:
+                pass  # the terminal is gone: the app is ending
+            end = time.perf_counter() + 30
+            while time.perf_counter() < end:
+                if os.waitpid(self.pid, os.WNOHANG)[0]:
+                    break
+                try:
+                    if select.select([self.fd], [], [], 0.05)[0]:
+                        os.read(self.fd, 65536)
+                except OSError:
+                    time.sleep(0.05)
+            else:
+                os.kill(self.pid, signal.SIGKILL)
+                os.waitpid(self.pid, 0)
         os.close(self.fd)
 
 
@@ -143,6 +174,8 @@ def ask_rate(env: dict[str, str], model: list[str]) -> float:
     if out.returncode != 0:
         raise SystemExit(f"chatterm ask failed:\n{out.stderr}")
     m = json.loads(out.stdout)["metrics"]
+    if m["generated_tokens"] < 2 or not m["decode_ms"]:
+        raise SystemExit(f"chatterm ask decoded {m['generated_tokens']} tokens: no rate to compare")
     return tok_s(m["generated_tokens"], m["decode_ms"])
 
 

@@ -109,7 +109,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     bare: list[float] = []
     ui: list[tuple[float, float, int]] = []
-    bare_run()  # warm-up: caches, first-decode cost
+    bare_run()  # warm-up: page cache, the persona prefix, the first graph of each size
     for _ in range(args.runs):
         bare.append(bare_run())
         ui.append(asyncio.run(ui_run()))

@@ -8,7 +8,7 @@ Contract:
   the load), falling back to fewer GPU layers when the planned load fails. A
   load that fails for good is one ChattermError carrying llama.cpp's first
   error, the specific one. The device name (a GPU probe or /proc/cpuinfo) is
-  worked out here, once, and whether llama.cpp found a GPU device at all.
+  worked out here, once, with whether any layer went to a GPU.
 - `Threads` picks how many threads llama.cpp decodes and prefills with,
   before each prefill, between its batches, and every `RECHECK_TOKENS` tokens
   of a reply (so a process that starts mid-reply gets its core back within a
@@ -62,16 +62,15 @@ class OpenedModel:
     notes: tuple[str, ...]
     """What the fallback changed, for the user."""
     device_name: str
-    gpu_backend: bool
-    """llama.cpp found a GPU device (whether or not layers went to it): its
-    first decode may carry one-time costs such as kernel loading."""
+    on_gpu: bool
+    """Layers of the model are on a GPU: its first decode may carry one-time
+    costs such as kernel loading."""
 
 
 def open_model(spec: ModelSpec, progress: Progress | None = None) -> OpenedModel:
     path = spec.gguf_file()
     llama_log.install()
-    gpu_backend = bool(llama_cpp.llama_supports_gpu_offload())
-    plan = offload.plan_offload(spec, gpu_backend)
+    plan = offload.plan_offload(spec, llama_cpp.llama_supports_gpu_offload())
 
     cores = physical_cores()
 
@@ -98,7 +97,7 @@ def open_model(spec: ModelSpec, progress: Progress | None = None) -> OpenedModel
             reason = errors[0].strip() if errors else str(exc)
             raise ChattermError(f"{path}: llama.cpp could not load the model: {reason}") from None
     on_gpu = bool(loaded_plan.layers_offloaded(llama_cpp.llama_model_n_layer(llm.model)))
-    return OpenedModel(llm, loaded_plan, tuple(notes), _gpu_name() if on_gpu else cpu_name(), gpu_backend)
+    return OpenedModel(llm, loaded_plan, tuple(notes), _gpu_name() if on_gpu else cpu_name(), on_gpu)
 
 
 RECHECK_TOKENS = 16
