@@ -9,8 +9,10 @@ and the displayed rate: every streamed delta is stamped with the time the UI
 handed it to the reply widget (the 25 Hz flush), and displayed tok/s =
 (D - 1) / (t_display_last - t_display_first), the engine's formula over
 display times. Target: displayed >= 95 % of the engine's rate in the same run.
-It also reports the engine's rate under the UI against the bare runs (the cost
-of the UI thread holding the GIL).
+What the UI costs the engine's own rate is `ui_decode_share.py`'s figure, with
+the real app on a terminal: this headless harness (`App.run_test`) costs
+decode more than a terminal does (43-52 % of the bare rate against 77-90 %),
+so its bare runs are only the warm-up and a check that the model decodes.
 
 Run: .venv/bin/python benchmarks/ui_tok_s.py [--runs N] [--max-tokens N]
 Exit status 1 when the target is missed.
@@ -121,10 +123,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for i, (b, (e, d, _n)) in enumerate(zip(bare, ui, strict=True), 1):
         ratios.append(d / e)
         print(f"{i:>4} {b:>11.1f} {e:>18.1f} {d:>16.1f} {d / e:>16.1%}")
-    engine_under_ui = statistics.median(e for e, _, _ in ui) / statistics.median(bare)
     print(f"displayed/engine (same run): worst {min(ratios):.1%}, median {statistics.median(ratios):.1%} "
           f"(target >= {TARGET:.0%})")
-    print(f"engine tok/s under the UI vs bare: {engine_under_ui:.1%} (median of medians)")
     ok = min(ratios) >= TARGET
     print("PASS" if ok else "FAIL")
     return 0 if ok else 1
