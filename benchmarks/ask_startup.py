@@ -143,10 +143,10 @@ def run_once(env: dict[str, str], args: list[str]) -> dict[str, float]:
 def bare_llama_ms(model_path: Path, n_ctx: int, threads: int, prompt: str, runs: int) -> dict[str, float]:
     """llama.cpp's own model load and context creation, called bare; the time
     from spawn to that context, `import llama_cpp` included (the floor of
-    `ask`'s first prefill); and the first prefill of `prompt` in the fresh
-    context with and without a warm-up decode before it (`prompt` is the
-    persona's system prompt and the question, untemplated) (8 tokens, then 1,
-    then the memory cleared: what `LocalEngine` does on a GPU backend).
+    `ask`'s first prefill); and the first prefill of `prompt` (the persona's
+    system prompt and the question, untemplated) in the fresh context with and
+    without a warm-up decode before it (8 tokens, then 1, then the memory
+    cleared: what `LocalEngine` does with layers on a GPU).
     Median ms of `runs` processes each."""
     script = r'''
 import sys, time, llama_cpp as L

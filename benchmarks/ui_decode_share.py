@@ -8,8 +8,7 @@ core would pay, with the real app drawing on a real terminal:
   dropped, as a terminal would take it), the same prompt sent N times with
   Ctrl+N between (each turn starts from the cached persona prefix; type-ahead
   off, so typing prefills nothing); each turn's decode tok/s is read back from
-  the session database (TurnMetrics' formula: tokens after the first over
-  their time);
+  the session database (`TurnMetrics.decode_tok_s`, as stored);
 - ask: `chatterm ask --json` with the same persona and prompt, no UI;
 - both again with decode pinned to one core less than the machine has
   (`n_threads` in a models.toml entry; prefill keeps every core): what
@@ -41,6 +40,7 @@ import subprocess
 import sys
 import termios
 import time
+from contextlib import closing
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -56,10 +56,6 @@ READY = "· ready".encode()
 CTRL_N, CTRL_Q = b"\x0e", b"\x11"
 PINNED = "pinned"
 TARGET = 0.97
-
-
-def tok_s(generated: int, decode_ms: float) -> float:
-    return (generated - 1) / (decode_ms / 1000.0)
 
 
 class Pty:
@@ -146,10 +142,10 @@ def tui_rates(env: dict[str, str], db: Path, model: list[str], turns: int) -> li
                     break
                 if time.perf_counter() > deadline:
                     raise SystemExit(f"turn {n} did not finish in 300 s")
-            generated, decode_ms, stop = done[n - 1]
-            if stop == "error" or generated < 2:
+            rate, stop = done[n - 1]
+            if stop == "error" or rate is None:
                 raise SystemExit(f"turn {n} failed in the TUI (stop reason {stop})")
-            rates.append(tok_s(generated, decode_ms))
+            rates.append(rate)
             app.write(CTRL_N)
             app.pump(0.8)
         return rates
@@ -157,12 +153,13 @@ def tui_rates(env: dict[str, str], db: Path, model: list[str], turns: int) -> li
         app.close()
 
 
-def _finished_turns(db: Path) -> list[tuple[int, float, str]]:
+def _finished_turns(db: Path) -> list[tuple[float | None, str]]:
+    """(decode tok/s as stored, stop reason) of each finished turn, oldest first."""
     if not db.exists():
         return []
     try:
-        with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1) as con:
-            return con.execute("SELECT generated_tokens, decode_ms, stop_reason FROM turns "
+        with closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1)) as con:
+            return con.execute("SELECT decode_tok_s, stop_reason FROM turns "
                                "WHERE stop_reason IS NOT NULL ORDER BY id").fetchall()
     except sqlite3.OperationalError:  # not created yet, or mid-write
         return []
@@ -174,9 +171,9 @@ def ask_rate(env: dict[str, str], model: list[str]) -> float:
     if out.returncode != 0:
         raise SystemExit(f"chatterm ask failed:\n{out.stderr}")
     m = json.loads(out.stdout)["metrics"]
-    if m["generated_tokens"] < 2 or not m["decode_ms"]:
+    if m["decode_tok_s"] is None:
         raise SystemExit(f"chatterm ask decoded {m['generated_tokens']} tokens: no rate to compare")
-    return tok_s(m["generated_tokens"], m["decode_ms"])
+    return m["decode_tok_s"]
 
 
 def run(args: argparse.Namespace, tmp: Path) -> int:
