@@ -276,7 +276,7 @@ def render_ask_startup(data: dict[str, Any]) -> list[str]:
     names = list(scenarios)
     rows, before = [], dict.fromkeys(names, 0.0)
     for stage in next(iter(scenarios.values())):
-        if stage == "peak_rss_mib":
+        if stage in ("peak_rss_mib", "early load", "early load done"):
             continue
         cells = []
         for name in names:
@@ -284,6 +284,9 @@ def render_ask_startup(data: dict[str, Any]) -> list[str]:
             cells.append(f"{ms(at)} (+{at - before[name]:,.0f})")
             before[name] = at
         rows.append((f"`{stage}`", *cells))
+    if all("early load" in scenarios[n] for n in names):
+        rows.append(("the model file's early load", *(
+            f"{ms(scenarios[n]['early load'])} to {ms(scenarios[n]['early load done'])}" for n in names)))
     rows.append(("peak RSS", *(f"{scenarios[n]['peak_rss_mib']:,.0f} MiB" for n in names)))
     bare, target = data["bare_llama"], data["target_first_prefill_ms"]
     lines = [machine_line(data), ""]
@@ -295,9 +298,10 @@ def render_ask_startup(data: dict[str, Any]) -> list[str]:
     if "ready_since_spawn_ms" in bare:
         floor = bare["ready_since_spawn_ms"]
         over = ", ".join(f"{n} {scenarios[n]['first prefill'] / floor:.2f}x "
-                         f"(+{scenarios[n]['first prefill'] - floor:,.0f} ms)" for n in names)
-        lines += ["", f"From spawn to that context, `import llama_cpp` included: {ms(floor)}, the floor of any "
-                  f"program built on llama-cpp-python. `ask`'s first prefill against it: {over}. The first prefill "
+                         f"({scenarios[n]['first prefill'] - floor:+,.0f} ms)" for n in names)
+        lines += ["", f"From spawn to that context, `import llama_cpp` included: {ms(floor)}, the serial floor "
+                  "(a program that imports llama-cpp-python, then loads the model). `ask`'s first prefill "
+                  f"against it: {over}. The first prefill "
                   f"of the persona's prompt and the question ({bare['prompt_tokens']} tokens, untemplated) in that "
                   "fresh context: "
                   f"{ms(bare['first_prefill_ms'])}, and {ms(bare['first_prefill_after_warm_up_ms'])} after a warm-up "

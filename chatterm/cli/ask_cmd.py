@@ -14,7 +14,8 @@ interrupted. When stderr is a terminal, the model load's progress and then a
 long prefill's are shown there, on one line rewritten in place and cleared
 before the reply. A local model is loaded with the context this one turn
 needs (`one_turn_context`), not its whole `n_ctx`: the KV buffer is
-allocated and cleared at load.
+allocated and cleared at load. Its file starts loading while llama-cpp-python
+is still importing (`early_load`), and the store opens meanwhile.
 """
 
 from __future__ import annotations
@@ -25,20 +26,22 @@ import json
 import logging
 import sys
 import threading
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from chatterm.cli.common import add_model_persona_options, db_path, workspace
 from chatterm.core.config.catalog import ModelSpec
 from chatterm.core.config.personas import Persona
 from chatterm.core.engine.context_window import one_turn_context
-from chatterm.core.engine.conversation import Conversation
 from chatterm.core.metrics.format import footer_line, prefill_progress_line, printable
 from chatterm.core.metrics.turn_metrics import StopReason
-from chatterm.core.store.lifecycle import fork_session
-from chatterm.core.store.resume import Continuation, plan_resume, read_continuation, resume_conversation
-from chatterm.core.store.session_store import SessionStore
 from chatterm.core.workspace import Workspace
 from chatterm.errors import ChattermError
+
+# The store and the conversation are imported where they are used: a new
+# conversation imports them while its model file loads (`Workspace.make_engine`).
+if TYPE_CHECKING:
+    from chatterm.core.store.resume import Continuation
+    from chatterm.core.store.session_store import SessionStore
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +130,7 @@ def _show_progress(turn) -> Callable[[], None]:
     return done
 
 
-def _sized_for_the_turn(spec: ModelSpec, persona: Persona, text: str, continuation: Continuation | None) -> ModelSpec:
+def _sized_for_the_turn(spec: ModelSpec, persona: Persona, text: str, continuation: "Continuation | None") -> ModelSpec:
     """A local model's spec with the context this one turn needs
     (`one_turn_context`): its KV buffer is allocated and cleared at load, so
     cells the turn never uses cost start-up time and memory. A stored state
@@ -149,9 +152,12 @@ def _fork_point(value: str) -> tuple[int, int | None]:
         raise ChattermError(f"--fork takes ID or ID:TURN (numbers), not {value!r}") from None
 
 
-def _fork(store: SessionStore, ws: Workspace, args: argparse.Namespace) -> int:
+def _fork(store: "SessionStore", ws: Workspace, args: argparse.Namespace) -> int:
     """Check the fork's source (session, turn, model, persona), then make the
     fork; its id. Bad input leaves nothing behind."""
+    from chatterm.core.store.lifecycle import fork_session
+    from chatterm.core.store.resume import plan_resume
+
     source, turn = _fork_point(args.fork)
     parent = plan_resume(store, ws, source, model_id=args.model, persona_id=args.persona)
     if turn is not None:
@@ -178,11 +184,14 @@ def run(args: argparse.Namespace) -> int:
     if continued and not db.exists():
         wanted = args.session if args.session is not None else args.fork.partition(":")[0]
         raise ChattermError(f"unknown session {wanted}: there is no session database at {db}")
-    store = None if args.no_store else SessionStore(db)
+    store: SessionStore | None = None
     try:
         plan = continuation = None
         if continued:
-            assert store is not None
+            from chatterm.core.store.resume import plan_resume, read_continuation
+            from chatterm.core.store.session_store import SessionStore
+
+            store = SessionStore(db)
             session = args.session if args.fork is None else _fork(store, ws, args)
             plan = plan_resume(store, ws, session, model_id=args.model, persona_id=args.persona)
             spec, persona = plan.spec, plan.persona
@@ -193,7 +202,19 @@ def run(args: argparse.Namespace) -> int:
             if load_progress is not None:
                 load_progress(0.0)
             engine = ws.make_engine(_sized_for_the_turn(spec, persona, text, continuation))
-            engine.load(load_progress)
+            try:
+                # The model file is loading now (`early_load`): what the turn
+                # needs besides the model is imported and opened meanwhile.
+                from chatterm.core.engine.conversation import Conversation
+                from chatterm.core.store.resume import resume_conversation
+                from chatterm.core.store.session_store import SessionStore
+
+                if store is None and not args.no_store:
+                    store = SessionStore(db)
+                engine.load(load_progress)
+            except BaseException:
+                engine.close()  # stops and frees the early load, if it still runs
+                raise
         finally:
             if load_progress is not None:
                 load_progress.clear()

@@ -9,7 +9,8 @@ everywhere. The commands that open the database (`launch`, `ask`, `sessions`,
 `sessions` and `export` read only the database, so a broken user models.toml
 never stops a user from listing or exporting what is stored (an `--models`
 FILE the user named is still read, and its errors are errors everywhere). Nothing here
-loads a model or opens a file until asked.
+loads a model or opens a file until asked; a local engine's model file starts
+loading when the engine is made (`early_load`), and its `load` finishes it.
 """
 
 from __future__ import annotations
@@ -65,6 +66,16 @@ class Workspace:
             from chatterm.core.engine.remote import RemoteEngine
 
             return RemoteEngine(spec, price)
-        from chatterm.core.engine.local.engine import LocalEngine
+        from chatterm.core.engine.local import early_load
 
-        return LocalEngine(spec, price, kv_cache=self.kv_cache())
+        # The model file starts loading while the engine's import of
+        # llama-cpp-python runs; the engine's load takes it (early_load).
+        early = early_load.begin(spec)
+        try:
+            from chatterm.core.engine.local.engine import LocalEngine
+
+            early.unhook()
+            return LocalEngine(spec, price, kv_cache=self.kv_cache(), early=early)
+        except BaseException:  # an interrupted import included
+            early.close()
+            raise

@@ -2,10 +2,11 @@
 
 Contract (beyond chatterm.core.engine.interface):
 - `load()` opens the model once (`chatterm.core.engine.local.model`: progress, log
-  routing, GPU offload with fallback), hashes the model file (cached), resolves
+  routing, GPU offload with fallback; the file's load begun when the engine was
+  made, `early`, is taken or freed), hashes the model file (cached), resolves
   the chat template (`chatterm.core.engine.local.templates`: the models.toml `chat_template`
-  override, else the GGUF's) and warms the context up so the first turn's TTFT
-  carries no one-time cost.
+  override, else the GGUF's) and, with layers on a GPU, warms the context up so
+  the first turn's TTFT carries no one-time cost.
 - Every turn renders the full prompt (the template over [system, history...,
   user]) and starts from the state sharing the longest token prefix with it:
   the live context, else the prompt cache's RAM tier, else its disk tier
@@ -87,6 +88,7 @@ from chatterm.core.engine.interface import (
 )
 from chatterm.core.engine.local import kv_shift, kv_state, offload, templates
 from chatterm.core.engine.local.context_gate import ContextGate
+from chatterm.core.engine.local.early_load import EarlyLoad
 from chatterm.core.engine.local.model import RECHECK_TOKENS, AbortFlag, Threads, open_model
 from chatterm.core.engine.local.outcome import (
     MIN_REUSE,
@@ -134,10 +136,13 @@ class LocalEngine(Engine):
     kind = "local"
     capabilities = EngineCapabilities(persona_cache=True, kv_control=True, prefill_ahead=True)
 
-    def __init__(self, spec: ModelSpec, price: PriceProfile, kv_cache: PromptCache | None = None):
+    def __init__(self, spec: ModelSpec, price: PriceProfile, kv_cache: PromptCache | None = None,
+                 early: EarlyLoad | None = None):
         super().__init__(spec, price)
         self.kv_cache = kv_cache
         """The prompt cache (persona prefixes and conversations); None: no caching."""
+        self._early = early
+        """The model file's load begun with the engine (`Workspace.make_engine`), taken at `load`."""
         self.llm: llama_cpp.Llama | None = None
         self.plan: offload.OffloadPlan | None = None
         self.load_notes: list[str] = []
@@ -170,11 +175,15 @@ class LocalEngine(Engine):
         path = self.spec.model_path()
         # Sampling other processes starts now, so the first prefill knows their load.
         threads = Threads(adapt_decode=self.spec.n_threads is None, adapt_batch=self.spec.n_threads_batch is None)
+        if self._early is not None:
+            self._early.progress = progress
         try:
             opened = open_model(self.spec, progress)
         except BaseException:
             threads.close()
             raise
+        finally:
+            self._close_early()
         threads.bind(opened.llm)
         threads.apply()  # a warm-up decode too: not on a core another process holds
         self._threads = threads
@@ -859,7 +868,13 @@ class LocalEngine(Engine):
                 turn.reply += tail
             turn.perf = _perf_counters(llm)
 
+    def _close_early(self) -> None:
+        if self._early is not None:
+            self._early.close()  # frees the early model if open_model did not take it
+            self._early = None
+
     def close(self) -> None:
+        self._close_early()  # made, never loaded
         self.wait_for_saves()  # every kept state reaches the disk before exit
         with self._gate.lock:  # never free the model under a running turn
             if self.llm is not None:

@@ -62,6 +62,8 @@ def _emit(level: int, text: str) -> None:
 @llama_cpp.llama_log_callback
 def _callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
     try:
+        if getattr(_state, "quiet", False):
+            return
         # A model load writes ~2,000 whole DEBUG lines (the tensors, the
         # vocabulary); dropping them before any work saves 5-8 ms of a load.
         if level == 1 and text.endswith(b"\n") and not getattr(_state, "pending", ""):
@@ -96,6 +98,18 @@ def capture_errors() -> Iterator[list[str]]:
         yield errors
     finally:
         logger.removeHandler(handler)
+
+
+@contextlib.contextmanager
+def quiet() -> Iterator[None]:
+    """Drop llama.cpp's log lines from this thread while the block runs: an
+    early model load (`early_load`), which is silent as llama-cpp-python's
+    own loads are (their output goes to /dev/null)."""
+    _state.quiet = True
+    try:
+        yield
+    finally:
+        _state.quiet = False
 
 
 def install() -> None:

@@ -43,6 +43,7 @@ import llama_cpp
 from chatterm.core.config.catalog import ModelSpec
 from chatterm.core.engine.interface import Progress
 from chatterm.core.engine.local import llama_log, offload
+from chatterm.core.engine.local.early_load import forward_progress
 from chatterm.core.system.machine import OtherLoad, cpu_name, physical_cores, usable_cpus
 from chatterm.errors import ChattermError
 
@@ -197,11 +198,8 @@ def _load_progress(progress: Progress | None):
 
     @llama_cpp.llama_progress_callback
     def on_progress(value: float, _user_data) -> bool:
-        try:
-            # False from the caller (the app is quitting) makes llama.cpp stop loading.
-            return progress(min(max(float(value), 0.0), 1.0) * 0.9) is not False
-        except Exception:  # noqa: BLE001 - never raise into C
-            return True
+        # False from the caller (the app is quitting) makes llama.cpp stop loading.
+        return forward_progress(progress, value)
 
     original = llama_cpp.llama_cpp.llama_model_default_params
 

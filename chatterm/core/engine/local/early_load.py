@@ -1,0 +1,271 @@
+"""A local model's file load, started while llama-cpp-python is still importing.
+
+`import llama_cpp` is about 95 ms of a 0.3 s `chatterm ask` on the 2-core
+reference machine: its ctypes bindings first (~20 ms), then `llama_cpp.llama`
+with numpy and jinja2, all of it holding the GIL. llama.cpp's model load
+(70-90 ms for the default model) needs only the bindings, and it runs in C
+without the GIL. Started on a thread as soon as the bindings are there, it
+runs beside the rest of that import on a second core; the `llama_cpp.Llama`
+that `open_model` makes afterwards takes the loaded model instead of loading
+the file again (docs/benchmarks.md, "Start-up").
+
+Contract:
+- `begin(spec)` starts the load for a local model's `spec` and returns its
+  `EarlyLoad`; the caller imports llama_cpp next (`Workspace.make_engine`
+  imports the engine) and then calls `unhook()`. When llama_cpp is not
+  imported yet, a `sys.meta_path` finder that finds nothing starts the load
+  at the moment `llama_cpp.llama` is looked for: `llama_cpp/__init__.py`
+  imports the bindings before it. When it is imported already (a second
+  engine in one process), the load starts at once.
+- The load passes what `open_model`'s first try passes: the offload plan's
+  GPU layers (`offload.plan_offload`) and `llama_cpp.Llama`'s other model
+  parameters. `llama_model_load_from_file` is wrapped once: a load of the same
+  file with parameters equal to those (the progress callback aside) takes the
+  early model, waiting for it while it still loads. Every other load, and
+  every load with no early one pending, goes through unchanged.
+- `progress` (set by `LocalEngine.load`) gets 0..0.9 from the early load, as
+  from a regular one; what the load reports before it is set is not shown.
+- `close()` stops a load still running (its progress callback answers
+  False) and frees a model nobody took; the engine calls it when its load
+  returns and when it closes, `make_engine` when making the engine failed.
+  Until then the load's thread keeps the interpreter from shutting down: one
+  that ended with the load still in llama.cpp could crash. `outcome` says
+  what became of the load: "taken", "unused", "failed" or "none" (never
+  started).
+- The early load is silent (`llama_log.quiet`): llama-cpp-python sends its
+  own loads' output to /dev/null, and a failure is reported by loading again
+  the regular way, which gives llama.cpp's own error line as always.
+- The GIL switch interval is 0.5 ms while the early load runs (back to what
+  it was when it ends). llama.cpp calls into Python throughout a load (each
+  log line, the progress), and every call waits for the GIL: at the default
+  5 ms the importing main thread held the load back for as long as it ran,
+  and the overlap saved next to nothing.
+- Best effort: anything unexpected (a llama-cpp-python that imports in
+  another order, a model kind with no file) means no early load, and the
+  regular one runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import importlib.abc
+import logging
+import sys
+import threading
+from typing import Any, Callable
+
+from chatterm.core.config.catalog import ModelSpec
+from chatterm.core.engine.interface import Progress
+
+log = logging.getLogger(__name__)
+
+SWITCH_INTERVAL_S = 0.0005
+_NOT_COMPARED = ("progress_callback", "progress_callback_user_data")
+_lock = threading.Lock()
+_pending: "EarlyLoad | None" = None
+"""The early load a `llama_model_load_from_file` may take (one at a time)."""
+
+
+class EarlyLoad:
+    def __init__(self, spec: ModelSpec):
+        self.spec = spec
+        self.outcome = "none"
+        self.progress: Progress | None = None
+        self._hook: _WhenBindingsImported | None = None
+        self._params: Any = None
+        self._path = b""
+        self._model: Any = None
+        self._thread: threading.Thread | None = None
+        self._callback: Any = None  # kept referenced: llama.cpp holds the pointer
+        self._quiet: Callable[[], Any] = contextlib.nullcontext
+        self._abandoned = False
+        """Set by `close()`: the progress callback then stops a load still running."""
+
+    # -- starting --------------------------------------------------------
+    def start(self, bindings: Any) -> None:
+        """Start the load with llama-cpp-python's bindings module (never raises)."""
+        global _pending
+        try:
+            self._prepare(bindings)
+        except Exception as exc:  # noqa: BLE001 - an early load is an optimisation only
+            log.debug("no early load: %s", exc)
+            return
+        with _lock:
+            if _pending is not None:
+                return
+            _pending = self
+        load = _wrap_loader(bindings)
+        interval = sys.getswitchinterval()
+        sys.setswitchinterval(min(interval, SWITCH_INTERVAL_S))
+        # Not a daemon: a process that ended with the load still in llama.cpp
+        # crashed in the interpreter's shutdown (SIGSEGV, 1 run in 5), so
+        # shutdown waits for it; `close()` first makes it stop early.
+        self._thread = threading.Thread(target=self._load, args=(bindings, load, interval), name="early-load")
+        self._thread.start()
+
+    def _prepare(self, bindings: Any) -> None:
+        # Imported here: these import llama_cpp, which by now is either
+        # imported or (from the hook) the package this thread is importing.
+        # llama-cpp-python installs its log callback when `llama_cpp._logger`
+        # is imported, so that comes first: it would otherwise replace
+        # chatterm's callback halfway through the load.
+        import llama_cpp._logger  # noqa: F401
+
+        from chatterm.core.engine.local import llama_log, offload
+
+        self._path = str(self.spec.gguf_file()).encode("utf-8")
+        plan = offload.plan_offload(self.spec, bool(bindings.llama_supports_gpu_offload()))
+        llama_log.install()
+        self._quiet = llama_log.quiet
+        self._params = llama_model_params(bindings, plan.n_gpu_layers)
+
+        def on_progress(value: float, _user_data: Any) -> bool:
+            return not self._abandoned and forward_progress(self.progress, value)
+
+        self._callback = bindings.llama_progress_callback(on_progress)
+        self._params.progress_callback = self._callback
+
+    def _load(self, bindings: Any, load: Callable[[bytes, Any], Any], interval: float) -> None:
+        try:
+            with self._quiet():
+                bindings.llama_backend_init()
+                self._model = load(self._path, self._params)
+        except Exception as exc:  # noqa: BLE001 - the regular load reports
+            log.debug("early load failed: %s", exc)
+        finally:
+            sys.setswitchinterval(interval)
+
+    # -- taking ----------------------------------------------------------
+    def matches(self, path: bytes, params: Any) -> bool:
+        return path == self._path and same_params(params, self._params)
+
+    def take(self) -> Any:
+        """The loaded model (None when the load failed), once it is done."""
+        assert self._thread is not None
+        self._thread.join()
+        model, self._model = self._model, None
+        # Not logged here: this runs while llama-cpp-python has fd 2 at /dev/null.
+        self.outcome = "taken" if model is not None else "failed"
+        return model
+
+    def unhook(self) -> None:
+        """Remove the import hook: llama_cpp is imported, so it fired or never will."""
+        if self._hook is not None:
+            with contextlib.suppress(ValueError):
+                sys.meta_path.remove(self._hook)
+            self._hook = None
+
+    def close(self) -> None:
+        """Forget this load: stop it if it still runs, free its model if nobody
+        took it (idempotent)."""
+        global _pending
+        self.unhook()
+        self._abandoned = True
+        with _lock:
+            if _pending is self:
+                _pending = None
+        if self._thread is None:
+            return
+        self._thread.join()
+        self._thread = None
+        if self._model is not None:
+            sys.modules["llama_cpp.llama_cpp"].llama_model_free(self._model)
+            self._model = None
+            self.outcome = "unused"
+        elif self.outcome == "none":
+            self.outcome = "failed"
+        log.debug("early model load: %s", self.outcome)
+
+
+def forward_progress(progress: Progress | None, value: float) -> bool:
+    """llama.cpp's load progress `value` (0..1) to `progress` as 0..0.9 (the
+    rest is the engine's own work after the load); False stops the load."""
+    if progress is None:
+        return True
+    try:
+        return progress(min(max(float(value), 0.0), 1.0) * 0.9) is not False
+    except Exception:  # noqa: BLE001 - never raise into C
+        return True
+
+
+def llama_model_params(bindings: Any, n_gpu_layers: int) -> Any:
+    """The model parameters `llama_cpp.Llama(path, n_gpu_layers=...)` passes
+    with its other arguments at their defaults (open_model passes no others)."""
+    params = bindings.llama_model_default_params()
+    params.n_gpu_layers = 0x7FFFFFFF if n_gpu_layers == -1 else n_gpu_layers  # Llama's "every layer"
+    params.split_mode = bindings.LLAMA_SPLIT_MODE_LAYER
+    params.main_gpu = 0
+    params.vocab_only = False
+    params.load_mode = bindings.LLAMA_LOAD_MODE_MMAP
+    return params
+
+
+def same_params(a: Any, b: Any) -> bool:
+    """Whether two llama_model_params load the same model: every field equal
+    but the progress callback; a pointer field only when both are NULL."""
+    for name, kind in type(a)._fields_:
+        if name in _NOT_COMPARED:
+            continue
+        x, y = getattr(a, name), getattr(b, name)
+        if kind is ctypes.c_void_p or issubclass(kind, ctypes._Pointer):
+            if x or y:
+                return False
+        elif x != y:
+            return False
+    return True
+
+
+def _wrap_loader(bindings: Any) -> Callable[[bytes, Any], Any]:
+    """Wrap `llama_model_load_from_file` in the bindings module (once), the
+    function llama-cpp-python's `Llama` calls through it; the function it wraps."""
+    current = bindings.llama_model_load_from_file
+    original = getattr(current, "unwrapped", None)
+    if original is not None:
+        return original
+    original = current
+
+    def load_from_file(path_model: bytes, params: Any) -> Any:
+        global _pending
+        with _lock:
+            early = _pending
+            if early is not None and early.matches(path_model, params):
+                _pending = None
+            else:
+                early = None
+        if early is not None:
+            model = early.take()
+            if model is not None:
+                return model
+        return original(path_model, params)
+
+    load_from_file.unwrapped = original  # type: ignore[attr-defined]
+    bindings.llama_model_load_from_file = load_from_file
+    return original
+
+
+class _WhenBindingsImported(importlib.abc.MetaPathFinder):
+    """Finds nothing; starts the early load when `llama_cpp.llama` is looked for."""
+
+    def __init__(self, early: EarlyLoad):
+        self.early = early
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
+        if name == "llama_cpp.llama":
+            self.early.unhook()
+            bindings = sys.modules.get("llama_cpp.llama_cpp")
+            if bindings is not None:
+                self.early.start(bindings)
+        return None
+
+
+def begin(spec: ModelSpec) -> EarlyLoad:
+    """Start loading `spec`'s model file (see the module contract)."""
+    early = EarlyLoad(spec)
+    if spec.kind == "local":
+        if "llama_cpp.llama" in sys.modules:
+            early.start(sys.modules["llama_cpp.llama_cpp"])
+        else:
+            early._hook = _WhenBindingsImported(early)
+            sys.meta_path.insert(0, early._hook)
+    return early

@@ -1,0 +1,138 @@
+"""The model file's early load (`early_load`) on the real default model: the
+engine's `Llama` takes it, any other load goes through, a failed one is
+reported by the regular load, and a model nobody took is freed."""
+
+from __future__ import annotations
+
+import subprocess
+from dataclasses import replace
+
+import llama_cpp
+import pytest
+
+from chatterm.core.engine.local import early_load as early_module
+from chatterm.core.engine.local.early_load import begin, llama_model_params, same_params
+from chatterm.core.engine.local.engine import LocalEngine
+from chatterm.core.workspace import Workspace
+from chatterm.errors import ChattermError
+from tests.cli.test_cli_core import write_greedy_persona
+from tests.conftest import CHATTERM, greedy, subprocess_env
+
+
+@pytest.fixture
+def ws(tmp_path):
+    return Workspace.load()
+
+
+def engine_for(ws, spec) -> LocalEngine:
+    return LocalEngine(spec, ws.catalog.price(spec.price_profile), early=begin(spec))
+
+
+def test_the_engine_takes_the_early_model_and_answers(ws):
+    spec = ws.catalog.get(None)
+    seen: list[float] = []
+    engine = ws.make_engine(spec)
+    early = engine._early
+    engine.load(seen.append)
+    try:
+        assert early.outcome == "taken" and engine._early is None
+        turn = engine.start_turn(greedy(ws.personas.get(None), max_tokens=8), [], "Name a colour.")
+        reply = "".join(turn.stream())
+        assert turn.metrics.stop_reason != "error", turn.metrics.error
+        assert reply.strip() and turn.metrics.generated_tokens > 0
+    finally:
+        engine.close()
+    # The early load reported its progress (0..0.9), the engine the end.
+    early_part = [p for p in seen if p < 1.0]
+    assert early_part and max(early_part) <= 0.9 and seen[-1] == 1.0
+    assert early_module._pending is None
+
+
+def test_a_load_with_other_parameters_goes_through_and_the_early_model_is_freed(ws):
+    spec = ws.catalog.get(None)
+    early = begin(spec)
+    vocab = llama_cpp.Llama(str(spec.model_path()), vocab_only=True, verbose=False)
+    assert vocab.n_vocab() > 1000
+    vocab.close()
+    early._thread.join()  # done loading: close() frees it rather than stopping it
+    early.close()
+    assert early.outcome == "unused"
+    assert early_module._pending is None
+
+
+def test_an_engine_closed_before_it_loaded_frees_its_early_model(ws):
+    engine = ws.make_engine(ws.catalog.get(None))
+    early = engine._early
+    early._thread.join()
+    engine.close()
+    assert early.outcome == "unused" and early_module._pending is None
+
+
+def test_a_failed_early_load_is_silent_and_the_regular_load_names_the_error(ws, tmp_path, capfd, caplog):
+    truncated_path = tmp_path / "truncated.gguf"
+    truncated_path.write_bytes(ws.catalog.get(None).model_path().read_bytes()[:50_000_000])
+    spec = replace(ws.catalog.get(None), id="truncated", source=str(truncated_path))
+    engine = engine_for(ws, spec)
+    early = engine._early
+    with pytest.raises(ChattermError) as info:
+        engine.load()
+    assert early.outcome == "failed"
+    assert str(truncated_path) in str(info.value) and "not within the file bounds" in str(info.value)
+    out, err = capfd.readouterr()
+    assert "llama" not in out + err
+    # The regular load logged llama.cpp's lines; the early one none.
+    assert any(r.name == "llama.cpp" and r.threadName != "early-load" for r in caplog.records)
+    assert not [r.getMessage() for r in caplog.records if r.threadName == "early-load"]
+
+
+def test_a_remote_model_has_no_early_load(ws):
+    remote = replace(ws.catalog.get(None), id="remote", kind="openai", source="")
+    early = begin(remote)
+    early.close()
+    assert early.outcome == "none"
+
+
+def test_parameters_compare_by_value_and_by_null_pointers():
+    base = llama_model_params(llama_cpp, 0)
+    assert same_params(base, llama_model_params(llama_cpp, 0))
+    assert not same_params(base, llama_model_params(llama_cpp, 4))
+    split = llama_model_params(llama_cpp, 0)
+    values = (llama_cpp.ctypes.c_float * 1)(1.0)
+    split.tensor_split = llama_cpp.ctypes.cast(values, llama_cpp.ctypes.POINTER(llama_cpp.ctypes.c_float))
+    assert not same_params(base, split)
+
+
+def test_ask_loads_the_file_while_llama_cpp_python_imports(tmp_path):
+    # A fresh process: llama_cpp is not imported yet, so the import hook starts
+    # the load (the in-process tests above start it at once).
+    write_greedy_persona(tmp_path)
+    result = subprocess.run([*CHATTERM, "-v", "ask", "--persona", "quick", "Name a colour."], capture_output=True,
+                            text=True, stdin=subprocess.DEVNULL, env=subprocess_env(tmp_path), cwd=tmp_path,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "early model load: taken" in result.stderr
+    assert result.stdout.strip()
+
+
+def test_closing_a_load_that_still_runs_stops_it(ws):
+    early = begin(ws.catalog.get(None))
+    # Not a daemon: an interpreter that shut down with the load still in
+    # llama.cpp crashed (SIGSEGV), so shutdown must wait for it.
+    assert early._thread is not None and not early._thread.daemon
+    early.close()  # at once: the load's first progress callback answers False
+    assert early.outcome == "failed" and early_module._pending is None
+
+
+def test_an_engine_that_fails_to_be_made_closes_its_early_load(ws, monkeypatch):
+    started = []
+    real_begin = early_module.begin
+
+    def recording_begin(spec):
+        started.append(real_begin(spec))
+        return started[-1]
+
+    monkeypatch.setattr(early_module, "begin", recording_begin)
+    monkeypatch.setattr(Workspace, "kv_cache", lambda self: (_ for _ in ()).throw(OSError("no cache folder")))
+    with pytest.raises(OSError):
+        ws.make_engine(ws.catalog.get(None))
+    assert started and started[0].outcome in ("failed", "unused") and early_module._pending is None
