@@ -7,7 +7,12 @@ message typed and sent before the first frame stayed in the prompt. So the
 first thing `launch` does (`hold`, a quarter second after the command starts,
 before the app's imports) is turn that translation (ICRNL) off on a terminal
 stdin. The translation happens as each key arrives, so an Enter pressed from
-then on waits in the terminal as typed and reaches the app as Enter. Textual restores the settings
+then on waits in the terminal as typed and reaches the app as Enter. Flow
+control (IXON) goes off with it: the terminal took Ctrl+Q and Ctrl+S (the
+app's Quit and Export) as XON and XOFF, so a Ctrl+Q pressed before the first
+frame never reached the app, which then stayed open. Echo goes off too: the
+keys are the app's to show, and what the terminal echoed stayed on the
+screen the app left behind. Textual restores the settings
 it found, which are these, so `restore` puts the user's own back: at the end
 of launch, before an immediate exit, and at interpreter exit. Elsewhere (no
 terminal, no termios) both do nothing.
@@ -31,7 +36,8 @@ def hold() -> None:
             return
         before = termios.tcgetattr(fd)
         attrs = termios.tcgetattr(fd)
-        attrs[0] &= ~termios.ICRNL
+        attrs[0] &= ~(termios.ICRNL | termios.IXON)
+        attrs[3] &= ~termios.ECHO
         termios.tcsetattr(fd, termios.TCSANOW, attrs)  # not TCSAFLUSH: that drops what was typed
     except Exception:  # noqa: BLE001 - no termios, a closed stdin, a terminal that refuses: start as before
         return

@@ -178,6 +178,7 @@ def test_quit_while_the_model_loads_ends_the_process_at_once(tmp_path):
     finally:
         tmux.kill()
     assert "CHATTERM-EXIT=0" in screen
-    assert " icrnl" in settings  # the early-key setting is undone on this immediate exit too
+    # The early-key settings are undone on this immediate exit too.
+    assert " icrnl" in settings and " ixon" in settings and " echo " in settings
     assert "Traceback" not in screen
     assert modes == ["0", "1"], f"alternate screen, cursor shown: {modes}"
