@@ -3,26 +3,36 @@
 `import llama_cpp` is about 95 ms of a 0.3 s `chatterm ask` on the 2-core
 reference machine: its ctypes bindings first (~20 ms), then `llama_cpp.llama`
 with numpy and jinja2, all of it holding the GIL. llama.cpp's model load
-(70-90 ms for the default model) needs only the bindings, and it runs in C
+(87-96 ms for the default model) needs only the bindings, and it runs in C
 without the GIL. Started on a thread as soon as the bindings are there, it
 runs beside the rest of that import on a second core; the `llama_cpp.Llama`
 that `open_model` makes afterwards takes the loaded model instead of loading
-the file again (docs/benchmarks.md, "Start-up").
+the file again (docs/engine.md, "Loading the model file early").
 
 Contract:
 - `begin(spec)` starts the load for a local model's `spec` and returns its
   `EarlyLoad`; the caller imports llama_cpp next (`Workspace.make_engine`
   imports the engine) and then calls `unhook()`. When llama_cpp is not
   imported yet, a `sys.meta_path` finder that finds nothing starts the load
-  at the moment `llama_cpp.llama` is looked for: `llama_cpp/__init__.py`
+  the first time `llama_cpp.llama` is looked for: `llama_cpp/__init__.py`
   imports the bindings before it. When it is imported already (a second
-  engine in one process), the load starts at once.
+  engine in one process), the load starts at once. One early load is pending
+  at a time; a `begin` while another is pending starts nothing.
 - The load passes what `open_model`'s first try passes: the offload plan's
   GPU layers (`offload.plan_offload`) and `llama_cpp.Llama`'s other model
-  parameters. `llama_model_load_from_file` is wrapped once: a load of the same
-  file with parameters equal to those (the progress callback aside) takes the
-  early model, waiting for it while it still loads. Every other load, and
-  every load with no early one pending, goes through unchanged.
+  parameters. `llama_model_load_from_file` is wrapped once. A load of the
+  pending early load's file with parameters equal to its own (the progress
+  callback aside) takes its result, waiting while it still loads: the model,
+  or, when the early load failed, NULL, as the load itself would have
+  returned (`open_model` then falls back to fewer GPU layers or reports).
+  With other parameters the early model is freed first, so two copies never
+  compete for memory. Every other load goes through unchanged.
+- llama.cpp's log lines from the early load are kept (`llama_log.held`) and
+  logged by the thread that takes its result, inside that load: where a
+  regular load logs them, so `open_model` still reads llama.cpp's own error
+  line, and a log file still gets the load's lines while the terminal, as
+  for a regular load (llama-cpp-python points fd 2 at /dev/null there), does
+  not.
 - `progress` (set by `LocalEngine.load`) gets 0..0.9 from the early load, as
   from a regular one; what the load reports before it is set is not shown.
 - `close()` stops a load still running (its progress callback answers
@@ -32,14 +42,12 @@ Contract:
   that ended with the load still in llama.cpp could crash. `outcome` says
   what became of the load: "taken", "unused", "failed" or "none" (never
   started).
-- The early load is silent (`llama_log.quiet`): llama-cpp-python sends its
-  own loads' output to /dev/null, and a failure is reported by loading again
-  the regular way, which gives llama.cpp's own error line as always.
-- The GIL switch interval is 0.5 ms while the early load runs (back to what
-  it was when it ends). llama.cpp calls into Python throughout a load (each
-  log line, the progress), and every call waits for the GIL: at the default
-  5 ms the importing main thread held the load back for as long as it ran,
-  and the overlap saved next to nothing.
+- The GIL switch interval is 0.5 ms while any early load runs, and back to
+  what it was when the last one ends (unless someone else changed it
+  meanwhile). llama.cpp calls into Python throughout a load (each log line,
+  the progress), and every call waits for the GIL: at the default 5 ms the
+  importing main thread held the load back for as long as it ran, and the
+  overlap saved next to nothing.
 - Best effort: anything unexpected (a llama-cpp-python that imports in
   another order, a model kind with no file) means no early load, and the
   regular one runs.
@@ -65,6 +73,20 @@ _NOT_COMPARED = ("progress_callback", "progress_callback_user_data")
 _lock = threading.Lock()
 _pending: "EarlyLoad | None" = None
 """The early load a `llama_model_load_from_file` may take (one at a time)."""
+_running = 0
+"""Early loads whose thread runs, under `_lock`: the switch interval is short while any does."""
+_saved_interval = 0.0
+
+
+def _fast_switching(on: bool) -> None:
+    global _running, _saved_interval
+    with _lock:
+        _running += 1 if on else -1
+        if on and _running == 1:
+            _saved_interval = sys.getswitchinterval()
+            sys.setswitchinterval(min(_saved_interval, SWITCH_INTERVAL_S))
+        elif not on and _running == 0 and sys.getswitchinterval() == min(_saved_interval, SWITCH_INTERVAL_S):
+            sys.setswitchinterval(_saved_interval)
 
 
 class EarlyLoad:
@@ -72,37 +94,51 @@ class EarlyLoad:
         self.spec = spec
         self.outcome = "none"
         self.progress: Progress | None = None
+        self.path = b""
         self._hook: _WhenBindingsImported | None = None
         self._params: Any = None
-        self._path = b""
         self._model: Any = None
+        self._lines: list[tuple[int, bytes]] = []
         self._thread: threading.Thread | None = None
+        self._done = threading.Lock()
+        """Guards `_model` between `take()` and `close()`: exactly one of them gets it."""
         self._callback: Any = None  # kept referenced: llama.cpp holds the pointer
-        self._quiet: Callable[[], Any] = contextlib.nullcontext
+        self._llama_log: Any = None
         self._abandoned = False
         """Set by `close()`: the progress callback then stops a load still running."""
 
     # -- starting --------------------------------------------------------
-    def start(self, bindings: Any) -> None:
-        """Start the load with llama-cpp-python's bindings module (never raises)."""
+    def start(self, bindings: Any, how: str) -> None:
+        """Start the load with llama-cpp-python's bindings module (never raises
+        but for an interrupt)."""
         global _pending
         try:
             self._prepare(bindings)
+            with _lock:
+                if _pending is not None:
+                    return
+            load = _wrap_loader(bindings)
+            # Not a daemon: a process that ended with the load still in
+            # llama.cpp crashed in the interpreter's shutdown (SIGSEGV, 1 run
+            # in 5), so shutdown waits for it; `close()` makes it stop.
+            thread = threading.Thread(target=self._load, args=(bindings, load), name="early-load")
         except Exception as exc:  # noqa: BLE001 - an early load is an optimisation only
-            log.debug("no early load: %s", exc)
+            log.debug("no early model load: %s", exc)
             return
+        _fast_switching(True)
+        try:
+            thread.start()
+        except BaseException as exc:
+            _fast_switching(False)
+            if not isinstance(exc, Exception):
+                raise
+            log.debug("no early model load: %s", exc)
+            return
+        self._thread = thread  # started before it is published: take() joins it
         with _lock:
-            if _pending is not None:
-                return
-            _pending = self
-        load = _wrap_loader(bindings)
-        interval = sys.getswitchinterval()
-        sys.setswitchinterval(min(interval, SWITCH_INTERVAL_S))
-        # Not a daemon: a process that ended with the load still in llama.cpp
-        # crashed in the interpreter's shutdown (SIGSEGV, 1 run in 5), so
-        # shutdown waits for it; `close()` first makes it stop early.
-        self._thread = threading.Thread(target=self._load, args=(bindings, load, interval), name="early-load")
-        self._thread.start()
+            if _pending is None:
+                _pending = self
+        log.debug("early model load started (%s)", how)
 
     def _prepare(self, bindings: Any) -> None:
         # Imported here: these import llama_cpp, which by now is either
@@ -114,10 +150,10 @@ class EarlyLoad:
 
         from chatterm.core.engine.local import llama_log, offload
 
-        self._path = str(self.spec.gguf_file()).encode("utf-8")
+        self.path = str(self.spec.gguf_file()).encode("utf-8")
         plan = offload.plan_offload(self.spec, bool(bindings.llama_supports_gpu_offload()))
         llama_log.install()
-        self._quiet = llama_log.quiet
+        self._llama_log = llama_log
         self._params = llama_model_params(bindings, plan.n_gpu_layers)
 
         def on_progress(value: float, _user_data: Any) -> bool:
@@ -126,26 +162,29 @@ class EarlyLoad:
         self._callback = bindings.llama_progress_callback(on_progress)
         self._params.progress_callback = self._callback
 
-    def _load(self, bindings: Any, load: Callable[[bytes, Any], Any], interval: float) -> None:
+    def _load(self, bindings: Any, load: Callable[[bytes, Any], Any]) -> None:
         try:
-            with self._quiet():
+            with self._llama_log.held() as self._lines:
                 bindings.llama_backend_init()
-                self._model = load(self._path, self._params)
-        except Exception as exc:  # noqa: BLE001 - the regular load reports
-            log.debug("early load failed: %s", exc)
+                self._model = load(self.path, self._params)
+        except Exception as exc:  # noqa: BLE001 - the model stays None: a failed load
+            log.debug("early model load failed: %s", exc)
         finally:
-            sys.setswitchinterval(interval)
+            _fast_switching(False)
 
     # -- taking ----------------------------------------------------------
-    def matches(self, path: bytes, params: Any) -> bool:
-        return path == self._path and same_params(params, self._params)
+    def matches(self, params: Any) -> bool:
+        return same_params(params, self._params)
 
     def take(self) -> Any:
-        """The loaded model (None when the load failed), once it is done."""
+        """The load's result once it is done: the model, or None when it failed.
+        Its log lines are logged here, by the thread that loads."""
         assert self._thread is not None
         self._thread.join()
-        model, self._model = self._model, None
-        # Not logged here: this runs while llama-cpp-python has fd 2 at /dev/null.
+        with self._done:
+            model, self._model = self._model, None
+            lines, self._lines = self._lines, []
+        self._llama_log.replay(lines)
         self.outcome = "taken" if model is not None else "failed"
         return model
 
@@ -165,13 +204,15 @@ class EarlyLoad:
         with _lock:
             if _pending is self:
                 _pending = None
-        if self._thread is None:
+        thread, self._thread = self._thread, None
+        if thread is None:
             return
-        self._thread.join()
-        self._thread = None
-        if self._model is not None:
-            sys.modules["llama_cpp.llama_cpp"].llama_model_free(self._model)
-            self._model = None
+        thread.join()
+        with self._done:
+            model, self._model = self._model, None
+            self._lines = []
+        if model is not None:
+            sys.modules["llama_cpp.llama_cpp"].llama_model_free(model)
             self.outcome = "unused"
         elif self.outcome == "none":
             self.outcome = "failed"
@@ -228,15 +269,13 @@ def _wrap_loader(bindings: Any) -> Callable[[bytes, Any], Any]:
     def load_from_file(path_model: bytes, params: Any) -> Any:
         global _pending
         with _lock:
-            early = _pending
-            if early is not None and early.matches(path_model, params):
+            early = _pending if _pending is not None and _pending.path == path_model else None
+            if early is not None:
                 _pending = None
-            else:
-                early = None
         if early is not None:
-            model = early.take()
-            if model is not None:
-                return model
+            if early.matches(params):
+                return early.take()
+            early.close()  # another load of its file: free the early copy first
         return original(path_model, params)
 
     load_from_file.unwrapped = original  # type: ignore[attr-defined]
@@ -245,17 +284,21 @@ def _wrap_loader(bindings: Any) -> Callable[[bytes, Any], Any]:
 
 
 class _WhenBindingsImported(importlib.abc.MetaPathFinder):
-    """Finds nothing; starts the early load when `llama_cpp.llama` is looked for."""
+    """Finds nothing; starts the early load the first time `llama_cpp.llama`
+    is looked for. It leaves `sys.meta_path` alone while the import system
+    walks it (a finder removed mid-walk makes it skip the next one): `unhook`
+    removes it afterwards."""
 
     def __init__(self, early: EarlyLoad):
         self.early = early
+        self.fired = False
 
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
-        if name == "llama_cpp.llama":
-            self.early.unhook()
+        if name == "llama_cpp.llama" and not self.fired:
+            self.fired = True
             bindings = sys.modules.get("llama_cpp.llama_cpp")
             if bindings is not None:
-                self.early.start(bindings)
+                self.early.start(bindings, "while llama_cpp imports")
         return None
 
 
@@ -264,7 +307,7 @@ def begin(spec: ModelSpec) -> EarlyLoad:
     early = EarlyLoad(spec)
     if spec.kind == "local":
         if "llama_cpp.llama" in sys.modules:
-            early.start(sys.modules["llama_cpp.llama_cpp"])
+            early.start(sys.modules["llama_cpp.llama_cpp"], "llama_cpp already imported")
         else:
             early._hook = _WhenBindingsImported(early)
             sys.meta_path.insert(0, early._hook)

@@ -869,9 +869,9 @@ class LocalEngine(Engine):
             turn.perf = _perf_counters(llm)
 
     def _close_early(self) -> None:
-        if self._early is not None:
-            self._early.close()  # frees the early model if open_model did not take it
-            self._early = None
+        early, self._early = self._early, None
+        if early is not None:
+            early.close()  # frees the early model if open_model did not take it
 
     def close(self) -> None:
         self._close_early()  # made, never loaded

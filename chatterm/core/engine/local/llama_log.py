@@ -62,17 +62,23 @@ def _emit(level: int, text: str) -> None:
 @llama_cpp.llama_log_callback
 def _callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
     try:
-        if getattr(_state, "quiet", False):
+        held = getattr(_state, "held", None)
+        if held is not None:
+            held.append((level, text))
             return
-        # A model load writes ~2,000 whole DEBUG lines (the tensors, the
-        # vocabulary); dropping them before any work saves 5-8 ms of a load.
-        if level == 1 and text.endswith(b"\n") and not getattr(_state, "pending", ""):
-            if not logger.isEnabledFor(logging.DEBUG):
-                _state.level = logging.DEBUG
-                return
-        _emit(level, text.decode("utf-8", "replace"))
+        _handle(level, text)
     except Exception:  # noqa: BLE001 - never raise into C
         pass
+
+
+def _handle(level: int, text: bytes) -> None:
+    # A model load writes ~2,000 whole DEBUG lines (the tensors, the
+    # vocabulary); dropping them before any work saves 5-8 ms of a load.
+    if level == 1 and text.endswith(b"\n") and not getattr(_state, "pending", ""):
+        if not logger.isEnabledFor(logging.DEBUG):
+            _state.level = logging.DEBUG
+            return
+    _emit(level, text.decode("utf-8", "replace"))
 
 
 class _Collector(logging.Handler):
@@ -101,15 +107,22 @@ def capture_errors() -> Iterator[list[str]]:
 
 
 @contextlib.contextmanager
-def quiet() -> Iterator[None]:
-    """Drop llama.cpp's log lines from this thread while the block runs: an
-    early model load (`early_load`), which is silent as llama-cpp-python's
-    own loads are (their output goes to /dev/null)."""
-    _state.quiet = True
+def held() -> Iterator[list[tuple[int, bytes]]]:
+    """Keep llama.cpp's log lines from this thread, unlogged, while the block
+    runs: an early model load's (`early_load`), which the thread that takes
+    the model `replay`s where a regular load would have logged them."""
+    lines: list[tuple[int, bytes]] = []
+    _state.held = lines
     try:
-        yield
+        yield lines
     finally:
-        _state.quiet = False
+        _state.held = None
+
+
+def replay(lines: list[tuple[int, bytes]]) -> None:
+    """Log lines kept by `held`, in this thread, as if llama.cpp wrote them now."""
+    for level, text in lines:
+        _handle(level, text)
 
 
 def install() -> None:
