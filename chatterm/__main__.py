@@ -1,5 +1,5 @@
 """`python -m chatterm` is the same as the `chatterm` console script."""
 
-from chatterm.cli import main
+from chatterm.entry import main
 
 raise SystemExit(main())

@@ -231,3 +231,26 @@ def test_the_top_level_help_still_lists_every_command(capsys):
         main(["--help"])
     listed = capsys.readouterr().out
     assert all(f"    {name} " in listed for name in COMMAND_MODULES)
+
+
+def test_an_interrupt_while_the_command_line_imports_is_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    from tests.conftest import subprocess_env
+
+    # Ctrl+C during chatterm's own imports (the first ~60 ms of a command),
+    # made deterministic: the import of one of its modules is interrupted.
+    code = (
+        "import importlib.abc, sys\n"
+        "class Interrupt(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'chatterm.core.config.catalog':\n"
+        "            raise KeyboardInterrupt\n"
+        "sys.meta_path.insert(0, Interrupt())\n"
+        "sys.argv = ['chatterm', 'paths']\n"
+        "from chatterm.entry import main\n"
+        "raise SystemExit(main())\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=subprocess_env(tmp_path))
+    assert out.returncode == 130 and out.stderr == "chatterm: interrupted\n", out.stderr
