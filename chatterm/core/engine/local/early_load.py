@@ -150,6 +150,9 @@ class EarlyLoad:
 
         from chatterm.core.engine.local import llama_log, offload
 
+        # Checked (a GGUF's magic), not only resolved: a FIFO or a device
+        # named as the model would block the load's thread, and with it the
+        # interpreter's shutdown, before open_model's own check could refuse it.
         self.path = str(self.spec.gguf_file()).encode("utf-8")
         plan = offload.plan_offload(self.spec, bool(bindings.llama_supports_gpu_offload()))
         llama_log.install()
