@@ -100,6 +100,33 @@ def test_a_failed_early_load_is_silent_and_the_regular_load_names_the_error(ws, 
     assert not [r.getMessage() for r in caplog.records if r.threadName == "early-load"]
 
 
+def test_a_load_nobody_reads_runs_muted_and_a_failed_one_is_named_by_the_regular_load(ws, tmp_path, caplog,
+                                                                                     monkeypatch):
+    from chatterm.core.engine.local import llama_log
+
+    caplog.set_level(logging.DEBUG, logger="llama.cpp")
+    monkeypatch.setattr(llama_log, "unread", lambda: True)  # as in `ask`, where pytest's handlers are not
+    engine = engine_for(ws, ws.catalog.get(None))
+    early = engine._early
+    try:
+        engine.load()
+        assert early.muted and early.outcome == "taken"
+        lines = [r.getMessage() for r in caplog.records if r.name == "llama.cpp"]
+        # None of the model load's; the context made after it logs again.
+        assert not [m for m in lines if "llama_model_loader" in m]
+        assert [m for m in lines if "llama_context" in m]
+    finally:
+        engine.close()
+    truncated_path = tmp_path / "truncated.gguf"
+    truncated_path.write_bytes(ws.catalog.get(None).model_path().read_bytes()[:50_000_000])
+    engine = engine_for(ws, replace(ws.catalog.get(None), id="truncated", source=str(truncated_path)))
+    early = engine._early
+    with pytest.raises(ChattermError) as info:
+        engine.load()
+    assert early.muted and early.outcome == "failed"
+    assert "not within the file bounds" in str(info.value)
+
+
 def test_a_remote_model_has_no_early_load(ws):
     remote = replace(ws.catalog.get(None), id="remote", kind="openai", source="")
     early = begin(remote)
@@ -131,7 +158,8 @@ def test_ask_loads_the_file_while_llama_cpp_python_imports_and_prints_nothing_of
         return result
 
     verbose = ask("-v")
-    assert "early model load started (while llama_cpp imports)" in verbose.stderr
+    # Muted: its lines would go to stderr, where llama-cpp-python drops them.
+    assert "early model load started (while llama_cpp imports, muted)" in verbose.stderr
     assert "early model load: taken" in verbose.stderr
     # Had llama-cpp-python's own log callback replaced chatterm's during the
     # load, the rest of the load's ~1,000 lines would be on stderr.

@@ -85,3 +85,48 @@ def test_the_real_models_aborted_decode_logs_no_error_or_warning(caplog):
         assert [line for line in lines if line[0] >= logging.WARNING] == []
     finally:
         llm.close()
+
+
+def test_lines_are_unread_only_when_every_handler_writes_to_fd_2(monkeypatch, tmp_path):
+    root = logging.getLogger()
+    terminal = logging.StreamHandler(open(2, "w", closefd=False))  # noqa: SIM115 - fd 2 stays open
+    monkeypatch.setattr(llama_log.logger, "handlers", [])
+    monkeypatch.setattr(root, "handlers", [terminal, logging.NullHandler()])
+    assert llama_log.unread()
+    log_file = logging.FileHandler(tmp_path / "launch.log", encoding="utf-8")
+    try:
+        monkeypatch.setattr(root, "handlers", [terminal, log_file])
+        assert not llama_log.unread()
+        monkeypatch.setattr(root, "handlers", [terminal])
+        monkeypatch.setattr(llama_log.logger, "handlers", [log_file])
+        assert not llama_log.unread()
+        monkeypatch.setattr(llama_log.logger, "propagate", False)
+        monkeypatch.setattr(llama_log.logger, "handlers", [terminal])
+        monkeypatch.setattr(root, "handlers", [log_file])  # not reached: the logger does not propagate
+        assert llama_log.unread()
+        with llama_log.capture_errors():  # its collector reads them
+            assert not llama_log.unread()
+    finally:
+        log_file.close()
+
+
+def test_a_muted_load_logs_nothing_and_the_log_is_back_after_it(caplog):
+    import llama_cpp
+
+    from chatterm.core.workspace import Workspace
+
+    caplog.set_level(logging.DEBUG, logger="llama.cpp")
+    llama_log.install()
+    path = str(Workspace.load().catalog.get(None).model_path()).encode()
+    with llama_log.muted(llama_cpp) as lines:
+        model = llama_cpp.llama_model_load_from_file(path, llama_cpp.llama_model_default_params())
+    assert model and lines == []
+    assert not [r for r in caplog.records if r.name == "llama.cpp"]
+    params = llama_cpp.llama_context_default_params()
+    params.n_ctx = 256
+    ctx = llama_cpp.llama_init_from_model(model, params)
+    try:
+        assert ctx and any("llama_context" in r.getMessage() for r in caplog.records if r.name == "llama.cpp")
+    finally:
+        llama_cpp.llama_free(ctx)
+        llama_cpp.llama_model_free(model)

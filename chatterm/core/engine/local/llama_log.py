@@ -5,6 +5,11 @@ verbose=False errors are hidden (docs/engine.md). ggml's current enum is
 NONE=0, DEBUG=1, INFO=2, WARN=3, ERROR=4, CONT=5 (continue the previous line).
 Records go to the "llama.cpp" logger; lines are joined until a newline.
 
+An early model load (`early_load`) whose lines nobody would read (`unread`)
+runs `muted`: llama.cpp then calls a C function instead of Python for each
+of the load's ~1,200 lines, each of which would wait for the GIL that the
+importing main thread holds.
+
 A decode stopped by chatterm's own abort flag (a cancel, or a type-ahead
 prefill making way for the send: `model.AbortFlag`) is expected, so the lines
 llama.cpp writes for it (ERROR: the graph's status 1, GGML_STATUS_ABORTED;
@@ -19,7 +24,7 @@ import ctypes
 import logging
 import re
 import threading
-from typing import Iterator
+from typing import Any, Iterator
 
 import llama_cpp
 
@@ -117,6 +122,51 @@ def held() -> Iterator[list[tuple[int, bytes]]]:
         yield lines
     finally:
         _state.held = None
+
+
+def unread() -> bool:
+    """Whether llama.cpp's lines, logged now, would reach nobody: every
+    handler the "llama.cpp" logger passes them to (or logging's last resort,
+    when none) is a stream on fd 2 or a NullHandler. llama-cpp-python points
+    fd 2 at /dev/null around a load, so a load's lines, logged there (a held
+    load's are replayed there), are lost anyway; a log file or a collector
+    (`capture_errors`) reads them."""
+    handlers: list[logging.Handler] = []
+    node: logging.Logger | None = logger
+    while node is not None:
+        handlers += node.handlers
+        node = node.parent if node.propagate else None
+    for handler in handlers or [logging.lastResort]:
+        if handler is None or isinstance(handler, logging.NullHandler):
+            continue
+        if not isinstance(handler, logging.StreamHandler):
+            return False
+        try:  # a FileHandler is a StreamHandler too: its file is not fd 2
+            if handler.stream.fileno() != 2:
+                return False
+        except (AttributeError, OSError, ValueError):  # no file descriptor: a stream in memory
+            return False
+    return True
+
+
+@contextlib.contextmanager
+def muted(bindings: Any) -> Iterator[list[tuple[int, bytes]]]:
+    """llama.cpp logs nothing, in every thread, while the block runs; then
+    chatterm's callback is back (`install`ed before). Yields the lines kept,
+    none, as `held` does. The callback is llama.cpp's `llama_time_us`: a C
+    function without arguments or side effects, which ignores the three it is
+    passed as C does; where it is not a C function pointer (another
+    llama-cpp-python), nothing is muted."""
+    quiet = bindings.llama_time_us
+    if not isinstance(quiet, ctypes._CFuncPtr):
+        with held() as lines:
+            yield lines
+        return
+    bindings.llama_log_set(ctypes.cast(quiet, bindings.llama_log_callback), ctypes.c_void_p(0))
+    try:
+        yield []
+    finally:
+        bindings.llama_log_set(_callback, ctypes.c_void_p(0))
 
 
 def replay(lines: list[tuple[int, bytes]]) -> None:
