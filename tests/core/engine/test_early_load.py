@@ -127,6 +127,20 @@ def test_a_load_nobody_reads_runs_muted_and_a_failed_one_is_named_by_the_regular
     assert "not within the file bounds" in str(info.value)
 
 
+def test_a_regular_load_reports_its_progress_and_stops_when_told(ws):
+    from chatterm.core.engine.local.model import open_model
+
+    spec = ws.catalog.get(None)
+    seen: list[float] = []
+    opened = open_model(spec, seen.append)  # no early load pending: the regular load
+    opened.llm.close()
+    assert seen and seen == sorted(seen) and max(seen) <= 0.9
+    told: list[float] = []
+    with pytest.raises(ChattermError):
+        open_model(spec, lambda value: told.append(value) or False)  # as a quit during the load answers
+    assert told == [0.0]
+
+
 def test_a_remote_model_has_no_early_load(ws):
     remote = replace(ws.catalog.get(None), id="remote", kind="openai", source="")
     early = begin(remote)

@@ -38,6 +38,10 @@ Contract:
   error line, so the load that wanted it runs again, logged, and names it.
 - `progress` (set by `LocalEngine.load`) gets 0..0.9 from the early load, as
   from a regular one; what the load reports before it is set is not shown.
+- Every other load of a model file that a thread makes inside
+  `reporting(progress)` (`open_model` wraps its `Llama()` in it) reports to
+  that `progress` the same way, through the same wrapper, which sets the
+  parameters' progress callback: llama-cpp-python's `Llama` takes none.
 - `close()` stops a load still running (its progress callback answers
   False) and frees a model nobody took; the engine calls it when its load
   returns and when it closes, `make_engine` when making the engine failed.
@@ -64,7 +68,7 @@ import importlib.abc
 import logging
 import sys
 import threading
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from chatterm.core.config.catalog import ModelSpec
 from chatterm.core.engine.interface import Progress
@@ -79,6 +83,8 @@ _pending: "EarlyLoad | None" = None
 _running = 0
 """Early loads whose thread runs, under `_lock`: the switch interval is short while any does."""
 _saved_interval = 0.0
+_reporting = threading.local()
+"""`callback`: the progress callback of this thread's loads (`reporting`)."""
 
 
 def _fast_switching(on: bool) -> None:
@@ -240,6 +246,24 @@ def forward_progress(progress: Progress | None, value: float) -> bool:
         return True
 
 
+@contextlib.contextmanager
+def reporting(progress: Progress | None) -> Iterator[None]:
+    """Loads of a model file this thread makes while the block runs report
+    to `progress` (`forward_progress`; a False from it stops the load)."""
+    if progress is None:
+        yield
+        return
+    bindings = sys.modules["llama_cpp.llama_cpp"]
+    _wrap_loader(bindings)
+    previous = getattr(_reporting, "callback", None)
+    # Referenced here for the block: llama.cpp holds only the pointer.
+    _reporting.callback = bindings.llama_progress_callback(lambda value, _data: forward_progress(progress, value))
+    try:
+        yield
+    finally:
+        _reporting.callback = previous
+
+
 def llama_model_params(bindings: Any, n_gpu_layers: int) -> Any:
     """The model parameters `llama_cpp.Llama(path, n_gpu_layers=...)` passes
     with its other arguments at their defaults (open_model passes no others)."""
@@ -269,7 +293,9 @@ def same_params(a: Any, b: Any) -> bool:
 
 def _wrap_loader(bindings: Any) -> Callable[[bytes, Any], Any]:
     """Wrap `llama_model_load_from_file` in the bindings module (once), the
-    function llama-cpp-python's `Llama` calls through it; the function it wraps."""
+    function llama-cpp-python's `Llama` calls through it: a load takes the
+    pending early load of its file, or goes on with this thread's progress
+    callback (`reporting`). Returns the function it wraps."""
     current = bindings.llama_model_load_from_file
     original = getattr(current, "unwrapped", None)
     if original is not None:
@@ -288,6 +314,9 @@ def _wrap_loader(bindings: Any) -> Callable[[bytes, Any], Any]:
             elif (model := early.take()) is not None or not early.muted:
                 return model
             # else it failed without a word: this load tells why
+        callback = getattr(_reporting, "callback", None)
+        if callback is not None:
+            params.progress_callback = callback
         return original(path_model, params)
 
     load_from_file.unwrapped = original  # type: ignore[attr-defined]

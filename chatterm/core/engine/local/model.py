@@ -32,28 +32,19 @@ Contract:
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import logging
-import threading
 from dataclasses import dataclass
 
 import llama_cpp
 
 from chatterm.core.config.catalog import ModelSpec
 from chatterm.core.engine.interface import Progress
-from chatterm.core.engine.local import llama_log, offload
-from chatterm.core.engine.local.early_load import forward_progress
+from chatterm.core.engine.local import early_load, llama_log, offload
 from chatterm.core.system.machine import OtherLoad, cpu_name, physical_cores, usable_cpus
 from chatterm.errors import ChattermError
 
 log = logging.getLogger(__name__)
-
-# llama-cpp-python reads llama_model_default_params() inside Llama.__init__ and
-# offers no way to pass a progress callback; we swap the function for the
-# duration of one load, under this lock.
-_params_patch_lock = threading.Lock()
-
 
 @dataclass(frozen=True)
 class OpenedModel:
@@ -76,7 +67,7 @@ def open_model(spec: ModelSpec, progress: Progress | None = None) -> OpenedModel
     cores = physical_cores()
 
     def try_load(n_gpu_layers: int, flash_attn: bool) -> llama_cpp.Llama:
-        with _load_progress(progress):
+        with early_load.reporting(progress):
             return llama_cpp.Llama(
                 str(path),
                 n_ctx=spec.n_ctx,
@@ -188,32 +179,6 @@ class AbortFlag:
     @property
     def is_set(self) -> bool:
         return self._buffer[0] == b"\x01"
-
-
-@contextlib.contextmanager
-def _load_progress(progress: Progress | None):
-    if progress is None:
-        yield
-        return
-
-    @llama_cpp.llama_progress_callback
-    def on_progress(value: float, _user_data) -> bool:
-        # False from the caller (the app is quitting) makes llama.cpp stop loading.
-        return forward_progress(progress, value)
-
-    original = llama_cpp.llama_cpp.llama_model_default_params
-
-    def with_callback():
-        params = original()
-        params.progress_callback = on_progress
-        return params
-
-    with _params_patch_lock:
-        llama_cpp.llama_cpp.llama_model_default_params = with_callback
-        try:
-            yield
-        finally:
-            llama_cpp.llama_cpp.llama_model_default_params = original
 
 
 def _gpu_name() -> str:
