@@ -560,7 +560,7 @@ def test_a_slow_rate_stored_with_a_state_does_not_inflate_a_fresh_process_estima
     kv_dir = tmp_path / "kv"
     first = make_engine(ws, kv_dir=kv_dir)
     # As if the persona had been prefilled while another process kept the CPU busy.
-    first._note_rate = lambda ms, tokens: first._adopt_rate(10_000.0)
+    first._rate.measured = lambda ms, tokens: first._rate.adopt(10_000.0)
     try:
         run_turn(first, persona, "Name a color.")
         first.wait_for_saves()

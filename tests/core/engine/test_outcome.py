@@ -10,6 +10,7 @@ from chatterm.core.engine.interface import PrefixReport
 from chatterm.core.engine.local.outcome import (
     MIN_REUSE,
     Outcome,
+    PrefillRate,
     PreparedPersona,
     Reuse,
     classify,
@@ -103,3 +104,19 @@ def test_a_restore_at_the_switch_that_the_turn_waited_for_is_counted_once():
 )
 def test_nothing_is_saved_without_a_rate_a_real_reuse_or_a_gain(reused, rate, restore, wait):
     assert saved_prefill_ms(reused, rate, restore, wait, False) == 0.0
+
+
+def test_the_prefill_rate_is_the_fastest_known_from_long_enough_prefills_and_stored_rates():
+    rate = PrefillRate()
+    rate.measured(1000.0, MIN_REUSE - 1)  # too short to count
+    rate.measured(50.0, 0)
+    assert rate.ms_per_token is None
+    rate.measured(400.0, 100)
+    assert rate.ms_per_token == 4.0
+    rate.measured(1000.0, 100)  # slower, measured on a busy machine: not adopted
+    rate.adopt(True)
+    rate.adopt("2.0")
+    rate.adopt(-1.0)
+    assert rate.ms_per_token == 4.0
+    rate.adopt(2.5)  # a restored state's, faster
+    assert rate.ms_per_token == 2.5

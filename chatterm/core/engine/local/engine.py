@@ -92,6 +92,7 @@ from chatterm.core.engine.local.early_load import EarlyLoad
 from chatterm.core.engine.local.model import RECHECK_TOKENS, AbortFlag, Threads, open_model
 from chatterm.core.engine.local.outcome import (
     MIN_REUSE,
+    PrefillRate,
     PreparedPersona,
     Reuse,
     classify,
@@ -104,12 +105,6 @@ from chatterm.core.system.file_identity import sha256_of_file
 from chatterm.errors import ChattermError
 
 log = logging.getLogger(__name__)
-
-RATE_MIN_TOKENS = MIN_REUSE
-"""A prefill this long gives a prefill rate for "saved" estimates. Short
-prefills overstate the cost per token, but the fastest rate known is kept, and
-a first use of a short persona must still have an estimate."""
-
 
 def _perf_counters(llm: llama_cpp.Llama) -> dict[str, float]:
     """llama.cpp's own counters for the context since its last perf reset."""
@@ -159,9 +154,8 @@ class LocalEngine(Engine):
         """Who holds the context, and how a turn or a cancel makes it let go."""
         self._ahead = TypeAhead(self._gate.turn_waiting)
         self._cache_warned = False
-        self._prefill_ms_per_token: float | None = None
-        """The fastest prefill rate known (ms per token), for "saved" estimates:
-        measured here, or stored with a state restored from the cache."""
+        self._rate = PrefillRate()
+        """The fastest prefill rate known, for "saved" estimates."""
         self._device_name = ""
         """The GPU or CPU name, worked out once at load (a GPU probe is not free)."""
         self._anchor = ""
@@ -376,7 +370,7 @@ class LocalEngine(Engine):
                         reason = "the memory refused to shift"
                 if reason is None and kv_state.trim(llm, shared):
                     ms = (time.perf_counter() - t0) * 1000.0 - shift_ms
-                    self._adopt_rate(entry.info.get("prefill_ms_per_token"))
+                    self._rate.adopt(entry.info.get("prefill_ms_per_token"))
                     return Reuse(entry.tier, llm.n_tokens, entry.slot, ms, misses, entry.info, shifted, shift_ms)
                 reason = reason or "the memory cannot drop a suffix"
                 misses.append(f"{entry.slot.label} ({entry.tier}): rejected: {reason}")
@@ -405,28 +399,14 @@ class LocalEngine(Engine):
             return 0, 0.0
         return after[0], (time.perf_counter() - t0) * 1000.0
 
-    def _note_rate(self, ms: float, tokens: int) -> None:
-        """Keep the fastest prefill rate seen: one measured on a busy machine must
-        not inflate the "saved" estimates."""
-        if tokens >= RATE_MIN_TOKENS and ms > 0:
-            self._adopt_rate(ms / tokens)
-
-    def _adopt_rate(self, rate: Any) -> None:
-        """Keep `rate` (ms per token) if it is the fastest known; a restored
-        state's stored rate gives a fresh process an estimate before it has
-        prefilled anything long."""
-        if isinstance(rate, (int, float)) and not isinstance(rate, bool) and rate > 0:
-            known = self._prefill_ms_per_token
-            self._prefill_ms_per_token = float(rate) if known is None else min(known, float(rate))
-
     def _keep(self, slot: Slot, info: dict[str, Any]) -> None:
         """Capture the live context as `slot`'s entry: RAM now, disk in the background."""
         llm = self.llm
         assert llm is not None and self.kv_cache is not None
         state = kv_state.capture(llm)
         info = {**info, "state_size": state.nbytes}
-        if self._prefill_ms_per_token is not None:
-            info.setdefault("prefill_ms_per_token", self._prefill_ms_per_token)
+        if self._rate.ms_per_token is not None:
+            info.setdefault("prefill_ms_per_token", self._rate.ms_per_token)
         self.kv_cache.put(self.spec.id, slot, state.tokens, state.payload, self._compat, info)
 
     def _prefill(self, tokens: list[int], turn: Turn | None = None, done_before: int = 0,
@@ -454,7 +434,7 @@ class LocalEngine(Engine):
 
         self._threads.apply()
         result = kv_state.prefill(llm, tokens, on_progress, _StopFlag(turn) if turn is not None else None)
-        self._note_rate(result.ms, result.done)
+        self._rate.measured(result.ms, result.done)
         return result
 
     def _ensure_persona(
@@ -745,7 +725,7 @@ class LocalEngine(Engine):
         # process would otherwise have only the rate stored with the restored
         # state, which may have been measured while the machine was busy.
         m.saved_prefill_ms = saved_prefill_ms(
-            m.reused_tokens, self._prefill_ms_per_token, m.restore_ms, m.wait_ms, m.restore_at_switch
+            m.reused_tokens, self._rate.ms_per_token, m.restore_ms, m.wait_ms, m.restore_at_switch
         )
         notice = self.cache_notice()
         if notice:

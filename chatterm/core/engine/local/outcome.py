@@ -17,6 +17,9 @@ Contract:
 - `saved_prefill_ms(...)` is the prefill time the reuse saved: the reused
   tokens at the fastest prefill rate known, net of what the turn spent getting
   them; 0 when no rate is known or fewer than MIN_REUSE tokens were reused.
+- `PrefillRate` is that fastest rate: the fastest of the prefills of at
+  least MIN_REUSE tokens measured (`measured`) and of the rates stored with
+  the states restored (`adopt`).
 """
 
 from __future__ import annotations
@@ -125,3 +128,29 @@ def saved_prefill_ms(
     restore = restore_ms or 0.0
     spent = max(wait_ms, restore) if restore_at_switch else wait_ms + restore
     return max(reused_tokens * ms_per_token - spent, 0.0)
+
+
+class PrefillRate:
+    """The fastest prefill rate known, in ms per token (None: none yet). The
+    fastest, not the latest: one measured while another process kept the CPU
+    busy must not inflate the "saved" estimates. A prefill this short
+    overstates the cost per token, but a first use of a short persona must
+    still give an estimate."""
+
+    MIN_TOKENS = MIN_REUSE
+
+    def __init__(self) -> None:
+        self.ms_per_token: float | None = None
+
+    def measured(self, ms: float, tokens: int) -> None:
+        """A prefill of `tokens` took `ms`."""
+        if tokens >= self.MIN_TOKENS and ms > 0:
+            self.adopt(ms / tokens)
+
+    def adopt(self, rate: Any) -> None:
+        """A rate from elsewhere (a restored state's `prefill_ms_per_token`,
+        which gives a fresh process an estimate before it has prefilled
+        anything long); anything but a positive number is ignored."""
+        if isinstance(rate, (int, float)) and not isinstance(rate, bool) and rate > 0:
+            known = self.ms_per_token
+            self.ms_per_token = float(rate) if known is None else min(known, float(rate))
