@@ -141,6 +141,59 @@ def test_a_regular_load_reports_its_progress_and_stops_when_told(ws):
     assert told == [0.0]
 
 
+def test_the_progress_callback_is_the_loading_thread_s_own(ws):
+    path = str(ws.catalog.get(None).model_path()).encode()
+
+    def load_here(into: list[bool]) -> None:
+        params = llama_cpp.llama_model_default_params()
+        params.vocab_only = True
+        model = llama_cpp.llama_cpp.llama_model_load_from_file(path, params)  # the name `Llama` calls
+        into.append(bool(params.progress_callback))
+        llama_cpp.llama_model_free(model)
+
+    mine: list[bool] = []
+    other: list[bool] = []
+    with early_module.reporting(lambda value: True):
+        thread = threading.Thread(target=load_here, args=(other,))
+        thread.start()
+        thread.join()
+        load_here(mine)
+    assert mine == [True] and other == [False]
+
+
+def test_a_load_of_another_file_waits_for_a_muted_early_load(ws, tmp_path, monkeypatch):
+    from chatterm.core.engine.local import llama_log
+
+    monkeypatch.setattr(llama_log, "unread", lambda: True)
+    spec = ws.catalog.get(None)
+    early = begin(spec)
+    other = tmp_path / "other.gguf"
+    other.symlink_to(spec.model_path())  # another path: not the early load's
+    try:
+        params = llama_cpp.llama_model_default_params()
+        params.vocab_only = True
+        model = llama_cpp.llama_cpp.llama_model_load_from_file(str(other).encode(), params)
+        # Its lines (an error's, say) could not have fallen into the mute.
+        assert early.muted and not early._thread.is_alive()
+        llama_cpp.llama_model_free(model)
+    finally:
+        early.close()
+
+
+def test_a_load_with_layers_on_a_gpu_is_never_muted(ws, monkeypatch):
+    # Its usual failure, out of GPU memory, would be reached twice: muted, then to be named.
+    from chatterm.core.engine.local import llama_log, offload
+
+    monkeypatch.setattr(llama_log, "unread", lambda: True)
+    real_plan = offload.plan_offload
+    monkeypatch.setattr(offload, "plan_offload", lambda spec, gpu: replace(real_plan(spec, gpu), n_gpu_layers=-1))
+    early = begin(ws.catalog.get(None))
+    try:
+        assert early._thread is not None and not early.muted
+    finally:
+        early.close()
+
+
 def test_a_remote_model_has_no_early_load(ws):
     remote = replace(ws.catalog.get(None), id="remote", kind="openai", source="")
     early = begin(remote)

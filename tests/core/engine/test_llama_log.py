@@ -110,6 +110,32 @@ def test_lines_are_unread_only_when_every_handler_writes_to_fd_2(monkeypatch, tm
         log_file.close()
 
 
+def test_lines_are_unread_through_logging_s_last_resort_and_read_by_anything_else(monkeypatch):
+    import io
+    import sys
+
+    terminal = open(2, "w", closefd=False)  # noqa: SIM115 - fd 2 stays open
+    monkeypatch.setattr(sys, "stderr", terminal)
+    monkeypatch.setattr(llama_log.logger, "handlers", [])
+    monkeypatch.setattr(logging.getLogger(), "handlers", [])
+    assert llama_log.unread()  # no handler: logging's last resort, on sys.stderr
+    monkeypatch.setattr(sys, "stderr", io.StringIO())
+    assert not llama_log.unread()  # ... which now keeps what it is given
+    monkeypatch.setattr(sys, "stderr", terminal)
+
+    class Tee(io.TextIOWrapper):
+        """fd 2, and somewhere else too."""
+
+    class Forwarding(logging.StreamHandler):
+        """A handler of its own kind might send lines anywhere."""
+
+    tee = Tee(open(2, "wb", closefd=False))  # noqa: SIM115
+    monkeypatch.setattr(logging.getLogger(), "handlers", [logging.StreamHandler(tee)])
+    assert not llama_log.unread()
+    monkeypatch.setattr(logging.getLogger(), "handlers", [Forwarding(terminal)])
+    assert not llama_log.unread()
+
+
 def test_a_muted_load_logs_nothing_and_the_log_is_back_after_it(caplog):
     import llama_cpp
 
@@ -118,9 +144,9 @@ def test_a_muted_load_logs_nothing_and_the_log_is_back_after_it(caplog):
     caplog.set_level(logging.DEBUG, logger="llama.cpp")
     llama_log.install()
     path = str(Workspace.load().catalog.get(None).model_path()).encode()
-    with llama_log.muted(llama_cpp) as lines:
+    with llama_log.muted(llama_cpp) as quiet:
         model = llama_cpp.llama_model_load_from_file(path, llama_cpp.llama_model_default_params())
-    assert model and lines == []
+    assert model and quiet
     assert not [r for r in caplog.records if r.name == "llama.cpp"]
     params = llama_cpp.llama_context_default_params()
     params.n_ctx = 256

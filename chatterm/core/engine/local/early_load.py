@@ -33,9 +33,11 @@ Contract:
   line, and a log file still gets the load's lines while the terminal, as
   for a regular load (llama-cpp-python points fd 2 at /dev/null there), does
   not. When nobody would read them (`llama_log.unread`: `chatterm ask`
-  without a log file) the load runs `llama_log.muted` instead, about 25 ms
-  sooner on the reference machine; a muted load that failed has logged no
-  error line, so the load that wanted it runs again, logged, and names it.
+  without a log file) and no layer goes to a GPU, the load runs
+  `llama_log.muted` instead, about 25 ms sooner on the reference machine; a
+  muted load that failed has logged no error line, so the load that wanted
+  it runs again, logged, and names it. The mute is process-wide, so a load
+  of another file waits for it to end.
 - `progress` (set by `LocalEngine.load`) gets 0..0.9 from the early load, as
   from a regular one; what the load reports before it is set is not shown.
 - Every other load of a model file that a thread makes inside
@@ -109,7 +111,8 @@ class EarlyLoad:
         self._model: Any = None
         self._lines: list[tuple[int, bytes]] = []
         self.muted = False
-        """The load logs nothing (`llama_log.muted`): nobody would read its lines."""
+        """The load logs nothing (`llama_log.muted`): nobody would read its lines.
+        Set before its thread starts; whether it was, once the thread has ended."""
         self._thread: threading.Thread | None = None
         self._done = threading.Lock()
         """Guards `_model` between `take()` and `close()`: exactly one of them gets it."""
@@ -168,7 +171,10 @@ class EarlyLoad:
         plan = offload.plan_offload(self.spec, bool(bindings.llama_supports_gpu_offload()))
         llama_log.install()
         self._llama_log = llama_log
-        self.muted = llama_log.unread()
+        # Only on the CPU: a load that fails muted is loaded again to be named,
+        # and a GPU load's usual failure (out of memory) is slow to reach;
+        # a CPU load fails fast (a damaged file).
+        self.muted = plan.n_gpu_layers == 0 and llama_log.unread()
         self._params = llama_model_params(bindings, plan.n_gpu_layers)
 
         def on_progress(value: float, _user_data: Any) -> bool:
@@ -179,8 +185,8 @@ class EarlyLoad:
 
     def _load(self, bindings: Any, load: Callable[[bytes, Any], Any]) -> None:
         try:
-            lines = self._llama_log.muted(bindings) if self.muted else self._llama_log.held()
-            with lines as self._lines:
+            quiet = self._llama_log.muted(bindings) if self.muted else contextlib.nullcontext(False)
+            with quiet as self.muted, self._llama_log.held() as self._lines:  # muted: none are held
                 bindings.llama_backend_init()
                 self._model = load(self.path, self._params)
         except Exception as exc:  # noqa: BLE001 - the model stays None: a failed load
@@ -203,6 +209,12 @@ class EarlyLoad:
         self._llama_log.replay(lines)
         self.outcome = "taken" if model is not None else "failed"
         return model
+
+    def wait(self) -> None:
+        """Until the load's thread has ended (at once when it never ran)."""
+        thread = self._thread
+        if thread is not None:
+            thread.join()
 
     def unhook(self) -> None:
         """Remove the import hook: llama_cpp is imported, so it fired or never will."""
@@ -305,9 +317,12 @@ def _wrap_loader(bindings: Any) -> Callable[[bytes, Any], Any]:
     def load_from_file(path_model: bytes, params: Any) -> Any:
         global _pending
         with _lock:
-            early = _pending if _pending is not None and _pending.path == path_model else None
+            pending = _pending
+            early = pending if pending is not None and pending.path == path_model else None
             if early is not None:
                 _pending = None
+        if early is None and pending is not None and pending.muted:
+            pending.wait()  # its mute is process-wide: this load's error line must not fall in it
         if early is not None:
             if not early.matches(params):
                 early.close()  # another load of its file: free the early copy first

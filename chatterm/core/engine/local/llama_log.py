@@ -5,8 +5,8 @@ verbose=False errors are hidden (docs/engine.md). ggml's current enum is
 NONE=0, DEBUG=1, INFO=2, WARN=3, ERROR=4, CONT=5 (continue the previous line).
 Records go to the "llama.cpp" logger; lines are joined until a newline.
 
-An early model load (`early_load`) whose lines nobody would read (`unread`)
-runs `muted`: llama.cpp then calls a C function instead of Python for each
+An early model load (`early_load`) on the CPU whose lines nobody would read
+(`unread`) runs `muted`: llama.cpp then calls a C function instead of Python for each
 of the load's ~1,200 lines, each of which would wait for the GIL that the
 importing main thread holds.
 
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import io
 import logging
 import re
 import threading
@@ -127,44 +128,43 @@ def held() -> Iterator[list[tuple[int, bytes]]]:
 def unread() -> bool:
     """Whether llama.cpp's lines, logged now, would reach nobody: every
     handler the "llama.cpp" logger passes them to (or logging's last resort,
-    when none) is a stream on fd 2 or a NullHandler. llama-cpp-python points
-    fd 2 at /dev/null around a load, so a load's lines, logged there (a held
-    load's are replayed there), are lost anyway; a log file or a collector
-    (`capture_errors`) reads them."""
+    when none) is a NullHandler or a plain StreamHandler on a plain file
+    object on fd 2. llama-cpp-python points fd 2 at /dev/null around a load,
+    so a load's lines, logged there (a held load's are replayed there), are
+    lost anyway; a log file, a collector (`capture_errors`) or any handler or
+    stream of another kind (which might also send them elsewhere) reads them."""
     handlers: list[logging.Handler] = []
     node: logging.Logger | None = logger
     while node is not None:
         handlers += node.handlers
         node = node.parent if node.propagate else None
     for handler in handlers or [logging.lastResort]:
-        if handler is None or isinstance(handler, logging.NullHandler):
+        if handler is None or type(handler) is logging.NullHandler:
             continue
-        if not isinstance(handler, logging.StreamHandler):
+        if type(handler) not in (logging.StreamHandler, type(logging.lastResort)):
             return False
-        try:  # a FileHandler is a StreamHandler too: its file is not fd 2
-            if handler.stream.fileno() != 2:
-                return False
-        except (AttributeError, OSError, ValueError):  # no file descriptor: a stream in memory
+        stream = handler.stream
+        if type(stream) is not io.TextIOWrapper or stream.closed or stream.fileno() != 2:
             return False
     return True
 
 
 @contextlib.contextmanager
-def muted(bindings: Any) -> Iterator[list[tuple[int, bytes]]]:
+def muted(bindings: Any) -> Iterator[bool]:
     """llama.cpp logs nothing, in every thread, while the block runs; then
-    chatterm's callback is back (`install`ed before). Yields the lines kept,
-    none, as `held` does. The callback is llama.cpp's `llama_time_us`: a C
-    function without arguments or side effects, which ignores the three it is
-    passed as C does; where it is not a C function pointer (another
-    llama-cpp-python), nothing is muted."""
-    quiet = bindings.llama_time_us
+    chatterm's callback is back (`install`ed before). Yields whether it is
+    muted: not where `llama_max_devices`, the callback, is not a C function
+    pointer (another llama-cpp-python). That is a C function that takes no
+    arguments and returns a constant: called as the three-argument callback,
+    it ignores them, as every caller-cleans-up calling convention llama.cpp
+    is built for (x86-64 System V and Windows, AArch64) allows."""
+    quiet = bindings.llama_max_devices
     if not isinstance(quiet, ctypes._CFuncPtr):
-        with held() as lines:
-            yield lines
+        yield False
         return
     bindings.llama_log_set(ctypes.cast(quiet, bindings.llama_log_callback), ctypes.c_void_p(0))
     try:
-        yield []
+        yield True
     finally:
         bindings.llama_log_set(_callback, ctypes.c_void_p(0))
 
