@@ -453,7 +453,8 @@ class ChatSession(Horizontal):
             notify_plain(self.app, event.error or "fork failed", title="Fork failed", severity="error")
             return
         self._remember_current()
-        await self._open_session(event.session_id, f"Fork of session {event.parent}")
+        if await self._open_session(event.session_id, f"Fork of session {event.parent}"):
+            self.chat.focus_prompt()  # the user carries on writing there
 
     # -- switching the model (the picker: ui/models_screen.py loads it) ----------------
     def use_model(self, spec: "ModelSpec", engine: "Engine", device: "DeviceInfo", *, carry_on: bool) -> None:

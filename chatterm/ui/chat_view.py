@@ -581,6 +581,12 @@ class ChatView(Vertical):
         prompt.focus()
         self.set_status("editing your message: Enter sends it as a new branch · Esc cancels")
 
+    def focus_prompt(self) -> None:
+        """Put the focus in the prompt: a view change the user did not type
+        into (a fork opened) would otherwise leave the conversation's
+        single-letter keys to take what they type next."""
+        self.query_one(PromptArea).focus()
+
     def cancel_edit(self) -> bool:
         """Esc while editing: drop the edit (the message stays as it was). False when not editing."""
         if self._editing is None:

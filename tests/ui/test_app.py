@@ -462,7 +462,7 @@ async def test_the_dashboard_scrolls_from_the_keyboard_at_80x24(build):
         await send(pilot, "Hi")
         dashboard = app.query_one(Dashboard)
         assert dashboard.max_scroll_y > 0  # most of it is below the fold here
-        for _ in range(3):  # prompt -> conversation -> dashboard
+        for _ in range(3):  # prompt -> dashboard
             if app.focused is dashboard:
                 break
             await pilot.press("tab")
@@ -470,6 +470,23 @@ async def test_the_dashboard_scrolls_from_the_keyboard_at_80x24(build):
         await pilot.press("end")
         await pilot.pause()
         assert dashboard.scroll_y == dashboard.max_scroll_y > 0
+
+
+async def test_tab_moves_the_focus_in_the_order_the_help_gives(build):
+    from chatterm.ui.dashboard import Dashboard
+    from chatterm.ui.prompt import PromptArea
+    from chatterm.ui.screens import HELP_KEYS
+
+    app, _ = build(["Fine."])
+    async with app.run_test(size=(120, 40)) as pilot:
+        await loaded(pilot)
+        app.query_one(PromptArea).focus()
+        seen = []
+        for _ in range(3):
+            await pilot.press("tab")
+            seen.append(app.focused)
+        assert seen == [app.query_one(Dashboard), app.query_one("#conversation"), app.query_one(PromptArea)]
+        assert "prompt → dashboard → conversation" in dict(HELP_KEYS)["Tab / Shift+Tab"]
 
 
 async def test_a_message_waiting_for_the_persona_prefill_shows_its_progress(build):

@@ -12,6 +12,7 @@ from textual.widgets import DataTable, Input, OptionList
 
 from chatterm.core.store.session_store import SessionStore
 from chatterm.ui.chat_view import TurnPhase
+from chatterm.ui.prompt import PromptArea
 from chatterm.ui.screens import PersonaPicker
 from chatterm.ui.sessions_screen import TITLE_CELL, ConfirmScreen, RenameScreen, SessionsScreen
 from chatterm.ui.transcript import AssistantReply, Notice, UserMessage
@@ -186,6 +187,8 @@ async def test_fork_from_a_turn_continues_with_its_history(build, store):
                        what="the fork")
         await wait_for(pilot, lambda: len(app.conversation.history) == 4, what="its history")
         assert users(app) == ["one", "two"]
+        # What the user types next goes to the prompt, not to the conversation's letter keys.
+        await wait_for(pilot, lambda: isinstance(app.focused, PromptArea), what="the prompt's focus")
         await send(pilot, "four")
         assert [m.content for m in engines[0].received[-1][1]] == ["one", "Echo: one", "two", "Echo: two"]
         assert [r.user_text for r in store.turns(parent)] == ["one", "two", "three"]
