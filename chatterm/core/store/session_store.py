@@ -108,14 +108,18 @@ class SessionStore:
         self.write_error: str | None = None
         """Why the first refused write failed (None while every write succeeded)."""
         self._notice_given = False
-        if self.path.is_dir():
+        try:
+            is_dir, existed = self.path.is_dir(), self.path.exists()
+        except OSError as exc:  # a name too long for the file system, a looping link
+            raise ChattermError(f"cannot open {self.path}: {exc.strerror or exc}") from None
+        if is_dir:
             # Checked first: SQLite's words for a folder depend on the mode
             # ("disk I/O error" read-only, "unable to open database file" else).
             raise ChattermError(
                 f"{self.path} is a directory, not a database file; pass --db {self.path / 'chatterm.db'} "
                 "to keep the database in it"
             )
-        if readonly and not self.path.exists():
+        if readonly and not existed:
             return  # nothing stored yet; reading gives empty results
         try:
             self._conn = opening.connect(self.path, readonly)
@@ -124,6 +128,11 @@ class SessionStore:
         except sqlite3.Error as exc:
             self.close()
             name = getattr(exc, "sqlite_errorname", "")
+            if not existed:  # SQLite could not make it: no file to blame
+                raise ChattermError(
+                    f"cannot create {self.path}: {exc} (is its folder {self.path.parent} writable, "
+                    "and is there room on the disk?)"
+                ) from None
             if name.startswith(_ENVIRONMENT_ERRORS):
                 # The file may be fine: the disk or the folder is the problem.
                 raise ChattermError(

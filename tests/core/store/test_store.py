@@ -302,6 +302,30 @@ def test_unopenable_path_is_named(tmp_path):
             SessionStore(tmp_path, readonly=readonly)
 
 
+def test_a_database_sqlite_cannot_create_blames_the_folder_not_a_file_that_is_not_there(tmp_path, monkeypatch):
+    # What SQLite raises for a new file in a folder it may not write to (as
+    # root, which these tests may run as, no folder refuses it: so raised here).
+    def cannot_open(*args, **kwargs):
+        error = sqlite3.OperationalError("unable to open database file")
+        error.sqlite_errorname = "SQLITE_CANTOPEN"
+        raise error
+
+    monkeypatch.setattr(sqlite3, "connect", cannot_open)
+    path = tmp_path / "chatterm.db"
+    with pytest.raises(ChattermError) as info:
+        SessionStore(path)
+    message = str(info.value)
+    assert message.startswith(f"cannot create {path}: ") and f"is its folder {tmp_path} writable" in message
+    assert "not a usable chatterm database" not in message
+
+
+def test_a_database_name_too_long_for_the_file_system_is_one_error(tmp_path):
+    path = tmp_path / ("x" * 300 + ".db")
+    with pytest.raises(ChattermError, match=f"^cannot open {path}: File name too long"):
+        SessionStore(path)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_numbers_from_c_libraries_are_stored(tmp_path):
     """sqlite3 would store numpy and ctypes numbers as BLOBs (buffer protocol)."""
     import ctypes
