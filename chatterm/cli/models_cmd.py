@@ -1,5 +1,6 @@
-"""`chatterm models`: the GGUFs already on this machine (Ollama, LM Studio, the
-Hugging Face cache, models.toml's `model_folders`), one row a model.
+"""`chatterm models`: the GGUFs already on this machine (the models models.toml
+defines, the default one among them, then Ollama, LM Studio, the Hugging Face
+cache and models.toml's `model_folders`), one row a model.
 
 Each row: the id `--model` takes, architecture, parameters, quantization,
 file size, trained context, chat template, KV bytes per token, whether it
@@ -20,25 +21,28 @@ from pathlib import Path
 
 from chatterm.cli.common import catalog
 from chatterm.core.discovery.fit import BUDGET_SHARE, machine_memory
-from chatterm.core.discovery.listing import list_models, store_roots
+from chatterm.core.discovery.listing import configured, list_models, store_roots
 from chatterm.core.discovery.row_text import COLUMNS, cells, memory_label, where
 from chatterm.core.metrics.format import printable
 
 
 def register(sub, common) -> None:
     p = sub.add_parser(
-        "models", parents=[common], help="list the GGUF models on this machine (Ollama, LM Studio, HF cache)",
-        description="List the GGUF models Ollama, LM Studio and the Hugging Face cache keep on this machine, "
-        "and those in models.toml's [defaults] model_folders. Each id works as --model.",
+        "models", parents=[common],
+        help="list the GGUF models on this machine (models.toml, Ollama, LM Studio, HF cache)",
+        description="List the GGUF models models.toml defines (the default one among them), those Ollama, "
+        "LM Studio and the Hugging Face cache keep on this machine, and those in models.toml's [defaults] "
+        "model_folders. Each id works as --model.",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object (memory and every row)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    folders = [Path(f) for f in catalog(args).defaults.model_folders]
+    models = catalog(args)
+    folders = [Path(f) for f in models.defaults.model_folders]
     memory = machine_memory()
-    rows = list_models(folders, memory=memory)
+    rows = list_models(folders, memory=memory, configured=configured(models))
     roots = store_roots()
     if args.json:
         print(json.dumps({

@@ -143,12 +143,12 @@ class ModelPicker(ModalScreen["ModelSwitch | None"]):
     @work(thread=True, exclusive=True, exit_on_error=False)
     def _scan(self) -> None:
         from chatterm.core.discovery.fit import machine_memory
-        from chatterm.core.discovery.listing import list_models
+        from chatterm.core.discovery.listing import configured, list_models
 
         try:
             memory = machine_memory()
             folders = [Path(f) for f in self._catalog.defaults.model_folders]
-            rows = list_models(folders, memory=memory)
+            rows = list_models(folders, memory=memory, configured=configured(self._catalog))
         except Exception as exc:  # noqa: BLE001 - a listing that fails is a line on the screen
             log.debug("listing models failed", exc_info=True)
             self.post_message(self.Scanned((), None, describe(exc)))

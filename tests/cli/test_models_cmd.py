@@ -10,6 +10,12 @@ from tests.conftest import CHATTERM, subprocess_env
 from tests.core.discovery.layouts import STORE_ENV_VARS, gemma_file, layout  # noqa: F401 - session fixtures
 
 
+def shipped_local_ids() -> set[str]:
+    from chatterm.core.config.catalog import load_catalog
+
+    return {spec.id for spec in load_catalog().models.values() if spec.kind == "local"}
+
+
 def run(tmp_path, layout, *args):  # noqa: F811 - the fixture's value
     layout.seed_cache(tmp_path / "cache")
     env = subprocess_env(tmp_path, HOME=str(layout.home))
@@ -25,7 +31,9 @@ def test_models_lists_every_store_and_the_unusable_with_reasons(tmp_path, layout
     header, *lines = table.split("\n\n")[0].strip().splitlines()
     assert header.split()[:4] == ["id", "arch", "params", "quant"]
     listed = {line.split()[0] for line in lines}
-    assert listed == {mid for mid in layout.usable if not mid.startswith("/")}  # no model_folders set
+    # The models models.toml defines (the shipped default among them) too: no model_folders set.
+    assert listed == {mid for mid in layout.usable if not mid.startswith("/")} | shipped_local_ids()
+    assert lines[0].startswith("smollm2-135m ")
     smol = next(line for line in lines if line.startswith("ollama:smollm2:135m "))
     assert smol.split()[1:4] == ["llama", "135M", "Q4_1"]
     assert "23,040 B" in smol and "yes: n_ctx 8,192" in smol and "~/.ollama/models/manifests" in smol
@@ -36,13 +44,18 @@ def test_models_lists_every_store_and_the_unusable_with_reasons(tmp_path, layout
 
 def test_models_json_and_model_folders(tmp_path, layout):  # noqa: F811
     (tmp_path / "config").mkdir()
-    (tmp_path / "config" / "models.toml").write_text(f'[defaults]\nmodel_folders = ["{layout.folder}"]\n')
+    (tmp_path / "config" / "models.toml").write_text(f'[defaults]\nmodel_folders = ["{layout.folder}"]\n'
+                                                      '[models.gone]\nsource = "/nowhere/gone.gguf"\n')
     result = run(tmp_path, layout, "models", "--json")
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
     assert data["memory"]["kind"] in ("RAM", "GPU") and data["memory"]["available_bytes"] > 0
     rows = {row["id"]: row for row in data["models"]}
-    assert set(rows) == set(layout.usable) | set(layout.unusable)
+    configured = shipped_local_ids() | {"gone"}
+    assert set(rows) == set(layout.usable) | set(layout.unusable) | configured
+    assert {row["id"] for row in data["models"][: len(configured)]} == configured  # listed first
+    assert rows["smollm2-135m"]["store"] == "models.toml" and rows["smollm2-135m"]["fits"] is True
+    assert not rows["gone"]["usable"] and "/nowhere/gone.gguf: model file not found" in rows["gone"]["problem"]
     folder_model = rows[str(layout.folder / "nested" / "SmolLM2-135M-Instruct.Q4_1.gguf")]
     assert folder_model["store"] == "folder" and folder_model["usable"] and folder_model["context_length"] == 8192
     split = rows["hf:chatterm/split-test"]

@@ -120,6 +120,8 @@ async def test_picker_lists_the_models_with_their_facts_literally(stores, app_on
         assert tiny[1:4] == ["llama", "2.05K", "F16"] and tiny[7] == f"{2 * 2 * (16 + 16) * 2:,} B"
         ids = [row.value for row in table.rows]
         assert ids.index(CUT_ID) == len(ids) - 1  # unusable ones last
+        # The model in use, defined in models.toml, is listed first and marked.
+        assert ids[0] == app.spec.id and table.get_row(app.spec.id)[0].plain == f"● {app.spec.id}"
         await choose(pilot, picker, CUT_ID)
         assert app.screen is picker  # an unusable model cannot be chosen
         assert "truncated or damaged (8 bytes" in detail(picker)

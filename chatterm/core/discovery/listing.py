@@ -9,9 +9,13 @@ Contract:
 - `discover(model_folders)` scans the store folders `store_roots()` marks
   and then the folders models.toml names, in that order; it never writes to
   them.
+- `configured(catalog)`: the local models models.toml defines (the
+  shipped default model among them), by their ids, store "models.toml";
+  one whose file cannot be used is an entry with the reason.
 - `list_models(...)` adds each model's header facts (through `FactsCache`),
-  its default context and whether it fits `machine_memory()`. A bad entry is
-  a row with its reason (`ModelRow.problem`), never an exception.
+  its default context and whether it fits `machine_memory()`: the
+  `configured` entries it is given first, then what `discover` finds. A bad
+  entry is a row with its reason (`ModelRow.problem`), never an exception.
 """
 
 from __future__ import annotations
@@ -21,12 +25,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from chatterm.core.config.catalog import ModelCatalog
 from chatterm.core.discovery import folders
 from chatterm.core.discovery.facts_cache import FactsCache
 from chatterm.core.discovery.fit import MIN_CTX, Memory, default_n_ctx, machine_memory, needed_bytes
 from chatterm.core.discovery.found import Found
 from chatterm.core.discovery.gguf_facts import GgufFacts, Unusable
 from chatterm.core.discovery.names import STORES
+from chatterm.errors import ChattermError
 
 
 @dataclass(frozen=True)
@@ -129,6 +135,24 @@ def discover(model_folders: Iterable[Path] = (), env: Mapping[str, str] | None =
     return found
 
 
+CONFIGURED = "models.toml"
+"""The store name of a model models.toml defines."""
+
+
+def configured(catalog: ModelCatalog) -> list[Found]:
+    found = []
+    for spec in catalog.models.values():
+        if spec.kind != "local":
+            continue
+        try:
+            path = spec.gguf_file()
+        except ChattermError as exc:
+            found.append(Found(spec.id, CONFIGURED, spec.defined_in or Path(spec.source), problem=str(exc)))
+        else:
+            found.append(Found(spec.id, CONFIGURED, path, (path,)))
+    return found
+
+
 def describe(found: Found, cache: FactsCache, memory: Memory) -> ModelRow:
     if found.problem:
         return ModelRow(found, problem=found.problem)
@@ -143,9 +167,9 @@ def describe(found: Found, cache: FactsCache, memory: Memory) -> ModelRow:
 
 def list_models(model_folders: Iterable[Path] = (), *, env: Mapping[str, str] | None = None,
                 home: Path | None = None, cache: FactsCache | None = None,
-                memory: Memory | None = None) -> list[ModelRow]:
+                memory: Memory | None = None, configured: Iterable[Found] = ()) -> list[ModelRow]:
     cache = cache or FactsCache()
     memory = memory or machine_memory()
-    rows = [describe(f, cache, memory) for f in discover(model_folders, env, home)]
+    rows = [describe(f, cache, memory) for f in [*configured, *discover(model_folders, env, home)]]
     cache.save()
     return rows
