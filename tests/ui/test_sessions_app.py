@@ -205,3 +205,18 @@ async def test_fork_from_a_turn_continues_with_its_history(build, store):
                        and app.conversation.session_id not in (parent, fork), what="the second fork")
         await wait_for(pilot, lambda: len(app.conversation.history) == 6, what="its history")
         assert users(app) == ["one", "two", "three"]
+
+
+async def test_the_sessions_table_fits_its_box_without_scrolling_sideways_at_140_columns(build, store):
+    # Narrower, it scrolls sideways (the cost is the last column).
+    app, _ = build(store=store)
+    async with app.run_test(size=(140, 42)) as pilot:
+        await loaded(pilot)
+        await send(pilot, "A first message, long enough to fill the title column of the table")
+        await pilot.press("f3")
+        await wait_for(pilot, lambda: isinstance(app.screen, SessionsScreen), what="the sessions screen")
+        table = app.screen.query_one(DataTable)
+        await wait_for(pilot, lambda: table.row_count == 1, what="the row")
+        await pilot.pause()
+        assert table.virtual_size.width <= table.scrollable_content_region.width, (
+            table.virtual_size.width, table.scrollable_content_region.width)
