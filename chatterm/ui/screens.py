@@ -41,7 +41,7 @@ HELP_KEYS: tuple[tuple[str, str], ...] = (
     ("F9 / F10", "copy the reply / one of its code blocks to the clipboard"),
     ("Shift+↑ ↓", "select a turn: ← → branch, e edit, f fork, y / c copy, x expand"),
     ("Ctrl+P", "command palette: personas, models, themes, sessions, exports"),
-    ("Tab / Shift+Tab", "focus prompt → dashboard → conversation (arrows, PgUp/PgDn)"),
+    ("Tab / Shift+Tab", "focus prompt → dashboard → conversation (arrows, PgUp)"),
     ("Ctrl+Q", "quit (also mid-reply and while the model loads)"),
 )
 """Every key the app answers to; docs/tui.md has the same table, in more words.
