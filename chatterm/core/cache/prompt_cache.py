@@ -36,7 +36,7 @@ Contract:
   inode, size, mtime): lookups and `open()` use that parse. A file saved again
   since the lookup is a miss at `open()`, never a payload under another header.
 - Every miss has a reason in `Lookup.misses`: an expected slot with no entry
-  ("missing"), one whose tokens the prompt no longer starts with ("stale"),
+  ("missing"), one whose tokens the prompt no longer starts with ("another version"),
   a truncated, corrupt or unreadable file, a file from another model or
   build (the first differing compat field is named), evicted, damaged or
   foreign blocks. A disk entry's payload is checked against its CRC-32s while
@@ -505,9 +505,11 @@ class PromptCache:
             seen.add(entry.slot)
             shared = min(common_prefix_len(entry.tokens, prompt), limit)
             if entry.slot in expect and shared < len(entry.tokens) and shared < limit:
+                # Not a fault: the state is of another version of the
+                # conversation (an edit, another branch, a fork of one).
                 misses.append(
-                    f"{label}: stale: the stored history no longer matches its tokens "
-                    f"(shares {shared:,} of {len(entry.tokens):,})"
+                    f"{label}: holds another version of the conversation (an edit, a branch or a fork): "
+                    f"shares {shared:,} of its {len(entry.tokens):,} tokens with this prompt"
                 )
             if entry.chain is not None:
                 present = self.blocks.present(entry.chain, blocks_on_disk if entry.tier == DISK else None)

@@ -94,7 +94,8 @@ def test_every_miss_has_a_reason(tmp_path):
     assert "session 3 (disk): other model or settings: model sha256 differs" in reasons
     assert "session 4 (disk): other build: llama cpp build differs" in reasons
     assert "session 5 (disk): corrupt header" in reasons
-    assert "session 6 (disk): stale: the stored history no longer matches its tokens (shares 10 of 20)" in reasons
+    assert ("session 6 (disk): holds another version of the conversation (an edit, a branch or a fork): "
+            "shares 10 of its 20 tokens with this prompt") in reasons
     assert "session 7: missing (no saved state)" in reasons
     # The stale one still offers what it shares; the damaged ones offer nothing.
     assert [(c.entry.slot, c.shared) for c in found.candidates] == [(Slot.session(6), 10)]
