@@ -75,6 +75,11 @@ def preparing_status(event: EngineSetup.PersonaPreparing) -> str:
     return f"prefilling {event.persona.name}'s prompt (first use)…"
 
 
+EARLIER_SESSIONS = ("Earlier conversations are kept: F3 lists and searches them, "
+                    "and `chatterm launch --resume` continues the last one.")
+"""The notice of a plain launch when the store holds sessions."""
+
+
 class ChatSession(Horizontal):
     GPU_POLL_S = 2.0
 
@@ -150,6 +155,9 @@ class ChatSession(Horizontal):
             await self.chat.messages.show_records(self.persona.name, resume.tail, self._older_turns(resume))
             await self.chat.messages.add_notice(resumed_notice(resume))
             self._read_history(resume)
+        elif self.store is not None and self.store.latest_session_id() is not None:
+            # A plain launch starts afresh: say where the earlier conversations are.
+            await self.chat.messages.add_notice(EARLIER_SESSIONS)
         self.chat.set_status("loading model…")
 
     # -- what the session shows -----------------------------------------------------

@@ -609,6 +609,20 @@ async def test_sessions_screen_opens_a_past_session_and_continues_it(build, work
     store.close()
 
 
+async def test_a_plain_launch_says_where_the_earlier_sessions_are_when_there_are_some(build, workspace):
+    store = SessionStore(workspace.db_path)
+    for present in (False, True):
+        if present:
+            _stored_session(store)
+        app, _ = build(store=store)
+        async with app.run_test(size=SIZE) as pilot:
+            await loaded(pilot)
+            notices = [rendered(n) for n in app.query(Notice)]
+            assert any("F3 lists and searches them" in n for n in notices) is present, notices
+            assert len(app.query(UserMessage)) == 0
+    store.close()
+
+
 async def test_resume_latest_at_launch_and_bad_ids(build, workspace):
     store = SessionStore(workspace.db_path)
     with pytest.raises(ChattermError, match="no stored session"):
