@@ -142,7 +142,7 @@ def test_an_edited_history_falls_back_to_the_persona_prefix(ws, store):
     finally:
         relaunched.close()
     m = turn.metrics
-    assert f"session {conversation.session_id} (disk): stale" in m.cache_detail
+    assert f"session {conversation.session_id} (disk): holds another version of the conversation" in m.cache_detail
     assert f"reused {prefix:,} of {m.prompt_tokens:,} tokens (persona prefix, restored from disk)" in m.cache_detail
     assert m.cached_tokens == prefix
     assert reply == reference_reply

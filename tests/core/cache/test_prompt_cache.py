@@ -86,7 +86,7 @@ def test_every_miss_has_a_reason(tmp_path):
     rewrite_header(path(4), lambda h: h["compat"].update(llama_cpp_build="f" * 64))  # other build
     rewrite_header(path(5), lambda h: h.update(tokens="nope"))          # corrupt header
 
-    prompt = tokens(10) + [77] * 20  # session 6 is stale: its history was edited
+    prompt = tokens(10) + [77] * 20  # session 6 holds another version: its history was edited
     found = cache.lookup("m", COMPAT, prompt, expect=[Slot.session(6), Slot.session(7)])
     reasons = "\n".join(found.misses)
     assert "session 1 (disk): payload truncated" in reasons
@@ -97,7 +97,7 @@ def test_every_miss_has_a_reason(tmp_path):
     assert ("session 6 (disk): holds another version of the conversation (an edit, a branch or a fork): "
             "shares 10 of its 20 tokens with this prompt") in reasons
     assert "session 7: missing (no saved state)" in reasons
-    # The stale one still offers what it shares; the damaged ones offer nothing.
+    # The other version still offers what it shares; the damaged ones offer nothing.
     assert [(c.entry.slot, c.shared) for c in found.candidates] == [(Slot.session(6), 10)]
 
 
