@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
-from datetime import datetime
 
 from rich import box
 from rich.console import Console
@@ -37,7 +36,7 @@ from rich.table import Table
 from rich.text import Text
 
 from chatterm.cli.common import catalog, db_path, require_positive, workspace, write_stdout
-from chatterm.core.metrics.format import fmt_ms, printable, usd_number
+from chatterm.core.metrics.format import fmt_local_time, fmt_ms, printable, usd_number
 from chatterm.core.report.escape import json_line
 from chatterm.core.store.lifecycle import delete_session
 from chatterm.core.store.records import SearchHit, one_line
@@ -113,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
     for s in shown:
         table.add_row(
             str(s.id),
-            datetime.fromtimestamp(s.active_at or s.started_at).strftime("%Y-%m-%d %H:%M"),
+            fmt_local_time(s.active_at or s.started_at),
             Text(printable(s.persona_id)),
             Text(printable(s.model_id)),
             str(s.turns),

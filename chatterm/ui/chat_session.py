@@ -154,6 +154,7 @@ class ChatSession(Horizontal):
         if resume is not None:
             await self.chat.messages.show_records(self.persona.name, resume.tail, self._older_turns(resume))
             await self.chat.messages.add_notice(resumed_notice(resume))
+            self.chat.show_last_stored(resume.tail)
             self._read_history(resume)
         elif self.store is not None and self.store.latest_session_id() is not None:
             # A plain launch starts afresh: say where the earlier conversations are.

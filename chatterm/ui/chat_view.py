@@ -290,11 +290,15 @@ class ChatView(Vertical):
         if conversation is not None:
             self.attach(conversation)
         await view.add_notice(notice)
-        self._dashboard.show_turn(None)
+        self.show_last_stored(tail)
         self._show_context()
         self.show_session()
         self.set_status("ready" if self._conversation is not None else "loading…")
         self.call_after_refresh(self.collect_garbage, True)
+
+    def show_last_stored(self, tail: Sequence["TurnRecord"]) -> None:
+        """The dashboard's turn: a resumed session's last stored one (none: no turn yet)."""
+        self._dashboard.show_turn(tail[-1].metrics if tail else None, stored=True)
 
     def show_session(self, turns: list[TurnMetrics] | None = None) -> None:
         """The session figures on the dashboard (from the conversation, or `turns`

@@ -32,7 +32,7 @@ from textual.content import Content
 from textual.renderables.sparkline import Sparkline as SparklineRenderable
 from textual.widgets import Sparkline, Static
 
-from chatterm.core.metrics.format import cache_label, fmt_int, fmt_ms, fmt_tok_s, fmt_usd
+from chatterm.core.metrics.format import cache_label, fmt_int, fmt_local_time, fmt_ms, fmt_tok_s, fmt_usd
 from chatterm.core.metrics.timeline import PART_GLYPHS, PARTS, session_token_costs, timeline, token_costs
 from chatterm.core.metrics.turn_metrics import SessionSummary, StopReason, TurnMetrics
 from chatterm.core.metrics.whatif import cost_split
@@ -232,16 +232,21 @@ class Dashboard(VerticalScroll):
         self._lines[widget_id] = lines
         widget.update(content, layout=relayout)
 
-    def show_turn(self, m: TurnMetrics | None, running: bool = False) -> None:
+    def show_turn(self, m: TurnMetrics | None, running: bool = False, stored: bool = False) -> None:
         """The turn on screen (None: a new conversation, no turn yet). Its TTFT
-        and decode rate are in the headline, the rest in the Turn section."""
+        and decode rate are in the headline, the rest in the Turn section.
+        `stored`: a resumed session's last turn, read from the store, so its
+        state says when it ran."""
         self._now, self._now_running = m, running
         self._show_now(live=running)
         if m is None:
             self._set("dash-turn", Rows([("state", "no turn yet")]))
             return
+        state = turn_state(m, running)
+        if stored:
+            state += f" · stored turn of {fmt_local_time(m.submitted_at)}"
         pairs = [
-            ("state", turn_state(m, running)),
+            ("state", state),
             *timeline_rows(m),
             ("prefill", fmt_ms(m.prefill_ms) if m.ttft_ms is not None else "…"),
             ("per token", token_cost_line(token_costs(m)) if not running else "…"),

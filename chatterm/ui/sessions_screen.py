@@ -22,7 +22,6 @@ Contract:
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Sequence
 
@@ -35,7 +34,7 @@ from textual.message import Message
 from textual.screen import ModalScreen
 from textual.widgets import Button, DataTable, Input, Static
 
-from chatterm.core.metrics.format import fmt_usd, printable
+from chatterm.core.metrics.format import fmt_local_time, fmt_usd, printable
 from chatterm.ui.notices import notify_plain
 from chatterm.ui.worker_errors import reported
 
@@ -60,10 +59,6 @@ class SessionChoice:
     """The turn to go to (a search hit's, or the fork point); None: the current one."""
     fork: bool = False
     """Fork the session at `turn` and open the fork, instead of opening the session."""
-
-
-def _when(ts: float) -> str:
-    return time.strftime("%Y-%m-%d %H:%M", time.localtime(ts))
 
 
 def _two_lines(first: str, second: str) -> Text:
@@ -150,7 +145,7 @@ class SessionsScreen(ModalScreen["SessionChoice | None"]):
                 Text(printable(info.persona_id)),
                 Text(printable(info.model_id)),
                 Text(str(info.turns), justify="right"),
-                Text(_when(info.active_at or info.started_at)),
+                Text(fmt_local_time(info.active_at or info.started_at)),
                 Text(fmt_usd(info.cost_usd), justify="right"),
                 key=str(info.id),
                 height=2,

@@ -22,6 +22,7 @@ Contract:
 from __future__ import annotations
 
 import re
+import time
 from typing import TYPE_CHECKING
 
 from chatterm.core.metrics.turn_metrics import CacheOutcome, StopReason, TurnMetrics
@@ -63,6 +64,12 @@ def fmt_ms(ms: float | None) -> str:
     if ms < 10_000:
         return f"{ms:,.0f} ms"
     return f"{ms / 1000.0:,.1f} s"
+
+
+def fmt_local_time(ts: float) -> str:
+    """A Unix time as the user's local `2026-12-05 14:02` (minutes: when a
+    session or turn was active, not a log timestamp)."""
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(ts))
 
 
 def fmt_tok_s(rate: float | None) -> str:
