@@ -115,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
             fmt_local_time(s.active_at or s.started_at),
             Text(printable(s.persona_id)),
             Text(printable(s.model_id)),
-            str(s.turns),
+            s.turns_label,
             fmt_ms(s.ttft_p50_ms),
             usd_number(s.cost_usd),
         )

@@ -144,7 +144,7 @@ class SessionsScreen(ModalScreen["SessionChoice | None"]):
                 _two_lines(info.title or "(untitled)", info.preview),
                 Text(printable(info.persona_id)),
                 Text(printable(info.model_id)),
-                Text(str(info.turns), justify="right"),
+                Text(info.turns_label, justify="right"),
                 Text(fmt_local_time(info.active_at or info.started_at)),
                 Text(fmt_usd(info.cost_usd), justify="right"),
                 key=str(info.id),

@@ -47,7 +47,7 @@ def test_a_fork_resumes_with_no_history_prefill(tmp_path):
         "SELECT count(*) FROM turns WHERE session_id = ?", (parent,)
     ).fetchone() == (3,)
     listing = chatterm(tmp_path, "sessions")
-    assert f"(fork of {parent}:2)" in listing.stdout
+    assert f"(fork of session {parent}, turn 2)" in listing.stdout
 
 
 def test_fork_of_an_unknown_session_or_turn_is_one_line(tmp_path):

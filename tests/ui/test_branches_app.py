@@ -8,10 +8,12 @@ from __future__ import annotations
 import pytest
 from conftest import loaded, send, wait_for, wait_for_palette_hit
 from textual.geometry import Region
+from textual.widgets import DataTable
 
 from chatterm.core.engine.interface import ChatMessage
 from chatterm.core.store.session_store import SessionStore
 from chatterm.ui.chat_view import TurnPhase
+from chatterm.ui.sessions_screen import SessionsScreen
 from chatterm.ui.transcript import AssistantReply, UserMessage
 
 SIZE = (120, 40)
@@ -86,6 +88,13 @@ async def test_regenerate_keeps_the_old_reply_and_arrows_switch_between_them(bui
         await pilot.press("right")
         await wait_for(pilot, lambda: replies(app) == ["Paris.", "It is Paris."], what="the second branch")
         assert len(app.conversation.history) == 4
+        # The sessions screen counts the two exchanges shown, and the two turns on the other branch.
+        await pilot.press("f3")
+        await wait_for(pilot, lambda: isinstance(app.screen, SessionsScreen), what="the sessions screen")
+        table = app.screen.query_one(DataTable)
+        await wait_for(pilot, lambda: table.row_count == 1, what="the row")
+        assert table.get_row_at(0)[4].plain == "2 +2"
+        await pilot.press("escape")
 
 
 async def test_edit_an_earlier_message_branches_there(build, store):

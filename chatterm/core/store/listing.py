@@ -5,7 +5,7 @@ Contract:
   selects (over `s`, the session row), newest activity first: the figures
   over every computed turn (answered from the `turns_summary` covering
   index), the title, the preview of the current exchange and the session's
-  fork origin. Texts are cut in SQL, so a listing never reads a whole long
+  fork origin, and how many turns the current path holds. Texts are cut in SQL, so a listing never reads a whole long
   message.
 - `latest_sql(tree)` selects the first session of that order.
 - `tree` says whether the schema has v8's columns; without them (an older
@@ -34,6 +34,23 @@ def session_sql(tree: bool) -> tuple[str, str, str]:
         "(SELECT MAX(turn_index) FROM turns WHERE session_id = s.id)",
         "COALESCE((SELECT MAX(recorded_at) FROM turns WHERE session_id = s.id), s.started_at)",
         "NULL, NULL, NULL",
+    )
+
+
+def path_length_sql(tree: bool) -> str:
+    """SQL over `s` for the number of turns on the current path (the turns the
+    conversation shows), NULL where that is every turn: a session without
+    siblings is one line. Only a branched session's path is walked, by the
+    primary key; which sessions branch is read from the `turns_by_parent` index."""
+    if not tree:
+        return "NULL"
+    return (
+        "CASE WHEN s.id IN (SELECT session_id FROM turns GROUP BY session_id, parent_index "
+        "HAVING COUNT(*) > 1) THEN "
+        "(WITH RECURSIVE path(idx) AS (SELECT s.current_index UNION ALL "
+        "SELECT t.parent_index FROM path JOIN turns t ON t.session_id = s.id AND t.turn_index = path.idx "
+        "WHERE t.parent_index IS NOT NULL) "
+        "SELECT COUNT(*) FROM path JOIN turns t ON t.session_id = s.id AND t.turn_index = path.idx) END"
     )
 
 
@@ -66,7 +83,7 @@ def session_infos(query: Query, tree: bool, where: str, params: tuple) -> list[S
         r[0]: r[1:]
         for r in query(
             f"SELECT s.id, {extra}, substr(f.user_text, 1, {_CUT}), substr(c.user_text, 1, {_CUT}), "
-            f"substr(c.reply, 1, {_CUT}), {active} FROM sessions s "
+            f"substr(c.reply, 1, {_CUT}), {active}, {path_length_sql(tree)} FROM sessions s "
             "LEFT JOIN turns f ON f.session_id = s.id AND f.turn_index = 1 "
             f"LEFT JOIN turns c ON c.session_id = s.id AND c.turn_index = {current} {where}",
             params,
@@ -74,11 +91,12 @@ def session_infos(query: Query, tree: bool, where: str, params: tuple) -> list[S
     }
     infos = []
     for row in rows:
-        title, forked_from, forked_turn, first, user, reply, active_at = described[row[0]]
+        title, forked_from, forked_turn, first, user, reply, active_at, on_path = described[row[0]]
         forked = _fork(forked_from, forked_turn)
         infos.append(SessionInfo(
             *row[:7],
             turns=row[7],
+            path_turns=row[7] if on_path is None else on_path,
             ttft_p50_ms=percentile(ttfts.get(row[0], []), 50),
             cost_usd=row[8],
             title=title or default_title(first, forked),

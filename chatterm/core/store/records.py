@@ -62,12 +62,21 @@ class SessionInfo:
     """Sum of the turns' API-equivalent cost."""
     title: str = ""
     """The title given, else the first user message cut (empty: no turn yet)."""
+    path_turns: int = 0
+    """The turns on the current path: the exchanges the conversation shows."""
     preview: str = ""
     """The current exchange, "user text → reply", on one line and cut."""
     active_at: float = 0.0
     """Unix time (s) of the last turn recorded, else of the start: the listing's order."""
     forked_from: tuple[int, int] | None = None
     """(session id, turn index) this session was forked from."""
+
+    @property
+    def turns_label(self) -> str:
+        """The listings' turn count: "5", or "1 +2" when 2 more turns were
+        computed on other branches (regenerations, edits and what followed them)."""
+        other = self.turns - self.path_turns
+        return f"{self.path_turns} +{other}" if other > 0 else str(self.path_turns)
 
 
 @dataclass(slots=True)
@@ -136,10 +145,12 @@ def metrics_of(names: list[str], rows: Iterable[Sequence]) -> list[TurnMetrics]:
 def default_title(first_user_text: str | None, forked_from: tuple[int, int] | None) -> str:
     """The title of a session nobody named: its first user message, cut; a fork
     says where it came from."""
-    title = one_line(first_user_text or "", TITLE_CHARS)
-    if forked_from is not None:
-        title = f"{title} (fork of {forked_from[0]}:{forked_from[1]})".lstrip()
-    return title
+    if forked_from is None:
+        return one_line(first_user_text or "", TITLE_CHARS)
+    # The message is cut shorter so that where the fork came from still shows
+    # in a listing's one line.
+    origin = f"(fork of session {forked_from[0]}, turn {forked_from[1]})"
+    return f"{one_line(first_user_text or '', TITLE_CHARS - len(origin) - 1)} {origin}".lstrip()
 
 
 def preview_of(user_text: str | None, reply: str | None) -> str:

@@ -1,8 +1,9 @@
 """Full-text search over user messages and replies.
 
 Contract:
-- `search(query, text, limit, fts=)` returns the newest matching turns first,
-  at most `limit`, as (session_id, turn_index, user_text, reply) rows. Every
+- `search(query, text, limit, fts=, parent=)` returns the newest matching
+  turns first, at most `limit`, as (session_id, turn_index, user_text, reply,
+  parent) rows, `parent` being the SQL (over `t`) of the turn's parent. Every
   word of `text` must occur (in the user message or the reply); the last word
   may be the start of a word, so a search typed letter by letter finds as it
   goes.
@@ -45,11 +46,11 @@ def _like(word: str) -> str:
     return f"%{escaped}%"
 
 
-def search(query: Query, text: str, limit: int, *, fts: bool) -> list[tuple]:
+def search(query: Query, text: str, limit: int, *, fts: bool, parent: str) -> list[tuple]:
     words = text.split()
     if not words or limit <= 0:
         return []
-    columns = "t.session_id, t.turn_index, t.user_text, t.reply"
+    columns = f"t.session_id, t.turn_index, t.user_text, t.reply, {parent}"
     if fts and all(_indexable(w) for w in words):
         return query(
             f"SELECT {columns} FROM {FTS_TABLE} f JOIN turns t ON t.id = f.rowid "

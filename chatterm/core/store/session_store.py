@@ -411,15 +411,23 @@ class SessionStore:
 
     def search(self, text: str, limit: int = 50) -> list[SearchHit]:
         """Turns whose user message or reply holds every word of `text`, newest
-        first (see `chatterm.core.store.search`: any text is safe)."""
+        first (see `chatterm.core.store.search`: any text is safe). A message
+        found in the user's text is listed once: its regenerations (turns of the
+        same parent and text) are one hit, the newest."""
         with self._lock:
             if self._empty():
                 return []
-            rows = text_search.search(self._query, text, limit, fts=self._fts)
+            rows = text_search.search(self._query, text, limit, fts=self._fts, parent=tree.parent_sql(self._tree))
             titles = listing.titles(self._query, self._tree, (r[0] for r in rows))
         hits = []
-        for sid, index, user_text, reply in rows:
+        seen: set[tuple] = set()
+        for sid, index, user_text, reply, parent in rows:
             role, cut = text_search.snippet(user_text, reply, text)
+            if role == "user":
+                message = (sid, parent, user_text)
+                if message in seen:
+                    continue
+                seen.add(message)
             hits.append(SearchHit(sid, index, titles.get(sid, ""), role, cut))
         return hits
 

@@ -42,7 +42,11 @@ def test_regenerate_keeps_the_old_reply_and_makes_the_new_one_current(tmp_path):
         assert store.siblings(sid, 5) == [4, 5]
         # The latency log: one row per computed turn, each with its own TTFT.
         assert [m.ttft_ms for m in store.turn_metrics(sid)] == [50.0, 60.0, 70.0, 80.0, 7.0]
-        assert store.session(sid).turns == 5
+        info = store.session(sid)
+        assert (info.turns, info.path_turns, info.turns_label) == (5, 4, "4 +1")
+        # A regenerated message is one search hit (the newest); its replies are two.
+        assert [(h.turn_index, h.role) for h in store.search("question 4")] == [(5, "user")]
+        assert [h.turn_index for h in store.search("answer")] == [5, 4, 3, 2, 1]
         # The next turn continues the new reply.
         store.record_turn(sid, "question 6", "answer 6", full_metrics())
         assert [r.index for r in store.turns(sid)] == [1, 2, 3, 5, 6]
@@ -65,6 +69,10 @@ def test_an_edit_at_turn_2_of_4_branches_there_and_the_history_is_the_new_path(t
         assert [r.index for r in store.turns(sid)] == [1, 2, 3, 4]
         assert store.turns(sid)[1].sibling_label == "1/2"
         assert [r.index for r in store.select_turn(sid, 5)] == [1, 5, 6]
+        assert store.session(sid).turns_label == "3 +3"
+        assert [r.index for r in store.select_turn(sid, 4)] == [1, 2, 3, 4]
+        assert store.session(sid).turns_label == "4 +2"
+        store.select_turn(sid, 5)
     # The choice is stored: another process sees the same path.
     with SessionStore(tmp_path / "s.db", readonly=True) as store:
         assert [r.index for r in store.turns(sid)] == [1, 5, 6]
@@ -135,7 +143,7 @@ def test_fork_copies_the_path_as_inherited_turns(tmp_path):
         ]
         assert [r.metrics for r in records] == [full_metrics(i) for i in (1, 2, 3)]
         info = store.session(fork)
-        assert info.forked_from == (sid, 3) and info.title == "question 1 (fork of 1:3)"
+        assert info.forked_from == (sid, 3) and info.title == "question 1 (fork of session 1, turn 3)"
         assert store.sessions()[0].id == fork  # the newest activity
         store.record_turn(fork, "fork question", "fork answer", full_metrics())
         assert [(r.index, r.inherited) for r in store.turns(fork)][-1] == (4, False)
