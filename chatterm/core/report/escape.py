@@ -8,8 +8,14 @@ Contract (every string that reaches an export goes through one of these):
   `limit` shortens first (with "…").
 - `md_escape`: `one_line`, then Markdown markup characters backslash-escaped
   (pipes included), so a table cell renders literally and stays one cell.
+- `literal_lines(text)`: `one_line` line by line, the line breaks kept as
+  "\n": a whole message, inert, its lines where they were.
+- `md_block(text)`: `literal_lines` in a fenced code block whose fence is
+  longer than any run of backticks in the text, so nothing in it closes the
+  block or renders as markup.
 - `html_text`: `one_line`, then `html.escape` (quotes too): safe in element text
-  and in attribute values.
+  and in attribute values. `html_lines`: the same over `literal_lines`, for
+  an element that keeps line breaks (`white-space: pre-wrap`).
 - `json_line`: a value as one exact JSON line (JSONL) that is safe to print:
   JSON's own escapes, plus DEL, C1 controls, line separators and bidi controls
   as `\\uXXXX`; NaN and infinities are null, bytes hex.
@@ -33,6 +39,7 @@ BIDI_CONTROLS = frozenset(
 )
 """Characters that change the display order of the text around them."""
 _LINE_BREAKS = {"\n", "\r", "\v", "\f", "\x85", "\u2028", "\u2029"}
+_LINE_SPLIT = re.compile("[" + "".join(sorted(_LINE_BREAKS)) + "]")
 FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
 # What JSON leaves raw but must not reach a terminal or a line reader as is: DEL
 # and C1 controls (0x9b is an 8-bit CSI some terminals obey), line separators
@@ -62,6 +69,17 @@ def one_line(text: str, limit: int | None = None) -> str:
     return "".join(out)
 
 
+def literal_lines(text: str) -> str:
+    text = text.replace("\r\n", "\n")
+    return "\n".join(one_line(line) for line in _LINE_SPLIT.split(text))
+
+
+def md_block(text: str) -> str:
+    """`text` as a fenced Markdown code block (newline-terminated) that renders it literally."""
+    fence = "`" * max(3, max((len(run) for run in re.findall("`+", text)), default=0) + 1)
+    return f"{fence}text\n{literal_lines(text)}\n{fence}\n"
+
+
 def md_escape(text: str, limit: int | None = None) -> str:
     """`text` as Markdown that renders literally on one line of a table cell."""
     return "".join("\\" + ch if ch in _MD_ESCAPED else ch for ch in one_line(text, limit))
@@ -70,6 +88,11 @@ def md_escape(text: str, limit: int | None = None) -> str:
 def html_text(text: str, limit: int | None = None) -> str:
     """`text` as inert HTML text (also safe inside a quoted attribute)."""
     return html.escape(one_line(text, limit), quote=True)
+
+
+def html_lines(text: str) -> str:
+    """`text` as inert HTML text with its line breaks kept."""
+    return html.escape(literal_lines(text), quote=True)
 
 
 def _is_number(text: str) -> bool:

@@ -10,8 +10,8 @@ Contract:
   prefill / first token, decode rate, cumulative cost); per session its facts, summary,
   per-turn timeline table with per-token costs, cost split, what-if table under
   every price profile, the per-turn table, and the messages table (each turn's
-  user text and reply, cut to `PREVIEW_CHARS`, in columns half the page wide
-  each: a narrow column of the figures table made every row very tall), and
+  user text and reply, whole, their line breaks kept, in columns half the page
+  wide each: a narrow column of the figures table made every row very tall), and
   for a session with branches the branch of each turn
   (`chatterm.core.report.branches`).
 - Every stored string goes through `chatterm.core.report.escape.html_text`
@@ -25,12 +25,10 @@ from typing import Iterable, Sequence
 from chatterm.core.metrics.timeline import PART_LABELS, PARTS
 from chatterm.core.report import words
 from chatterm.core.report.branches import BRANCH_HEADER, BRANCH_NOTE, branch_rows, fork_sentence, has_branches
-from chatterm.core.report.escape import html_text
+from chatterm.core.report.escape import html_lines, html_text
 from chatterm.core.report.figures import SessionReport
 from chatterm.core.report.svg_charts import cost_chart, decode_chart, timeline_bar, ttft_chart
 from chatterm.core.report.words import PART_COLOURS
-
-PREVIEW_CHARS = 80
 
 STYLE = """
 :root { color-scheme: light dark; --fg: #1d2329; --muted: #5c6670; --line: #d5dbe1; --bg: #ffffff; }
@@ -56,7 +54,7 @@ td.n, th.n { text-align: right; font-variant-numeric: tabular-nums; }
 .timeline { vertical-align: middle; }
 .scroll { overflow-x: auto; }
 table.messages { width: 100%; }
-table.messages td:not(.n) { width: 50%; overflow-wrap: anywhere; }
+table.messages td:not(.n) { width: 50%; overflow-wrap: anywhere; white-space: pre-wrap; }
 """
 
 
@@ -124,7 +122,7 @@ def _session(r: SessionReport) -> str:
                 "<h3>What if: this session under every price profile</h3>", _what_if(r)]
     out += ["<h3>Turns</h3>", _turn_table(r) if r.turns else "<p>No turns.</p>"]
     if r.turns:
-        rows = [words.message_row(v, html_text, PREVIEW_CHARS) for v in r.turns]
+        rows = [words.message_row(v, html_lines) for v in r.turns]
         out += ["<h3>Messages</h3>", _table(words.MESSAGE_HEADER, rows, "n", cls="messages")]
     if has_branches(r):
         fork = fork_sentence(r)

@@ -9,7 +9,8 @@ Contract:
   per session its facts, summary, where the time went (a to-scale text bar per
   turn and the measured per-token costs), where the money went (cost split) and
   what it would cost under every price profile, the per-turn table and the
-  messages table (each turn's user text and reply, cut to `PREVIEW_CHARS`),
+  messages (each turn's user text and reply, whole, each in a fenced code
+  block: `escape.md_block`, so they read as written and render literally),
   and for a session with branches the branch of each turn
   (`chatterm.core.report.branches`).
 - Mermaid has no stacked bars and no legend: the TTFT chart overlays
@@ -29,11 +30,9 @@ from typing import Iterable, Sequence
 from chatterm.core.metrics.timeline import PART_GLYPHS, PART_LABELS, PARTS, bar_cells
 from chatterm.core.report import words
 from chatterm.core.report.branches import BRANCH_HEADER, BRANCH_NOTE, branch_rows, fork_sentence, has_branches
-from chatterm.core.report.escape import md_escape
+from chatterm.core.report.escape import md_block, md_escape
 from chatterm.core.report.figures import SessionReport, TurnView
 
-PREVIEW_CHARS = 80
-"""How much of each text the messages table shows."""
 BAR_CELLS = 24
 # Colours of the overlaid TTFT bars, in drawing order: whole TTFT (its visible top
 # is the first-token part), waiting + restore + prefill (its top is prefill),
@@ -142,6 +141,13 @@ def _text_bar(v: TurnView, scale: float) -> str:
     return "`" + "".join(PART_GLYPHS[p] * n for p, n in cells).ljust(BAR_CELLS) + "`" if cells else "–"
 
 
+def _message(v: TurnView) -> str:
+    """One turn's texts under the turn's number, as the turns table numbers it."""
+    rec = v.record
+    reply = md_block(rec.reply) if rec.reply else "*(no reply)*\n"
+    return f"\n**Turn {rec.index}: you**\n\n{md_block(rec.user_text)}\n**Turn {rec.index}: reply**\n\n{reply}"
+
+
 def _time_table(r: SessionReport) -> str:
     scale = max((v.timeline.total_ms for v in r.turns), default=0.0)
     rows = [words.time_row(v, md_escape, _text_bar(v, scale)) for v in r.turns]
@@ -188,9 +194,8 @@ def _session(r: SessionReport) -> str:
     if notes:
         parts.append("\n" + "\n".join(f"- {note}" for note in notes) + "\n")
     if r.turns:
-        parts.append("\n### Messages\n\n")
-        parts.append(table(words.MESSAGE_HEADER, [words.message_row(v, md_escape, PREVIEW_CHARS) for v in r.turns],
-                           "rll"))
+        parts.append("\n### Messages\n")
+        parts += [_message(v) for v in r.turns]
     if has_branches(r):
         fork = fork_sentence(r)
         parts += ["\n### Branches\n\n", f"{md_escape(BRANCH_NOTE)}\n\n",

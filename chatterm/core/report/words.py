@@ -4,8 +4,8 @@ Contract: pure formatting of `chatterm.core.report.figures` figures; callers esc
 result for their format (ids from files and the database are inside some rows).
 Dollar amounts follow the app's one precision rule (`chatterm.core.metrics.format.usd_number`),
 without the `$`: the column or row title says USD. The turns table holds the
-figures; each turn's texts are in a messages table of their own, so that a
-text gets the page's width instead of a narrow column of a wide table.
+figures; each turn's texts, whole, are in a messages section of their own, so
+that a text gets the page's width instead of a narrow column of a wide table.
 """
 
 from __future__ import annotations
@@ -102,10 +102,10 @@ def turn_row(v: TurnView, escape: Callable[[str, int | None], str]) -> list[str]
     ]
 
 
-def message_row(v: TurnView, escape: Callable[[str, int | None], str], preview: int) -> list[str]:
-    """One turn of the messages table (`MESSAGE_HEADER`), the texts cut to `preview` characters."""
+def message_row(v: TurnView, escape: Callable[[str], str]) -> list[str]:
+    """One turn of the messages table (`MESSAGE_HEADER`), its texts whole."""
     rec = v.record
-    return [str(rec.index), escape(rec.user_text, preview), escape(rec.reply, preview)]
+    return [str(rec.index), escape(rec.user_text), escape(rec.reply)]
 
 
 def turn_notes(v: TurnView, escape: Callable[[str, int | None], str]) -> list[str]:

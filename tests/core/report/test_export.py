@@ -25,7 +25,7 @@ from chatterm.core.config.catalog import PriceProfile
 from chatterm.core.metrics.cost import apply_cost
 from chatterm.core.metrics.turn_metrics import TURN_FIELDS, TurnMetrics
 from chatterm.core.report import export
-from chatterm.core.report.escape import md_escape
+from chatterm.core.report.escape import md_block, md_escape
 from chatterm.core.report.export import ROW_FIELDS, TEXT_FIELDS
 from chatterm.core.store.session_store import SessionStore
 from chatterm.core.system import atomic
@@ -205,14 +205,19 @@ def test_markdown_renders_model_text_literally(sample):
             table.append(line)
         return table
 
-    turns, messages = table_at("| # | TTFT ms |"), table_at("| # | user | reply |")
-    assert len(turns) == len(messages) == 2 + 3
-    assert all(len(_cells(line)) == 12 for line in turns)
-    assert all(len(_cells(line)) == 3 for line in messages)
-    nasty_row = messages[3]
-    assert "<script>" not in text and "\\<script\\>" in nasty_row
-    assert "\x1b" not in text and "␛" in nasty_row and "\u202e" not in text
-    assert "\\[click\\]" in nasty_row and "↵" in nasty_row
+    turns = table_at("| # | TTFT ms |")
+    assert len(turns) == 2 + 3 and all(len(_cells(line)) == 12 for line in turns)
+    # The messages are whole, each in a fenced block that renders it as written:
+    # the reply's lines kept, its controls made visible, nothing in it markup.
+    nasty = text[text.index("**Turn 2: reply**"):text.index("**Turn 3: you**")]
+    assert nasty == (
+        "**Turn 2: reply**\n\n```text\n␛[31mSure\ufffd | [click](http://x)\n| a |\n"
+        "<script>alert(1)</script> *bold* `code` $x$ ␛[0m\nend\nmore\n```\n\n"
+    )
+    assert "\x1b" not in text and "\u202e" not in text
+    assert "**Turn 3: reply**\n\n*(no reply)*" in text
+    # A text holding fences gets a longer fence of its own.
+    assert md_block("a\n```\nb ```` c") == "`````text\na\n```\nb ```` c\n`````\n"
     assert "Turn 3: error: llama\\_decode returned -1 \\| out of memory" in text
     assert "| TTFT p50 / p95 / max (ms) | 122.8 / 138.3 / 140.0 |" in text
 

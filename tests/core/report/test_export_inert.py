@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from chatterm.core.metrics.turn_metrics import TurnMetrics
-from chatterm.core.report.escape import BIDI_CONTROLS, FORMULA_STARTS, one_line
+from chatterm.core.report.escape import BIDI_CONTROLS, FORMULA_STARTS, literal_lines, one_line
 from chatterm.core.report.export import ROW_FIELDS
 from chatterm.core.store.session_store import SessionStore
 from tests.conftest import export_text
@@ -48,6 +48,8 @@ TEXT_COLUMNS = ("model_identity", "device", "engine", "model_id", "persona_id", 
 _ALLOWED_TAGS = {"html", "head", "meta", "title", "style", "body", "h1", "h2", "h3", "p", "ul", "li",
                  "div", "span", "section", "table", "thead", "tbody", "tr", "th", "td",
                  "svg", "g", "rect", "line", "polyline", "circle", "text"}
+_MD_BLOCK = re.compile(r"^(`{3,})text\n(.*?)\n\1$", re.M | re.S)
+"""A message's fenced block in the Markdown report: it ends at its own fence only."""
 _UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029]")
 
 
@@ -134,10 +136,14 @@ def test_hostile_text_stays_inert_in_every_format(db, t):
             float(cell)  # only plain numbers may start like a formula
     assert float(cells["prefill_ms"]) == 50.0
 
-    # Markdown: tables keep their shape; no raw control, bidi or HTML from the input.
+    # Markdown: the messages are whole, each in a code block nothing in it closes;
+    # outside them tables keep their shape; no raw control, bidi or HTML from the input.
     md = out["md"]
     assert not _UNSAFE.search(md.replace("\n", ""))
     assert not any(ord(ch) in BIDI_CONTROLS for ch in md)
+    messages = [stored.user_text] + ([stored.reply] if stored.reply else [])
+    assert [body for _, body in _MD_BLOCK.findall(md)] == [literal_lines(m) for m in messages]
+    md = _MD_BLOCK.sub("", md)
     assert not re.search(r"(?<!\\)<", md)
     lines = md.splitlines()
     for i, line in enumerate(lines):

@@ -5,6 +5,7 @@ Sessions live in real SQLite files (`build_sample` from test_export.py)."""
 
 from __future__ import annotations
 
+import html
 import re
 from html.parser import HTMLParser
 
@@ -335,8 +336,11 @@ def test_long_texts_get_a_messages_table_of_their_own(sample):
     assert [row[0] for row in messages[1:]] == [str(r.index) for r in records]
     assert messages[1][1:] == [records[0].user_text, records[0].reply]
     assert "table.messages td:not(.n) { width: 50%;" in text
+    long = records[1].reply
+    assert len(long) > 80 and html.escape(long.splitlines()[-1]) in text  # whole, not cut
+    assert "white-space: pre-wrap" in text
     md = render_report(exported[:1], "md", PRICES)
-    assert "### Messages\n\n| # | user | reply |\n" in md
+    assert f"### Messages\n\n**Turn 1: you**\n\n```text\n{records[0].user_text}\n```\n" in md
     assert "| cost USD | user |" not in md
 
 
