@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if usable:
         _print_table(COLUMNS, [cells(row) for row in usable])
-        print(f"\nfits: weights + f16 KV cache at the default n_ctx, against {memory_label(memory)}")
+        print(f"\nfits: weights + KV cache at the n_ctx it loads with, against {memory_label(memory)}")
     if unusable:
         print(f"\n{len(unusable)} unusable:")
         for row in unusable:

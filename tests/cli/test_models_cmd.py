@@ -55,6 +55,9 @@ def test_models_json_and_model_folders(tmp_path, layout):  # noqa: F811
     assert set(rows) == set(layout.usable) | set(layout.unusable) | configured
     assert {row["id"] for row in data["models"][: len(configured)]} == configured  # listed first
     assert rows["smollm2-135m"]["store"] == "models.toml" and rows["smollm2-135m"]["fits"] is True
+    q8, f16 = rows["smollm2-135m-q8kv"], rows["smollm2-135m"]
+    assert (q8["kv_type"], f16["kv_type"]) == ("q8_0", "f16") and q8["default_n_ctx"] == 8192
+    assert q8["kv_bytes_per_token"] == round(f16["kv_bytes_per_token"] * 34 / 64)
     assert not rows["gone"]["usable"] and "/nowhere/gone.gguf: model file not found" in rows["gone"]["problem"]
     folder_model = rows[str(layout.folder / "nested" / "SmolLM2-135M-Instruct.Q4_1.gguf")]
     assert folder_model["store"] == "folder" and folder_model["usable"] and folder_model["context_length"] == 8192

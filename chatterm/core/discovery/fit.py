@@ -5,10 +5,14 @@ Contract:
   nvidia-ml-py, else `nvidia-smi`) sees an NVIDIA GPU, all GPUs together
   (llama.cpp spreads layers across them); else the RAM available
   (/proc/meminfo MemAvailable, elsewhere free physical pages).
-- A model needs its file size (the weights) plus `kv_bytes_per_token` x
-  n_ctx (the f16 KV cache); `BUDGET_SHARE` of the memory is counted as
+- A model needs its file size (the weights) plus its KV cache at n_ctx:
+  `kv_bytes_per_token(facts, kv_type)` x n_ctx, the header's f16 figure
+  scaled to the KV type's bytes per element (q8_0 and q4_0 store 32
+  elements in 34 and 18 bytes); `BUDGET_SHARE` of the memory is counted as
   usable, the rest is left for llama.cpp's compute buffers and everything
   else running.
+- `fits(facts, memory, n_ctx, kv_type)`: whether a context a models.toml
+  entry sets fits.
 - `default_n_ctx(facts, memory)`: the trained context, or less when the KV
   cache would not fit beside the weights, in multiples of 256; None when not
   even `MIN_CTX` tokens (or the trained context, if shorter) fit: the model
@@ -30,6 +34,8 @@ BUDGET_SHARE = 0.9
 MIN_CTX = 2048
 FALLBACK_CTX = 4096
 CTX_STEP = 256
+KV_TYPE_BYTES = {"f16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}
+"""Bytes per KV element: ggml's q8_0 and q4_0 blocks hold 32 elements in 34 and 18 bytes."""
 
 
 @dataclass(frozen=True)
@@ -90,12 +96,26 @@ def machine_memory() -> Memory:
     return Memory("RAM", _ram_available())
 
 
-def needed_bytes(facts: GgufFacts, n_ctx: int) -> int:
-    return facts.file_size + (facts.kv_bytes_per_token or 0) * n_ctx
+def kv_bytes_per_token(facts: GgufFacts, kv_type: str = "f16") -> int | None:
+    if facts.kv_bytes_per_token is None:
+        return None
+    return round(facts.kv_bytes_per_token * KV_TYPE_BYTES[kv_type] / KV_TYPE_BYTES["f16"])
+
+
+def needed_bytes(facts: GgufFacts, n_ctx: int, kv_type: str = "f16") -> int:
+    return facts.file_size + (kv_bytes_per_token(facts, kv_type) or 0) * n_ctx
+
+
+def _budget(memory: Memory) -> int:
+    return int(memory.available_bytes * BUDGET_SHARE)
+
+
+def fits(facts: GgufFacts, memory: Memory, n_ctx: int, kv_type: str = "f16") -> bool:
+    return needed_bytes(facts, n_ctx, kv_type) <= _budget(memory)
 
 
 def default_n_ctx(facts: GgufFacts, memory: Memory) -> int | None:
-    budget = int(memory.available_bytes * BUDGET_SHARE)
+    budget = _budget(memory)
     trained = facts.context_length or FALLBACK_CTX
     if not facts.kv_bytes_per_token:
         n_ctx = min(trained, FALLBACK_CTX)

@@ -42,6 +42,10 @@ class Found:
     """Where it was found: the manifest, the snapshot file, the folder."""
     files: tuple[Path, ...] = ()
     problem: str | None = None
+    n_ctx: int | None = None
+    """The context a models.toml entry sets; None: the default this machine affords."""
+    kv_type: str = "f16"
+    """The KV cache type the model loads with (a models.toml entry's `kv_type`)."""
 
     @property
     def usable(self) -> bool:

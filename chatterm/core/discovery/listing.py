@@ -10,8 +10,9 @@ Contract:
   and then the folders models.toml names, in that order; it never writes to
   them.
 - `configured(catalog)`: the local models models.toml defines (the
-  shipped default model among them), by their ids, store "models.toml";
-  one whose file cannot be used is an entry with the reason.
+  shipped default model among them), by their ids, store "models.toml",
+  with the entry's `n_ctx` and `kv_type`: their row's KV/token and fit are
+  at those; one whose file cannot be used is an entry with the reason.
 - `list_models(...)` adds each model's header facts (through `FactsCache`),
   its default context and whether it fits `machine_memory()`: the
   `configured` entries it is given first, then what `discover` finds. A bad
@@ -28,7 +29,15 @@ from typing import Any, Iterable, Mapping
 from chatterm.core.config.catalog import ModelCatalog
 from chatterm.core.discovery import folders
 from chatterm.core.discovery.facts_cache import FactsCache
-from chatterm.core.discovery.fit import MIN_CTX, Memory, default_n_ctx, machine_memory, needed_bytes
+from chatterm.core.discovery.fit import (
+    MIN_CTX,
+    Memory,
+    default_n_ctx,
+    fits,
+    kv_bytes_per_token,
+    machine_memory,
+    needed_bytes,
+)
 from chatterm.core.discovery.found import Found
 from chatterm.core.discovery.gguf_facts import GgufFacts, Unusable
 from chatterm.core.discovery.names import STORES
@@ -57,6 +66,11 @@ class ModelRow:
     def fits(self) -> bool:
         return self.usable and self.n_ctx is not None
 
+    @property
+    def kv_bytes_per_token(self) -> int | None:
+        """The KV cache one token costs at the KV type this model loads with."""
+        return None if self.facts is None else kv_bytes_per_token(self.facts, self.found.kv_type)
+
     def to_dict(self) -> dict[str, Any]:
         facts = self.facts.to_dict() if self.facts else dict.fromkeys(GgufFacts.field_names())
         return {
@@ -67,6 +81,8 @@ class ModelRow:
             "usable": self.usable,
             "problem": self.problem,
             **facts,
+            "kv_type": self.found.kv_type,
+            "kv_bytes_per_token": self.kv_bytes_per_token,
             "default_n_ctx": self.n_ctx,
             "needed_bytes": self.needed_bytes,
             "fits": self.fits,
@@ -149,7 +165,7 @@ def configured(catalog: ModelCatalog) -> list[Found]:
         except ChattermError as exc:
             found.append(Found(spec.id, CONFIGURED, spec.defined_in or Path(spec.source), problem=str(exc)))
         else:
-            found.append(Found(spec.id, CONFIGURED, path, (path,)))
+            found.append(Found(spec.id, CONFIGURED, path, (path,), n_ctx=spec.n_ctx, kv_type=spec.kv_type))
     return found
 
 
@@ -160,6 +176,10 @@ def describe(found: Found, cache: FactsCache, memory: Memory) -> ModelRow:
         facts = cache.facts(found.files)
     except Unusable as exc:
         return ModelRow(found, problem=str(exc))
+    kv_type = found.kv_type
+    if found.n_ctx is not None:
+        n_ctx = found.n_ctx if fits(facts, memory, found.n_ctx, kv_type) else None
+        return ModelRow(found, facts, n_ctx=n_ctx, needed_bytes=needed_bytes(facts, found.n_ctx, kv_type))
     n_ctx = default_n_ctx(facts, memory)
     smallest = min(facts.context_length or MIN_CTX, MIN_CTX)
     return ModelRow(found, facts, n_ctx=n_ctx, needed_bytes=needed_bytes(facts, n_ctx or smallest))

@@ -51,6 +51,14 @@ def where(row: ModelRow) -> str:
     return printable(path)
 
 
+def kv_text(row: ModelRow) -> str:
+    """KV/token, with the KV type when it is not f16."""
+    kv = row.kv_bytes_per_token
+    if kv is None:
+        return "?"
+    return f"{kv:,} B" if row.found.kv_type == "f16" else f"{kv:,} B {row.found.kv_type}"
+
+
 def cells(row: ModelRow) -> tuple[str, ...]:
     """One text per `COLUMNS` entry."""
     found_in = where(row)
@@ -65,7 +73,7 @@ def cells(row: ModelRow) -> tuple[str, ...]:
         fmt_bytes(f.file_size),
         "?" if f.context_length is None else f"{f.context_length:,}",
         "yes" if f.has_chat_template else "no",
-        "?" if f.kv_bytes_per_token is None else f"{f.kv_bytes_per_token:,} B",
+        kv_text(row),
         fits_text(row),
         found_in,
     )

@@ -5,12 +5,13 @@ header facts, every damaged entry listed with its reason, nothing written."""
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from chatterm.core.discovery.facts_cache import FactsCache
-from chatterm.core.discovery.fit import Memory
+from chatterm.core.discovery.fit import BUDGET_SHARE, Memory
 from chatterm.core.discovery.listing import list_models
 from tests.core.discovery.layouts import tree
 
@@ -82,6 +83,28 @@ def test_fit_and_default_context_follow_the_memory_given(layout):
     too_small = rows_of(layout, memory=Memory("GPU", 100 << 20))["ollama:gemma3:270m"]
     assert too_small.n_ctx is None and not too_small.fits and too_small.usable
     assert too_small.to_dict()["fits"] is False
+
+
+def test_a_models_toml_entry_is_judged_at_its_own_context_and_kv_type(layout):
+    from chatterm.core.discovery.found import Found
+    from chatterm.core.discovery.listing import CONFIGURED, describe
+
+    cache = FactsCache(layout.facts_file)
+    entry = Found("e", CONFIGURED, layout.smol, (layout.smol,), n_ctx=4096)
+    f16 = describe(entry, cache, PLENTY)
+    q8 = describe(replace(entry, kv_type="q8_0"), cache, PLENTY)
+    q4 = describe(replace(entry, kv_type="q4_0"), cache, PLENTY)
+    header = f16.facts.kv_bytes_per_token
+    # ggml blocks of 32 elements: f16 64 bytes, q8_0 34, q4_0 18.
+    assert (f16.kv_bytes_per_token, q8.kv_bytes_per_token, q4.kv_bytes_per_token) == (
+        header, round(header * 34 / 64), round(header * 18 / 64))
+    assert f16.n_ctx == q8.n_ctx == 4096  # the entry's context, not the trained 8,192
+    assert f16.needed_bytes == f16.facts.file_size + 4096 * header
+    assert q4.needed_bytes < q8.needed_bytes < f16.needed_bytes
+    # Memory for the weights and the q8_0 cache only: the f16 entry does not fit.
+    between = Memory("RAM", int(q8.needed_bytes / BUDGET_SHARE) + 1)
+    assert describe(replace(entry, kv_type="q8_0"), cache, between).fits
+    assert describe(entry, cache, between).n_ctx is None
 
 
 def test_listing_writes_nothing_in_the_stores(layout):
