@@ -9,8 +9,9 @@
 - `clear` removes all entries, one persona's (`clear PERSONA`), one kind
   (`--kind persona|session`) or one conversation's (`--session N`).
 - `verify` checks every file: a state file's header, size, payload sha256 and
-  chunk CRC-32s, every block's sha256 and CRC-32, every chain record; it exits
-  1 when one fails (nothing is deleted: `clear` does that).
+  chunk CRC-32s, every block's sha256 and CRC-32, every chain record; it lists
+  the entries and any bad block (`--all`: every block too, a cache holds
+  hundreds) and exits 1 when one fails (nothing is deleted: `clear` does that).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ def register(sub, common) -> None:
     clear.add_argument("--session", metavar="ID", help="only this session's conversation state")
     clear.set_defaults(func=run_clear)
     verify = actions.add_parser("verify", parents=[common], help="check every state file's digests")
+    verify.add_argument("--all", action="store_true", help="list every block file, not only the bad ones")
     verify.set_defaults(func=run_verify)
 
 
@@ -124,8 +126,11 @@ def run_verify(args: argparse.Namespace) -> int:
         print(f"No state files in {cache.folder}")
         return 0
     for check in checks:
-        status = "ok " if check.ok else "BAD"
-        print(f"{status} {check.label}: {check.detail} ({check.path})")
+        if args.all or not check.block or not check.ok:
+            status = "ok " if check.ok else "BAD"
+            print(f"{status} {check.label}: {check.detail} ({check.path})")
     bad = sum(not c.ok for c in checks)
-    print(f"{len(checks) - bad} of {len(checks)} state files verified")
+    blocks = sum(c.block for c in checks)
+    in_blocks = f" ({blocks:,} of them blocks{'' if args.all else ', --all lists each'})" if blocks else ""
+    print(f"{len(checks) - bad:,} of {len(checks):,} files verified{in_blocks}")
     return 1 if bad else 0

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import re
+
+from fake_states import fake_state
+
 from chatterm.core.cache.prompt_cache import PromptCache, Slot
 from tests.cli.test_cli_core import chatterm
 
@@ -47,7 +51,7 @@ def test_clear_takes_either_kind_one_persona_or_one_session(tmp_path):
 def test_verify_checks_payload_sha256_and_exits_1_on_a_bad_file(tmp_path):
     cache = seed(tmp_path)
     good = chatterm(tmp_path, "cache", "verify")
-    assert good.returncode == 0 and "3 of 3 state files verified" in good.stdout
+    assert good.returncode == 0 and "3 of 3 files verified" in good.stdout
     path = cache.path_for("smollm2-135m", Slot.session(7))
     data = bytearray(path.read_bytes())
     data[-10] ^= 0x01
@@ -55,4 +59,24 @@ def test_verify_checks_payload_sha256_and_exits_1_on_a_bad_file(tmp_path):
     bad = chatterm(tmp_path, "cache", "verify")
     assert bad.returncode == 1
     assert "BAD session 7 · smollm2-135m: payload sha256 mismatch" in bad.stdout
-    assert "2 of 3 state files verified" in bad.stdout
+    assert "2 of 3 files verified" in bad.stdout
+
+
+def test_verify_lists_blocks_only_when_bad_or_asked(tmp_path):
+    cache = PromptCache(tmp_path / "cache" / "kv", block_tokens=64)
+    tokens = list(range(1, 201))  # four blocks: 64, 64, 64 and 8 tokens
+    assert cache.save("m", Slot.session(3), tokens, bytes(fake_state(tokens)), COMPAT) is not None
+    good = chatterm(tmp_path, "cache", "verify")
+    assert good.returncode == 0, good.stderr
+    assert "ok  session 3 · m: 200 tokens in 4 blocks" in good.stdout and "ok  block" not in good.stdout
+    assert "5 of 5 files verified (4 of them blocks, --all lists each)" in good.stdout
+    assert chatterm(tmp_path, "cache", "verify", "--all").stdout.count("ok  block ") == 4
+    block = sorted((tmp_path / "cache" / "kv" / "m" / "blocks").glob("*.kvblock"))[0]
+    data = bytearray(block.read_bytes())
+    data[-5] ^= 0x01
+    block.write_bytes(bytes(data))
+    bad = chatterm(tmp_path, "cache", "verify")
+    assert bad.returncode == 1
+    shown = [line for line in bad.stdout.splitlines() if re.match(r"(ok  |BAD )block ", line)]
+    assert len(shown) == 1 and shown[0].startswith(f"BAD block {block.stem[:12]} · m: ") and str(block) in shown[0]
+    assert "4 of 5 files verified" in bad.stdout

@@ -123,11 +123,14 @@ class ModelUsage:
 
 
 @dataclass(frozen=True)
-class BlockCheck:
+class FileCheck:
+    """One file's verdict in `verify`: a chain record, a block or a whole-state file."""
     path: Path
     label: str
     ok: bool
     detail: str
+    block: bool = False
+    """A block file (of which a cache holds many; `cache verify` counts them)."""
 
 
 def _stamp(st: os.stat_result) -> tuple[int, int, int, int]:
@@ -629,7 +632,7 @@ class BlockStore:
                                   shared, len(chains)))
         return out
 
-    def verify(self) -> list[BlockCheck]:
+    def verify(self) -> list[FileCheck]:
         """Check every chain record and every block file (sha256 and CRC-32)."""
         results = []
         for model in self._model_dirs():
@@ -637,14 +640,15 @@ class BlockStore:
             for chain in self.disk_chains(model.name):
                 label = f"{chain.kind} {chain.key} · {model.name}"
                 if isinstance(chain, BadRecord):
-                    results.append(BlockCheck(chain.path, label, False, chain.problem))
+                    results.append(FileCheck(chain.path, label, False, chain.problem))
                     continue
                 assert chain.path is not None
                 present = self.present(chain, files)
-                detail = f"{len(chain.tokens):,} tokens in {len(chain.segments)} blocks"
+                n = len(chain.segments)
+                detail = f"{len(chain.tokens):,} tokens in {n} block{'s' if n != 1 else ''}"
                 if present < len(chain.tokens):
                     detail += f" ({present:,} tokens present, the rest evicted)"
-                results.append(BlockCheck(chain.path, label, True, detail))
+                results.append(FileCheck(chain.path, label, True, detail))
             for bkey in sorted(files):
                 path = self.block_path(model.name, bkey)
                 label = f"block {bkey[:12]} · {model.name}"
@@ -653,11 +657,11 @@ class BlockStore:
                 except FileNotFoundError:
                     continue
                 except BlockError as exc:
-                    results.append(BlockCheck(path, label, False, str(exc)))
+                    results.append(FileCheck(path, label, False, str(exc), block=True))
                     continue
                 if problem is not None:
-                    results.append(BlockCheck(path, label, False, problem))
+                    results.append(FileCheck(path, label, False, problem, block=True))
                 else:
-                    results.append(BlockCheck(path, label, True,
-                                              f"{len(header.tokens):,} tokens, {header.payload_len:,} bytes"))
+                    detail = f"{len(header.tokens):,} tokens, {header.payload_len:,} bytes"
+                    results.append(FileCheck(path, label, True, detail, block=True))
         return results

@@ -60,7 +60,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from chatterm.core.cache import state_file, state_layout
-from chatterm.core.cache.block_store import DEFAULT_BLOCK_TOKENS, BadRecord, BlockStore, Chain, ModelUsage
+from chatterm.core.cache.block_store import DEFAULT_BLOCK_TOKENS, BadRecord, BlockStore, Chain, FileCheck, ModelUsage
 from chatterm.core.cache.state_layout import Layout, LayoutError
 from chatterm.core.cache.tokens import common_prefix_len
 from chatterm.core.system.atomic import TEMP_SUFFIX, ensure_private_dir, sweep_temp_files
@@ -160,14 +160,6 @@ class OpenedState:
 @dataclass(frozen=True)
 class Miss:
     reason: str
-
-
-@dataclass(frozen=True)
-class FileCheck:
-    path: Path
-    label: str
-    ok: bool
-    detail: str
 
 
 def _shown(value: Any, limit: int = 40) -> str:
@@ -669,5 +661,5 @@ class PromptCache:
                 results.append(FileCheck(path, label, False, problem))
             else:
                 results.append(FileCheck(path, label, True, f"{len(entry.tokens):,} tokens, {entry.nbytes:,} bytes"))
-        results += [FileCheck(c.path, c.label, c.ok, c.detail) for c in self.blocks.verify()]
+        results += self.blocks.verify()
         return results

@@ -8,36 +8,18 @@ and test_conversation_cache.py do the same on real models."""
 from __future__ import annotations
 
 import json
-import struct
 import subprocess
 import sys
 from pathlib import Path
 
 from conftest import REPO
+from fake_states import BPT, fake_state
 
 from chatterm.core.cache import state_file, state_layout
 from chatterm.core.cache.prompt_cache import DISK, RAM, Miss, OpenedState, PromptCache, Slot
 
 COMPAT = {"model_sha256": "ab" * 32, "llama_cpp_build": "cd" * 32, "type_k": 1}
-ROW = 1024
-BPT = 12 + 2 * ROW + 2 * 64 * 2
-"""Bytes per token of `fake_state`."""
 PERSONA = Slot.persona("shop")
-
-
-def fake_state(tokens, layers: int = 2, row: int = ROW, width: int = 64) -> bytearray:
-    """A state in llama.cpp's layout whose bytes for a cell depend on its token and position."""
-    n = len(tokens)
-    out = bytearray(struct.pack("<IIII", state_layout.MAGIC, 0, 1, n))
-    out += b"".join(struct.pack("<iIi", i, 1, 0) for i in range(n))
-    out += struct.pack("<II", 1, layers)
-    values = [(t * 7 + i * 13) & 0xFF for i, t in enumerate(tokens)]
-    for layer in range(layers):
-        out += struct.pack("<iQ", 1, row) + b"".join(bytes([(v + layer) & 0xFF]) * row for v in values)
-    for layer in range(layers):
-        out += struct.pack("<iII", 1, 2, width)
-        out += b"".join(bytes([(v + j) & 0xFF, layer]) for j in range(width) for v in values)
-    return out
 
 
 def toks(n: int, start: int = 1) -> list[int]:
