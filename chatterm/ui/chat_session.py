@@ -41,7 +41,7 @@ from textual.message import Message
 
 from chatterm.core.config.personas import Persona
 from chatterm.core.engine.conversation import Conversation
-from chatterm.core.metrics.format import prefix_outcome_label
+from chatterm.core.metrics.format import home_short, prefix_outcome_label, printable
 from chatterm.core.store.resume import resume_conversation
 from chatterm.errors import ChattermError
 from chatterm.ui.chat_view import ChatView
@@ -510,6 +510,8 @@ class ChatSession(Horizontal):
     @on(Exported)
     def _exported(self, event: Exported) -> None:
         if event.path is not None:
-            notify_plain(self.app, f"Exported to {event.path}", title="Export", timeout=10)
+            # The name on a line of its own: a toast wraps a long path anywhere, the name included.
+            folder = home_short(event.path.parent)
+            notify_plain(self.app, f"{printable(event.path.name)}\nin {folder}", title="Exported", timeout=10)
         else:
             notify_plain(self.app, event.error or "export failed", title="Export failed", severity="error")

@@ -11,11 +11,12 @@ import sys
 import threading
 
 import pytest
-from conftest import loaded, send, wait_for, wait_for_palette_hit
+from pilot_steps import loaded, send, wait_for, wait_for_palette_hit
 from textual.geometry import Region
 from textual.widgets import DataTable, Markdown, OptionList, Static
 
 from chatterm.core.engine.interface import EngineCapabilities
+from chatterm.core.metrics.format import home_short
 from chatterm.core.metrics.timeline import PART_GLYPHS
 from chatterm.core.metrics.turn_metrics import SessionSummary, TurnMetrics
 from chatterm.core.store.session_store import SessionStore
@@ -145,7 +146,9 @@ async def test_turns_are_stored_and_exported_with_the_key(build, workspace, isol
         await pilot.press("ctrl+s")
         target = isolated_dirs["CHATTERM_DATA_DIR"] / "exports" / f"session-{session_id}.md"
         await wait_for(pilot, target.exists, what="the export file")
-        await wait_for(pilot, lambda: any(str(target) in n.message for n in app._notifications),
+        # The file's name on a line of its own (a toast wraps a long path anywhere).
+        shown = f"{target.name}\nin {home_short(target.parent)}"
+        await wait_for(pilot, lambda: any(n.message == shown for n in app._notifications),
                        what="the export notification")
         assert "Keep this" in target.read_text()
     store.close()

@@ -6,7 +6,7 @@ the old reply or message is kept as a sibling in the store, the new one is curre
 from __future__ import annotations
 
 import pytest
-from conftest import loaded, send, wait_for, wait_for_palette_hit
+from pilot_steps import loaded, send, wait_for, wait_for_palette_hit
 from textual.geometry import Region
 from textual.widgets import DataTable
 

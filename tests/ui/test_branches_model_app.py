@@ -7,7 +7,7 @@ persona resumes its conversation from the cache (no history prefill)."""
 from __future__ import annotations
 
 import pytest
-from conftest import loaded, send, wait_for
+from pilot_steps import loaded, send, wait_for
 
 from chatterm.core.cache.tokens import common_prefix_len
 from chatterm.core.config import paths

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import threading
 
-from conftest import loaded, send, wait_for
 from fake_engine import tokens_of
+from pilot_steps import loaded, send, wait_for
 from test_app import reply_text
 from textual.geometry import Region
 

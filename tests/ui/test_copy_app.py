@@ -5,7 +5,7 @@ sequence in a real terminal."""
 
 from __future__ import annotations
 
-from conftest import loaded, send, wait_for, wait_for_palette_hit
+from pilot_steps import loaded, send, wait_for, wait_for_palette_hit
 from textual.widgets import OptionList
 
 from chatterm.ui.copy_actions import CodeBlockPicker, code_blocks

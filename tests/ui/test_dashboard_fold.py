@@ -5,7 +5,7 @@ the screen whatever the panel's scroll, and the focused pane is marked."""
 from __future__ import annotations
 
 import pytest
-from conftest import loaded, send
+from pilot_steps import loaded, send
 from textual.geometry import Region
 
 from chatterm.ui.dashboard import HINT_FOCUSED, Dashboard

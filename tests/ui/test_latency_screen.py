@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from conftest import loaded, send, wait_for
+from pilot_steps import loaded, send, wait_for
 from textual.color import Color
 from textual.widgets import DataTable, Static, TabbedContent
 from textual_plotext import PlotextPlot

@@ -3,7 +3,7 @@ its oldest kept turn in the transcript, and the marker moves with the cut."""
 
 from __future__ import annotations
 
-from conftest import loaded, send
+from pilot_steps import loaded, send
 
 from chatterm.ui.transcript import MEMORY_MARK, Notice, UserMessage
 

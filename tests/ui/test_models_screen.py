@@ -8,8 +8,8 @@ import threading
 
 import numpy as np
 import pytest
-from conftest import loaded, send, wait_for, wait_for_palette_hit
 from fake_engine import FakeEngine
+from pilot_steps import loaded, send, wait_for, wait_for_palette_hit
 
 from chatterm.core.engine.local.engine import LocalEngine
 from chatterm.core.store.session_store import SessionStore

@@ -7,7 +7,7 @@ history up to its turn."""
 from __future__ import annotations
 
 import pytest
-from conftest import loaded, send, wait_for
+from pilot_steps import loaded, send, wait_for
 from textual.widgets import DataTable, Input, OptionList
 
 from chatterm.core.store.session_store import SessionStore

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 
-from conftest import loaded, wait_for
+from pilot_steps import loaded, wait_for
 
 from chatterm.core.engine.local.engine import LocalEngine
 from chatterm.core.workspace import Workspace

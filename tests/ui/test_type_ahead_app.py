@@ -5,7 +5,7 @@ reply; Enter and Ctrl+Q during a long background prefill are not held up by it."
 from __future__ import annotations
 
 import pytest
-from conftest import loaded, wait_for
+from pilot_steps import loaded, wait_for
 
 from chatterm.core.config import paths
 from chatterm.core.metrics.turn_metrics import StopReason

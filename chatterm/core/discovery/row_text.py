@@ -4,12 +4,9 @@ through `printable`: a GGUF's or a folder's name is untrusted."""
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 from chatterm.core.discovery.fit import Memory
 from chatterm.core.discovery.listing import ModelRow
-from chatterm.core.metrics.format import printable
+from chatterm.core.metrics.format import home_short, printable
 
 COLUMNS = ("id", "arch", "params", "quant", "size", "trained ctx", "template", "KV/token", "fits", "found in")
 
@@ -44,11 +41,7 @@ def fits_text(row: ModelRow) -> str:
 
 def where(row: ModelRow) -> str:
     """Where the model was found, the home folder written as ~."""
-    path = str(row.found.location)
-    home = str(Path.home())
-    if home not in ("", "/") and (path == home or path.startswith(home + os.sep)):
-        path = "~" + path[len(home):]
-    return printable(path)
+    return home_short(row.found.location)
 
 
 def kv_text(row: ModelRow) -> str:

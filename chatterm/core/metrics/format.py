@@ -15,14 +15,17 @@ Contract:
 - `printable(text)` makes untrusted text (model output, file contents) inert for
   a terminal: C0/C1 control characters other than newline and tab become
   visible symbols, so an ANSI escape sequence is shown, never obeyed.
+- `home_short(path)`: a path with the home folder written as `~`, printable.
 - No arithmetic on metrics beyond unit conversion: rates, costs and savings come
   from `TurnMetrics` / `SessionSummary` themselves.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from chatterm.core.metrics.turn_metrics import CacheOutcome, StopReason, TurnMetrics
@@ -51,6 +54,14 @@ def printable(text: str) -> str:
     """`text` with control characters (ANSI escapes included) made visible and inert."""
     text = text.replace("\r\n", "\n")
     return _CONTROL.sub(_control_picture, text)
+
+
+def home_short(path: str | os.PathLike[str]) -> str:
+    """`path` with the home folder written as ~, made printable."""
+    text, home = str(path), str(Path.home())
+    if home not in ("", "/") and (text == home or text.startswith(home + os.sep)):
+        text = "~" + text[len(home):]
+    return printable(text)
 
 
 def fmt_int(n: int | None) -> str:

@@ -12,12 +12,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import REPO
 from fake_states import BPT, fake_state
 
 from chatterm.core.cache import state_file, state_layout
 from chatterm.core.cache.prompt_cache import DISK, RAM, Miss, OpenedState, PromptCache, Slot
 
+REPO = Path(__file__).resolve().parents[3]
 COMPAT = {"model_sha256": "ab" * 32, "llama_cpp_build": "cd" * 32, "type_k": 1}
 PERSONA = Slot.persona("shop")
 
