@@ -29,8 +29,10 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
+from functools import partial
+from inspect import isawaitable
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Mapping
+from typing import TYPE_CHECKING, Callable, Iterable, Mapping
 
 from textual import on, work
 from textual.app import App, SystemCommand
@@ -294,6 +296,30 @@ class ChatApp(App[None]):
 
         open_model_picker(self)
 
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        # Ctrl+N and Ctrl+S are priority bindings (the prompt would take them
+        # otherwise), so they reached past a dialog: Ctrl+N on the sessions
+        # screen started a new conversation unseen beneath it. Over a dialog
+        # they do nothing; the palette closes the dialog first.
+        if action in ("new_conversation", "export") and len(self.screen_stack) > 1:
+            return False
+        return True
+
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)
-        yield from chat_commands(self, self.workspace.personas, self.session.switch_persona, self.session.return_to)
+        commands = chat_commands(self, self.workspace.personas, self.session.switch_persona, self.session.return_to)
+        if screen is self.screen_stack[0]:
+            yield from commands
+            return
+        # Opened over a dialog (sessions, models, help...): a chat command acts on
+        # the chat, so the dialogs close first, as Esc would; else a Models picker
+        # chosen from the sessions screen opened on top of it.
+        for command in commands:
+            yield command._replace(callback=partial(self._on_chat_screen, command.callback))
+
+    async def _on_chat_screen(self, callback: Callable[[], object]) -> None:
+        while len(self.screen_stack) > 1:
+            await self.pop_screen()
+        result = callback()  # app.run_action gives a coroutine
+        if isawaitable(result):
+            await result

@@ -4,7 +4,8 @@
 `SystemCommand` per persona (calling `switch_persona` with its id; its help
 says whether that goes back to the persona's last session, `return_to`) and
 one per app action that has a key (run as `app.run_action`, as its key binding
-would); the app adds them after Textual's own (themes, quit, screenshot). It
+would); the app adds them after Textual's own (themes, quit, screenshot), and
+over a dialog has them close the dialogs before they run. It
 knows the app only as a Textual `App` and its actions by name. Names from
 files are escaped: the palette parses markup.
 """

@@ -7,7 +7,7 @@ history up to its turn."""
 from __future__ import annotations
 
 import pytest
-from pilot_steps import loaded, send, wait_for
+from pilot_steps import loaded, send, wait_for, wait_for_palette_hit
 from textual.widgets import DataTable, Input, OptionList
 
 from chatterm.core.store.session_store import SessionStore
@@ -220,3 +220,32 @@ async def test_the_sessions_table_fits_its_box_without_scrolling_sideways_at_140
         await pilot.pause()
         assert table.virtual_size.width <= table.scrollable_content_region.width, (
             table.virtual_size.width, table.scrollable_content_region.width)
+
+
+async def test_chat_keys_and_palette_commands_over_the_sessions_screen(build, store):
+    from textual.command import CommandPalette
+
+    from chatterm.ui.latency_screen import LatencyScreen
+
+    app, _ = build(store=store)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        await send(pilot, "Hello")
+        await pilot.press("f3")
+        await wait_for(pilot, lambda: isinstance(app.screen, SessionsScreen), what="the sessions screen")
+        session_id = app.conversation.session_id
+        await pilot.press("ctrl+n", "ctrl+s")  # priority keys: they reached past the dialog
+        await pilot.pause(0.3)
+        assert app.conversation.session_id == session_id and len(app.conversation.turns) == 1
+        assert notifications(app) == []
+        await pilot.press("ctrl+p")
+        await wait_for(pilot, lambda: isinstance(app.screen, CommandPalette), what="the palette")
+        await pilot.press(*"Latency")
+        await wait_for_palette_hit(pilot, "Latency")
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: isinstance(app.screen, LatencyScreen), what="the latency screen")
+        # The latency screen stands on the chat, not on the sessions screen.
+        assert [type(s).__name__ for s in app.screen_stack[1:]] == ["LatencyScreen"]
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: len(app.screen_stack) == 1, what="the chat screen")
+        assert app.focused is not None and app.focused.id == "prompt"
