@@ -70,7 +70,8 @@ def _message(args: argparse.Namespace) -> str:
     if args.message is not None:
         text = args.message
     elif not sys.stdin.isatty():
-        text = sys.stdin.read()
+        # `echo ... |` and heredocs end with a newline the user did not write.
+        text = sys.stdin.read().rstrip("\r\n")
     else:
         raise ChattermError("no message: pass it as an argument or on standard input")
     if not text.strip():

@@ -25,6 +25,7 @@ from rich.text import Text
 
 from chatterm.cli.common import workspace
 from chatterm.core.cache.prompt_cache import KINDS, PromptCache
+from chatterm.core.metrics.format import counted
 from chatterm.errors import ChattermError
 
 
@@ -82,7 +83,7 @@ def run_ls(args: argparse.Namespace) -> int:
         "(the RAM tier lives inside each running chatterm)"
     )
     if whole:
-        table.caption += (f"; {len(whole)} whole-state file{'s' if len(whole) != 1 else ''} "
+        table.caption += (f"; {counted(len(whole), 'whole-state file')} "
                           "(stored as blocks when saved again, where the model allows)")
     console.print(table)
     if usage:
@@ -115,7 +116,7 @@ def run_clear(args: argparse.Namespace) -> int:
             valid = ", ".join(known) or "none cached"
             raise ChattermError(f"no cached state for {kind} {key!r} (cached: {valid})")
     removed = cache.clear(kind, key)
-    print(f"removed {removed} state file{'s' if removed != 1 else ''}")
+    print(f"removed {counted(removed, 'state file')}")
     return 0
 
 

@@ -36,7 +36,7 @@ from rich.table import Table
 from rich.text import Text
 
 from chatterm.cli.common import catalog, db_path, require_positive, workspace, write_stdout
-from chatterm.core.metrics.format import fmt_local_time, fmt_ms, printable, usd_number
+from chatterm.core.metrics.format import counted, fmt_local_time, fmt_ms, printable, usd_number
 from chatterm.core.report.escape import json_line
 from chatterm.core.store.lifecycle import delete_session
 from chatterm.core.store.records import SearchHit, one_line
@@ -180,11 +180,11 @@ def run_delete(args: argparse.Namespace) -> int:
                 raise ChattermError(
                     f"not deleting session {info.id} without confirmation: pass --yes (no terminal to ask on)"
                 )
-            answer = input(f"Delete session {info.id} ({printable(info.title)!r}, {info.turns} turns) "
+            answer = input(f"Delete session {info.id} ({printable(info.title)!r}, {counted(info.turns, 'turn')}) "
                            "and its KV states? [y/N] ")
             if answer.strip().lower() not in ("y", "yes"):
                 print("Nothing deleted.")
                 return 1
         deleted = delete_session(store, ws.kv_cache(), info.id)
-    print(f"Deleted session {info.id}: {deleted.turns} turns, {deleted.states} KV states.")
+    print(deleted.summary(info.id))
     return 0

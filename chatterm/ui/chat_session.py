@@ -436,8 +436,7 @@ class ChatSession(Horizontal):
 
         assert self.store is not None
         gone = delete_session(self.store, self._prompt_cache(), session_id, in_use=self.session_id)
-        return (f"Deleted session {session_id}: {gone.turns} turn{'' if gone.turns == 1 else 's'}, "
-                f"{gone.states} KV state{'' if gone.states == 1 else 's'}.")
+        return gone.summary(session_id)
 
     def fork(self, turn: int | None, session_id: int | None = None) -> None:
         """A new session holding `session_id`'s path up to `turn` (None: the session on

@@ -564,6 +564,8 @@ class ChatView(Vertical):
             notify_plain(self.app, "That reply was not stored: it cannot be regenerated.", severity="warning")
             return
         if await self._branch_at(reply, edit=False):
+            if why := self._conversation.persona.sampling.repeats_itself():
+                notify_plain(self.app, f"The persona's {why}: the new reply will likely match the old one.")
             await self._start_turn(reply.user.text, reply.user)
 
     def edit_message(self) -> None:

@@ -29,7 +29,7 @@ from textual.screen import ModalScreen
 from textual.widgets import OptionList, Static
 from textual.widgets.option_list import Option
 
-from chatterm.core.metrics.format import printable
+from chatterm.core.metrics.format import counted, printable
 from chatterm.ui.notices import notify_plain
 
 if TYPE_CHECKING:
@@ -51,7 +51,7 @@ def code_blocks(text: str) -> list[str]:
 
 def _lines(text: str) -> str:
     n = text.count("\n") + (0 if text.endswith("\n") else 1)
-    return f"{n} line{'' if n == 1 else 's'}"
+    return counted(n, "line")
 
 
 def copy_reply(app: "App", reply: "AssistantReply | None") -> None:

@@ -49,6 +49,7 @@ from chatterm.core.config.catalog import PriceProfile
 from chatterm.core.metrics.format import (
     SEP,
     cache_label,
+    counted,
     fmt_int,
     fmt_ms,
     fmt_tok_s,
@@ -116,7 +117,7 @@ class LatencyScreen(Screen[None]):
         self._prices = dict(prices)
 
     def compose(self):
-        yield Static(Content(f"Latency · {len(self._turns)} turn{'' if len(self._turns) == 1 else 's'}"),
+        yield Static(Content(f"Latency · {counted(len(self._turns), 'turn')}"),
                      id="latency-title")
         costs = session_token_costs(self._turns)
         yield Static(Content(f"per token on this machine: {token_cost_line(costs)}"), id="latency-summary")

@@ -14,7 +14,7 @@ Contract:
   (the engine abandons it at its next progress report, or is closed once it
   returns) and leaves the old model in place.
 - Two keys choose, and the screen says what each does: Enter starts a new
-  conversation with the same persona on the new model; C (offered when the
+  conversation with the same persona on the new model; c (offered when the
   conversation on screen is a stored session) continues that session there,
   its history the prompt of the next turn.
 - The screen's result is the `ModelSwitch` (spec, loaded engine, device,
@@ -69,7 +69,7 @@ class ModelSwitch:
 
 
 class ModelPicker(ModalScreen["ModelSwitch | None"]):
-    BINDINGS = [Binding("escape", "close", "Close"), Binding("c", "carry_on", "Continue here", show=False)]
+    BINDINGS = [Binding("escape", "close", "Close"), Binding("c,C", "carry_on", "Continue here", show=False)]
     AUTO_FOCUS = "#models-table"
     DEFAULT_CSS = """
     ModelPicker { align: center middle; }
@@ -132,7 +132,7 @@ class ModelPicker(ModalScreen["ModelSwitch | None"]):
 
     def _hint(self) -> str:
         new = f"Enter: load it, a new conversation with {printable(self._persona)}"
-        carry = (f" · C: load it, session {self._session_id} continues there (its history prefilled)"
+        carry = (f" · c: load it, session {self._session_id} continues there (its history prefilled)"
                  if self._session_id is not None else "")
         return f"{new}{carry} · Esc: close (while loading: keep the current model)"
 

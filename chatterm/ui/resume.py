@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from chatterm.core.metrics.format import counted
 from chatterm.core.store.resume import Continuation, SessionPlan, plan_resume, read_continuation
 
 if TYPE_CHECKING:
@@ -51,13 +52,11 @@ class Resume:
 
 def turns_phrase(resume: Resume) -> str:
     """`session 3, 2 turns`."""
-    n = resume.turn_count
-    return f"session {resume.session_id}, {n} turn{'' if n == 1 else 's'}"
+    return f"session {resume.session_id}, {counted(resume.turn_count, 'turn')}"
 
 
 def resumed_notice(resume: Resume) -> str:
-    n = resume.turn_count
-    return f"Resumed session {resume.session_id} ({n} turn{'' if n == 1 else 's'})."
+    return f"Resumed session {resume.session_id} ({counted(resume.turn_count, 'turn')})."
 
 
 def read_resume(

@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from chatterm.core.store.session_store import SessionStore
 from tests.conftest import CHATTERM, REPO, subprocess_env
 
 
@@ -43,9 +44,12 @@ def test_ask_streams_reply_and_second_ask_restores_from_disk(tmp_path):
     assert first.stdout.strip()
     assert "TTFT" in first.stderr and "cold prefill" in first.stderr
 
-    second = chatterm(tmp_path, "ask", "--persona", "quick", "--json", stdin="What is the sun?")
+    # As `echo ... | chatterm ask` gives it: the shell's newline is not the user's.
+    second = chatterm(tmp_path, "ask", "--persona", "quick", "--json", stdin="What is the sun?\n")
     assert second.returncode == 0, second.stderr
     data = json.loads(second.stdout)
+    with SessionStore(tmp_path / "data" / "chatterm.db") as store:
+        assert store.turns(data["session_id"])[-1].user_text == "What is the sun?"
     m = data["metrics"]
     assert m["cache_outcome"] == "restored"
     assert m["restore_ms"] > 0 and m["ttft_ms"] > 0

@@ -105,7 +105,7 @@ def test_delete_asks_on_a_terminal_and_needs_yes_without_one(env, capsys, monkey
 
     monkeypatch.setattr("sys.stdin", Terminal("y\n"))
     assert main(["sessions", "delete", str(first)]) == 0
-    assert "1 turns, 1 KV states" in capsys.readouterr().out
+    assert "Deleted session 1: 1 turn, 1 KV state." in capsys.readouterr().out
     conn = sqlite3.connect(env)
     assert conn.execute("SELECT count(*) FROM turns WHERE session_id = ?", (first,)).fetchone() == (0,)
     assert conn.execute("SELECT id FROM sessions").fetchall() == [(second,)]

@@ -63,6 +63,7 @@ async def test_regenerate_keeps_the_old_reply_and_arrows_switch_between_them(bui
         assert engines[0].received[-1][1:] == (
             [ChatMessage("user", "Capital of France?"), ChatMessage("assistant", "Paris.")], "And of Italy?")
         assert replies(app) == ["Paris.", "It is Paris."] and users(app) == ["Capital of France?", "And of Italy?"]
+        assert not any("likely match" in n for n in notifications(app))  # it samples anew
         last = app.query(AssistantReply).last()
         assert last.branch_text == "‹ 2/2 ›" and "‹ 2/2 ›" in rendered(last)
         assert [r.reply for r in store.turns(sid)] == ["Paris.", "It is Paris."]

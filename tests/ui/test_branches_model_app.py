@@ -67,6 +67,8 @@ async def test_regenerate_prefills_at_most_two_tokens_and_keeps_the_old_reply(gr
             old = store.turns(sid)[-1]
             await pilot.press("ctrl+r")
             await turns(pilot, 3)
+            # Greedy sampling gives the same reply again: the user is told why.
+            assert any("temperature 0 is greedy" in n.message for n in app._notifications)
             m = app.conversation.turns[-1]
             assert m.prefilled_tokens <= 2, m
             assert m.cached_tokens == m.prompt_tokens - m.prefilled_tokens

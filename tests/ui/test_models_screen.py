@@ -157,7 +157,7 @@ async def test_c_continues_the_stored_session_on_the_new_model(stores, app_on, w
             session = app.conversation.session_id
             picker = await open_picker(pilot)
             hint = " ".join(str(s.content) for s in picker.query(".modal-hint"))
-            assert f"C: load it, session {session} continues there" in hint
+            assert f"c: load it, session {session} continues there" in hint
             table = picker.query_one("#models-table")
             table.move_cursor(row=table.get_row_index(SMOL_ID))
             await pilot.pause()

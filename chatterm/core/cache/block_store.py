@@ -44,6 +44,7 @@ from chatterm.core.cache import block_file, state_layout
 from chatterm.core.cache.block_file import BlockError, chain_key, root_key
 from chatterm.core.cache.state_layout import Frame, Layout, LayoutError
 from chatterm.core.cache.tokens import common_prefix_len
+from chatterm.core.metrics.format import counted
 from chatterm.core.system.atomic import ensure_private_dir
 
 log = logging.getLogger(__name__)
@@ -645,7 +646,7 @@ class BlockStore:
                 assert chain.path is not None
                 present = self.present(chain, files)
                 n = len(chain.segments)
-                detail = f"{len(chain.tokens):,} tokens in {n} block{'s' if n != 1 else ''}"
+                detail = f"{len(chain.tokens):,} tokens in {counted(n, 'block')}"
                 if present < len(chain.tokens):
                     detail += f" ({present:,} tokens present, the rest evicted)"
                 results.append(FileCheck(chain.path, label, True, detail))

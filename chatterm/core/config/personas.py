@@ -36,7 +36,18 @@ class Sampling:
     repeat_penalty: float = key(1.1, check=number(0))
     max_tokens: int = key(512, check=integer(1))
     """Upper bound on generated tokens per reply."""
-    seed: int = key(1234, check=integer(0))
+    seed: int | None = key(None, check=integer(0))
+    """Pins the random sequence: the same prompt gives the same reply, a
+    regenerate included. Unset draws a fresh seed each turn."""
+
+    def repeats_itself(self) -> str | None:
+        """Why asking the same prompt again gives the same reply (greedy, or
+        a pinned seed), or None when each ask samples anew."""
+        if self.temperature == 0:
+            return "temperature 0 is greedy"
+        if self.seed is not None:
+            return f"seed {self.seed} is pinned"
+        return None
 
 
 @dataclass(frozen=True, kw_only=True)

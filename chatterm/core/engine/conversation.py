@@ -29,6 +29,10 @@ class TurnStore(Protocol):
         self, *, model_id: str, model_identity: str, engine: str, device: str, persona_id: str
     ) -> int: ...
 
+    def move_session(
+        self, session_id: int, *, model_id: str, model_identity: str, engine: str, device: str
+    ) -> None: ...
+
     def record_turn(
         self, session_id: int, user_text: str, reply: str, metrics: TurnMetrics
     ) -> int | None: ...
@@ -72,6 +76,8 @@ class Conversation:
         self.turns: list[TurnMetrics] = list(turns or [])
         self.energy = energy
         self.store_error: str | None = None
+        self._moved = session_id is None
+        """The session is on this engine's model in the store (a new one is created there)."""
 
     def summary(self) -> SessionSummary:
         return SessionSummary.of(self.turns)
@@ -96,15 +102,18 @@ class Conversation:
             return
         stored = False
         try:
+            on = dict(model_id=self.engine.spec.id, model_identity=self.engine.model_identity,
+                      engine=self.engine.kind, device=self.engine.device().name)
             if self.session_id is None:
                 self.session_id = self.store.create_session(
-                    model_id=self.engine.spec.id,
-                    model_identity=self.engine.model_identity,
-                    engine=self.engine.kind,
-                    device=self.engine.device().name,
-                    persona_id=self.persona.id,
+                    **on, persona_id=self.persona.id,
                     started_at=m.submitted_at,  # the session began with its first message
                 )
+            elif not self._moved:
+                # A stored session carried on, maybe on another model: a resume
+                # must come back to the model its last turn ran on.
+                self.store.move_session(self.session_id, **on)
+                self._moved = True
             if self.session_id is not None:  # None: the database refused the write
                 self.store.record_turn(self.session_id, text, turn.reply, m)
                 stored = True

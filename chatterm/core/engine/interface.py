@@ -30,6 +30,7 @@ from typing import Any, Callable, Iterator, Sequence
 from chatterm.core.config.catalog import ModelSpec, PriceProfile
 from chatterm.core.config.personas import Persona
 from chatterm.core.metrics.cost import apply_cost
+from chatterm.core.metrics.format import counted
 from chatterm.core.metrics.turn_metrics import CacheOutcome, StopReason, TurnMetrics
 from chatterm.errors import ChattermError, describe
 
@@ -57,8 +58,7 @@ def reply_room(max_tokens: int, n_ctx: int) -> int:
 
 
 def context_full_notice(n_ctx: int, dropped: int, how: str = "") -> str:
-    turns = f"turn{'s' if dropped != 1 else ''}"
-    return f"Context full ({n_ctx} tokens{how}): dropped the oldest {dropped} {turns} from the prompt."
+    return f"Context full ({n_ctx} tokens{how}): dropped the oldest {counted(dropped, 'turn')} from the prompt."
 
 
 @dataclass

@@ -16,6 +16,7 @@ Contract:
   a terminal: C0/C1 control characters other than newline and tab become
   visible symbols, so an ANSI escape sequence is shown, never obeyed.
 - `home_short(path)`: a path with the home folder written as `~`, printable.
+- `counted(n, noun)`: `1 turn`, `2 turns`; the one plural rule of the messages.
 - No arithmetic on metrics beyond unit conversion: rates, costs and savings come
   from `TurnMetrics` / `SessionSummary` themselves.
 """
@@ -54,6 +55,11 @@ def printable(text: str) -> str:
     """`text` with control characters (ANSI escapes included) made visible and inert."""
     text = text.replace("\r\n", "\n")
     return _CONTROL.sub(_control_picture, text)
+
+
+def counted(n: int, noun: str) -> str:
+    """`n` and `noun`, plural unless n is 1: `1 turn`, `3 turns`, `1,204 tokens`."""
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"
 
 
 def home_short(path: str | os.PathLike[str]) -> str:
@@ -186,7 +192,7 @@ def context_cut_label(m: TurnMetrics) -> str:
     """A turn at which the oldest turns left the context: how, in a few words."""
     if not m.cut_turns:
         return ""
-    turns = f"{m.cut_turns} oldest turn{'s' if m.cut_turns != 1 else ''}"
+    turns = counted(m.cut_turns, "oldest turn")
     if m.shifted_tokens:
         return f"context full: {turns} shifted out ({fmt_int(m.shifted_tokens)} tokens, {fmt_ms(m.shift_ms)})"
     return f"context full: {turns} cut, the rest prefilled"

@@ -13,7 +13,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Callable, Sequence
 
-from chatterm.core.metrics.format import fmt_int, usd_number
+from chatterm.core.metrics.format import counted, fmt_int, usd_number
 from chatterm.core.metrics.timeline import MIN_DECODE_TOKENS, MIN_PREFILL_TOKENS, TokenCosts
 from chatterm.core.metrics.whatif import CostSplit, WhatIf, switch_tokens
 from chatterm.core.report.figures import SessionReport, TurnView
@@ -123,21 +123,21 @@ def turn_notes(v: TurnView, escape: Callable[[str, int | None], str]) -> list[st
         notes.append(f"Turn {index}: its {num(m.restore_ms)} ms restore was done at the persona switch, "
                      "before the turn (not part of its TTFT)")
     if m.cut_turns:
-        plural = "s" if m.cut_turns != 1 else ""
         how = (f"shifted out of the KV state ({fmt_int(m.shifted_tokens)} tokens, {num(m.shift_ms)} ms)"
                if m.shifted_tokens else "the kept turns prefilled again")
-        notes.append(f"Turn {index}: {m.cut_turns} more oldest turn{plural} left the context, {how}")
+        notes.append(f"Turn {index}: {counted(m.cut_turns, 'more oldest turn')} left the context, {how}")
     elif m.dropped_turns:
-        plural = "s" if m.dropped_turns != 1 else ""
-        notes.append(f"Turn {index}: {m.dropped_turns} oldest turn{plural} not in the context")
+        notes.append(f"Turn {index}: {counted(m.dropped_turns, 'oldest turn')} not in the context")
     return notes
 
 
 def session_facts(r: SessionReport) -> list[tuple[str, str]]:
     info = r.info
+    # A session carried on on another model names each, in the order its turns used them.
+    used = list(dict.fromkeys(t.record.metrics.model_id for t in r.turns if t.record.metrics.model_id))
     return [
         ("Started", utc(info.started_at)),
-        ("Model", info.model_id),
+        ("Model", ", then ".join(used) if len(used) > 1 else info.model_id),
         ("Model identity", info.model_identity),
         ("Engine", info.engine),
         ("Device", info.device),

@@ -24,6 +24,7 @@ import logging
 from dataclasses import dataclass
 
 from chatterm.core.cache.prompt_cache import Candidate, Miss, PromptCache, Slot
+from chatterm.core.metrics.format import counted
 from chatterm.core.store.session_store import SessionStore
 from chatterm.errors import ChattermError
 
@@ -44,6 +45,10 @@ class Deleted:
     turns: int
     states: int
     """KV states removed (RAM and disk entries)."""
+
+    def summary(self, session_id: int) -> str:
+        """The one sentence the CLI and the TUI report a deletion with."""
+        return f"Deleted session {session_id}: {counted(self.turns, 'turn')}, {counted(self.states, 'KV state')}."
 
 
 def copy_session_states(cache: PromptCache, source: int, target: int) -> int:

@@ -184,6 +184,19 @@ class SessionStore:
 
         return self._write("could not create a session", insert)
 
+    def move_session(self, session_id: int, *, model_id: str, model_identity: str, engine: str, device: str) -> None:
+        """The session carries on with this model: it becomes the session's, the one
+        `chatterm sessions`, the reports and a resume name (each turn keeps its own).
+        Written like a turn: a refused write is `write_error`, never an exception."""
+
+        def move(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                "UPDATE sessions SET model_id = ?, model_identity = ?, engine = ?, device = ? WHERE id = ?",
+                (model_id, model_identity, engine, device, session_id),
+            )
+
+        self._write(f"could not record session {session_id}'s new model", move)
+
     def record_turn(self, session_id: int, user_text: str, reply: str, metrics: TurnMetrics) -> int | None:
         """Commit one turn (all its metrics) and return its index in the session;
         None when the database refused the write (see `write_error`). The turn

@@ -20,6 +20,7 @@ from chatterm.core.store.resume import plan_resume, resume_conversation
 from chatterm.core.store.session_store import SessionStore
 from chatterm.core.workspace import Workspace
 from tests.cli.test_cli_core import chatterm, write_greedy_persona
+from tests.conftest import export_text
 
 DATA = Path(__file__).parents[2] / "data"
 
@@ -95,6 +96,32 @@ def test_a_resumed_session_continues_token_for_token_and_prefills_only_the_new_m
     assert new_words <= m.prefilled_tokens <= new_words + 12
     assert reference.metrics.prompt_tokens == m.prompt_tokens
     assert reply == reference_reply and m.generated_tokens == reference.metrics.generated_tokens
+
+
+def test_a_session_carried_on_on_another_model_resumes_there_and_its_report_names_both(ws, store):
+    persona = ws.personas.get("quick")
+    first = make_engine(ws)
+    try:
+        conversation = Conversation(first, persona, store=store)
+        say(conversation, "What is a list in Python?")
+    finally:
+        first.close()
+    sid = conversation.session_id
+    other = ws.catalog.get("smollm2-135m-q8kv")
+    second = make_engine(ws, other)
+    try:
+        plan = plan_resume(store, ws, sid, model_id=other.id)
+        assert plan.warnings  # another model than the recorded one: said
+        say(resume_conversation(plan, store, second), "And a tuple?")
+    finally:
+        second.close()
+    # The session is now on the model its last turn ran on: a plain resume comes back to it.
+    assert store.session(sid).model_id == other.id
+    again = plan_resume(store, ws, sid)
+    assert again.spec.id == other.id and not again.warnings
+    assert [r.metrics.model_id for r in store.turns(sid)] == ["smollm2-135m", other.id]
+    report = export_text(store, [sid], "md")
+    assert f"smollm2-135m, then {other.id}" in report
 
 
 def test_persona_a_then_b_then_back_to_a_restores_a_conversation(ws, store):

@@ -65,6 +65,7 @@ import codecs
 import contextlib
 import ctypes
 import logging
+import secrets
 import time
 from typing import Any, Callable, Iterator, Sequence
 
@@ -100,6 +101,7 @@ from chatterm.core.engine.local.outcome import (
 )
 from chatterm.core.engine.local.prompt_fit import Fitted, PromptFitter
 from chatterm.core.engine.local.type_ahead import TypeAhead
+from chatterm.core.metrics.format import counted
 from chatterm.core.metrics.turn_metrics import CacheOutcome, StopReason, TurnMetrics
 from chatterm.core.system.file_identity import sha256_of_file
 from chatterm.errors import ChattermError
@@ -734,12 +736,11 @@ class LocalEngine(Engine):
 
     def _cut_notice(self, turns: int, shifted: int) -> str:
         n_ctx = self.llm.n_ctx() if self.llm is not None else self.spec.n_ctx
-        plural = "s" if turns != 1 else ""
         if shifted:
             how = f"shifted out of the cached state ({shifted:,} tokens): the rest is not prefilled again"
         else:
             how = f"the rest is prefilled once ({self.overflow.value}: {self.overflow_reason})"
-        return f"Context full ({n_ctx:,} tokens): the oldest {turns} turn{plural} left the model's context, {how}."
+        return f"Context full ({n_ctx:,} tokens): the oldest {counted(turns, 'turn')} left the model's context, {how}."
 
     def _record_start(
         self,
@@ -812,7 +813,9 @@ class LocalEngine(Engine):
         max_tokens = min(s.max_tokens, llm.n_ctx() - len(tokens))
         decoder = codecs.getincrementaldecoder("utf-8")("replace")
         if s.temperature > 0:
-            llm.set_seed(s.seed)
+            # llama-cpp-python keeps one seed per Llama: without a fresh one
+            # every regenerate of a prompt would sample the same reply.
+            llm.set_seed(s.seed if s.seed is not None else secrets.randbelow(2**31))
         generator = llm.generate(
             tokens,
             top_k=s.top_k,

@@ -41,6 +41,7 @@ import llama_cpp
 from chatterm.core.config.catalog import ModelSpec
 from chatterm.core.engine.interface import Progress
 from chatterm.core.engine.local import early_load, llama_log, offload
+from chatterm.core.metrics.format import counted
 from chatterm.core.system.machine import OtherLoad, cpu_name, physical_cores, usable_cpus
 from chatterm.errors import ChattermError
 
@@ -138,7 +139,7 @@ class Threads:
 
     def describe(self) -> str:
         """The counts in use, for the dashboard: "2 decode · 2 prefill of 2 cores"."""
-        text = f"{self.decode} decode · {self.batch} prefill of {self.cores} core{'s' if self.cores != 1 else ''}"
+        text = f"{self.decode} decode · {self.batch} prefill of {counted(self.cores, 'core')}"
         return f"{text} (fewer while others keep cores busy)" if self._load is not None else text
 
     def close(self) -> None:
