@@ -39,7 +39,7 @@ from chatterm.cli.common import catalog, db_path, require_positive, workspace, w
 from chatterm.core.metrics.format import counted, fmt_local_time, fmt_ms, printable, usd_number
 from chatterm.core.report.escape import json_line
 from chatterm.core.store.lifecycle import delete_session
-from chatterm.core.store.records import SearchHit, one_line
+from chatterm.core.store.records import SearchHit, one_line, turns_note
 from chatterm.core.store.session_store import SessionInfo, SessionStore
 from chatterm.errors import ChattermError
 
@@ -132,6 +132,8 @@ def run(args: argparse.Namespace) -> int:
         lines += [line, _INDENT + one_line(printable(about), width - len(_INDENT))]
     if len(shown) < len(sessions):
         lines.append(f"({len(sessions) - len(shown)} older sessions not shown)")
+    if note := turns_note(shown):
+        lines.append(note)
     sys.stdout.write("\n".join(lines) + "\n")
     return 0
 

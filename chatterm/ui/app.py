@@ -53,7 +53,7 @@ from chatterm.ui.engine_lease import EngineLease
 from chatterm.ui.engine_setup import EngineFactory, GpuProbe, MeterFactory, default_gpu_status, energy_meter_factory
 from chatterm.ui.latency_screen import LatencyScreen, TurnDetailScreen
 from chatterm.ui.notices import notify_plain
-from chatterm.ui.palette import chat_commands
+from chatterm.ui.palette import TEXTUAL_HIDDEN, chat_commands
 from chatterm.ui.resume import Resume
 from chatterm.ui.screens import HelpScreen, PersonaPicker
 from chatterm.ui.theme_memory import ThemeMemory
@@ -306,7 +306,7 @@ class ChatApp(App[None]):
         return True
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
-        yield from super().get_system_commands(screen)
+        yield from (c for c in super().get_system_commands(screen) if c.title not in TEXTUAL_HIDDEN)
         commands = chat_commands(self, self.workspace.personas, self.session.switch_persona, self.session.return_to)
         if screen is self.screen_stack[0]:
             yield from commands

@@ -79,6 +79,10 @@ EARLIER_SESSIONS = ("Earlier conversations are kept: F3 lists and searches them,
                     "and `chatterm launch --resume` continues the last one.")
 """The notice of a plain launch when the store holds sessions."""
 
+FIRST_LAUNCH = ("Type a message and press Enter. The dashboard beside the chat times each turn "
+                "and prices it; F1 lists every key, Ctrl+P every command.")
+"""The notice of a launch with no stored session yet: where to start."""
+
 
 class ChatSession(Horizontal):
     GPU_POLL_S = 2.0
@@ -159,6 +163,8 @@ class ChatSession(Horizontal):
         elif self.store is not None and self.store.latest_session_id() is not None:
             # A plain launch starts afresh: say where the earlier conversations are.
             await self.chat.messages.add_notice(EARLIER_SESSIONS)
+        else:
+            await self.chat.messages.add_notice(FIRST_LAUNCH)
         self.chat.set_status("loading model…")
 
     # -- what the session shows -----------------------------------------------------

@@ -4,8 +4,9 @@
 `SystemCommand` per persona (calling `switch_persona` with its id; its help
 says whether that goes back to the persona's last session, `return_to`) and
 one per app action that has a key (run as `app.run_action`, as its key binding
-would); the app adds them after Textual's own (themes, quit, screenshot), and
-over a dialog has them close the dialogs before they run. It
+would); the app adds them after Textual's own (themes, quit, screenshot;
+not `TEXTUAL_HIDDEN`), and over a dialog has them close the dialogs before
+they run. It
 knows the app only as a Textual `App` and its actions by name. Names from
 files are escaped: the palette parses markup.
 """
@@ -42,6 +43,11 @@ ACTIONS: tuple[tuple[str, str, str], ...] = (
     ("Help", "Every key (F1)", "help"),
 )
 """(title, help, action) of each app action in the palette."""
+
+TEXTUAL_HIDDEN = frozenset({"Keys", "Maximize", "Minimize"})
+"""Textual's own entries the app leaves out: Help (F1) lists every key, and
+Textual's key panel squeezes the conversation; maximizing the focused widget
+(most often the prompt) hides the chat with no way back a user would guess."""
 
 
 def chat_commands(

@@ -35,6 +35,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, DataTable, Input, Static
 
 from chatterm.core.metrics.format import fmt_local_time, fmt_usd, printable
+from chatterm.core.store.records import turns_note
 from chatterm.ui.notices import notify_plain
 from chatterm.ui.worker_errors import reported
 
@@ -45,7 +46,7 @@ if TYPE_CHECKING:
 SEARCH_DELAY_S = 0.15
 """A search starts this long after the last change to the box (typing is not searched per key)."""
 
-TITLE_CELL = 40
+TITLE_CELL = 36
 """Cells of the title / last-exchange column: the other columns stay in view from
 120 columns (narrower, the table scrolls sideways)."""
 
@@ -120,7 +121,7 @@ class SessionsScreen(ModalScreen["SessionChoice | None"]):
             yield Static(Content("Sessions"), classes="modal-title")
             yield Input(placeholder="Search messages and replies (/)", id="sessions-search")
             yield DataTable(id="sessions-table", cursor_type="row", zebra_stripes=True)
-            yield Static(Content(""), id="sessions-empty")
+            yield Static(Content(""), id="sessions-note")
             yield Static(Content("Enter opens · f forks · r renames · d deletes · / searches · Esc closes"),
                          classes="modal-hint")
 
@@ -150,7 +151,8 @@ class SessionsScreen(ModalScreen["SessionChoice | None"]):
                 key=str(info.id),
                 height=2,
             )
-        self._say_empty("No stored sessions yet: they appear after the first reply." if not self._sessions else "")
+        self._say("No stored sessions yet: they appear after the first reply." if not self._sessions
+                  else turns_note(self._sessions))
 
     def _show_hits(self, query: str, hits: "list[SearchHit]") -> None:
         self._hits = hits
@@ -167,12 +169,13 @@ class SessionsScreen(ModalScreen["SessionChoice | None"]):
                 key=str(n),
                 height=2,
             )
-        self._say_empty("" if hits else f"Nothing matches {printable(query)!r}.")
+        self._say("" if hits else f"Nothing matches {printable(query)!r}.")
 
-    def _say_empty(self, text: str) -> None:
-        empty = self.query_one("#sessions-empty", Static)
-        empty.update(Content(text))
-        empty.display = bool(text)
+    def _say(self, text: str) -> None:
+        """The line under the table: why it is empty, or what its figures mean."""
+        note = self.query_one("#sessions-note", Static)
+        note.update(Content(text))
+        note.display = bool(text)
 
     def _chosen_row(self) -> tuple[int, int | None] | None:
         """(session id, turn) of the highlighted row (a hit's turn; None for a session)."""

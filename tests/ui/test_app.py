@@ -327,8 +327,7 @@ async def test_engine_errors_are_shown_not_raised(build):
     async with app.run_test(size=SIZE) as pilot:
         await wait_for(pilot, lambda: app.session.engine_error is not None, what="the load failure")
         await pilot.pause(0.05)
-        notice = app.query_one(Notice)
-        assert "model [/] file [bold]broken[/bold]: bad magic" in rendered(notice)
+        assert any("model [/] file [bold]broken[/bold]: bad magic" in rendered(n) for n in app.query(Notice))
         assert any("bad magic" in n.message for n in app._notifications)
         app.query_one("#prompt").insert("hello?")
         await pilot.press("enter")
@@ -614,7 +613,7 @@ async def test_sessions_screen_opens_a_past_session_and_continues_it(build, work
     store.close()
 
 
-async def test_a_plain_launch_says_where_the_earlier_sessions_are_when_there_are_some(build, workspace):
+async def test_a_plain_launch_says_where_the_earlier_sessions_are_or_where_to_start(build, workspace):
     store = SessionStore(workspace.db_path)
     for present in (False, True):
         if present:
@@ -624,6 +623,8 @@ async def test_a_plain_launch_says_where_the_earlier_sessions_are_when_there_are
             await loaded(pilot)
             notices = [rendered(n) for n in app.query(Notice)]
             assert any("F3 lists and searches them" in n for n in notices) is present, notices
+            # A first launch says where to start instead.
+            assert any("Type a message and press Enter" in n for n in notices) is not present, notices
             assert len(app.query(UserMessage)) == 0
     store.close()
 
@@ -709,6 +710,22 @@ def test_the_palette_entries_do_not_import_the_app():
     code = "import sys, chatterm.ui.palette; print('chatterm.ui.app' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False"]
+
+
+async def test_the_palette_leaves_out_textuals_key_panel_and_maximize(build):
+    from textual.app import App
+
+    from chatterm.ui.prompt import PromptArea
+
+    app, _ = build()
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        app.query_one(PromptArea).focus()
+        await pilot.pause()
+        assert {"Keys", "Maximize"} <= {c.title for c in App.get_system_commands(app, app.screen)}
+        titles = [c.title for c in app.get_system_commands(app.screen)]
+        assert "Theme" in titles and "Quit" in titles and "Help" in titles
+        assert not {"Keys", "Maximize", "Minimize"} & set(titles), titles
 
 
 async def test_command_palette_switches_persona_and_exports_csv(build, workspace, isolated_dirs):

@@ -207,10 +207,10 @@ async def test_fork_from_a_turn_continues_with_its_history(build, store):
         assert users(app) == ["one", "two", "three"]
 
 
-async def test_the_sessions_table_fits_its_box_without_scrolling_sideways_at_140_columns(build, store):
+async def test_the_sessions_table_fits_its_box_without_scrolling_sideways_at_120_columns(build, store):
     # Narrower, it scrolls sideways (the cost is the last column).
     app, _ = build(store=store)
-    async with app.run_test(size=(140, 42)) as pilot:
+    async with app.run_test(size=(120, 40)) as pilot:
         await loaded(pilot)
         await send(pilot, "A first message, long enough to fill the title column of the table")
         await pilot.press("f3")

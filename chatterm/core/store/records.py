@@ -79,6 +79,15 @@ class SessionInfo:
         return f"{self.path_turns} +{other}" if other > 0 else str(self.path_turns)
 
 
+def turns_note(sessions: Iterable[SessionInfo]) -> str:
+    """What a "1 +2" in the listings means, for a listing that shows one; else ""."""
+    label = next((s.turns_label for s in sessions if s.turns > s.path_turns), None)
+    if label is None:
+        return ""
+    shown, other = label.split(" +")
+    return f"Turns {label}: {shown} on the branch shown, {other} more on other branches (regenerated, edited)."
+
+
 @dataclass(slots=True)
 class TurnRecord:
     index: int

@@ -12,6 +12,7 @@ import sqlite3
 import pytest
 
 from chatterm.core.engine.interface import ChatMessage
+from chatterm.core.store.records import turns_note
 from chatterm.core.store.resume import history_of
 from chatterm.core.store.session_store import SCHEMA_VERSION, SessionStore
 from chatterm.errors import ChattermError
@@ -50,6 +51,10 @@ def test_regenerate_keeps_the_old_reply_and_makes_the_new_one_current(tmp_path):
         # The next turn continues the new reply.
         store.record_turn(sid, "question 6", "answer 6", full_metrics())
         assert [r.index for r in store.turns(sid)] == [1, 2, 3, 5, 6]
+        # The listings say what "4 +1" means, and only when one shows such a count.
+        plain = store.session(four_turns(store))
+        assert turns_note([plain]) == ""
+        assert turns_note([plain, info]).startswith("Turns 4 +1: 4 on the branch shown, 1 more on other branches")
 
 
 def test_an_edit_at_turn_2_of_4_branches_there_and_the_history_is_the_new_path(tmp_path):
