@@ -112,7 +112,10 @@ def test_bench_json_end_to_end(tmp_path):
     assert "TTFT restored from disk" in result.stdout
     warm = data["ratios"]["memory_over_baseline_warm"]
     assert warm == data["ttft_memory_ms"] / data["baseline_ttft_warm_ms"]
-    assert f"{warm:.2f}x" in result.stdout.split("in memory / library warm")[1].splitlines()[0]
+    row = result.stdout.split("in memory / library warm")[1].splitlines()[0]
+    assert f"{warm:.2f}x" in row
+    assert ("✓ met" in row) is (warm <= 1.05) and ("✗ missed" in row) is (warm > 1.05)  # marked either way
+    assert "about 2-3 minutes" in result.stderr  # how long it takes is said before it starts
     # The machine it ran on is part of the result, and stderr (not a terminal
     # here) got a line per step instead of a spinner it cannot show.
     host = data["host"]

@@ -246,3 +246,21 @@ def test_a_ram_chain_restores_without_disk(tmp_path):
     assert isinstance(opened, OpenedState) and opened.verify is None
     assert bytes(opened.payload) == bytes(fake_state(tokens))
     opened.close()
+
+
+def test_restores_reuse_one_assembly_buffer_through_clear_ram_and_a_longer_conversation(tmp_path):
+    """Fresh memory costs more than the join into it: the buffer a restore
+    assembled into serves the next restore, after clear_ram and when the
+    conversation has grown a little, and each restore still gives its bytes."""
+    cache = PromptCache(tmp_path / "kv", block_tokens=64)
+    buffers = []
+    for n in (130, 150, 160):  # a conversation a turn longer each time
+        tokens = toks(n)
+        cache.put("m", Slot.session(1), tokens, fake_state(tokens), COMPAT, disk=False)
+        (best,) = cache.lookup("m", COMPAT, tokens + [1]).candidates
+        opened = cache.open(best)
+        assert bytes(opened.payload) == bytes(fake_state(tokens))
+        buffers.append(opened.payload.obj)
+        opened.close()
+        cache.clear_ram()
+    assert buffers[0] is buffers[1] is buffers[2]
