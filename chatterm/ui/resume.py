@@ -46,17 +46,22 @@ class Resume:
         return self.plan.session_id
 
     @property
-    def turn_count(self) -> int:
-        return self.plan.info.turns
+    def turns_text(self) -> str:
+        """The exchanges on screen, and those on other branches: `2 turns`,
+        `1 turn, 1 more on other branches` (the listings' "1 +1")."""
+        info = self.plan.info
+        other = info.turns - info.path_turns
+        more = f", {other} more on other branches" if other > 0 else ""
+        return counted(info.path_turns, "turn") + more
 
 
 def turns_phrase(resume: Resume) -> str:
     """`session 3, 2 turns`."""
-    return f"session {resume.session_id}, {counted(resume.turn_count, 'turn')}"
+    return f"session {resume.session_id}, {resume.turns_text}"
 
 
 def resumed_notice(resume: Resume) -> str:
-    return f"Resumed session {resume.session_id} ({counted(resume.turn_count, 'turn')})."
+    return f"Resumed session {resume.session_id} ({resume.turns_text})."
 
 
 def read_resume(

@@ -249,3 +249,18 @@ async def test_chat_keys_and_palette_commands_over_the_sessions_screen(build, st
         await pilot.press("escape")
         await wait_for(pilot, lambda: len(app.screen_stack) == 1, what="the chat screen")
         assert app.focused is not None and app.focused.id == "prompt"
+
+
+def test_the_resume_notice_counts_the_exchanges_shown_and_names_the_other_branches(workspace, store):
+    from chatterm.core.metrics.turn_metrics import TurnMetrics
+    from chatterm.ui.resume import read_resume, resumed_notice
+
+    sid = store.create_session(model_id="smollm2-135m", model_identity="x", engine="local", device="CPU",
+                               persona_id="assistant")
+    metrics = TurnMetrics(engine="local", model_id="smollm2-135m", persona_id="assistant", submitted_at=1.0)
+    store.record_turn(sid, "Name a color.", "Red.", metrics)
+    assert resumed_notice(read_resume(store, workspace, sid, None)) == f"Resumed session {sid} (1 turn)."
+    store.prepare_sibling(sid, 1)
+    store.record_turn(sid, "Name a color.", "Blue.", metrics)  # regenerated: one exchange shown
+    assert resumed_notice(read_resume(store, workspace, sid, None)) == (
+        f"Resumed session {sid} (1 turn, 1 more on other branches).")

@@ -16,11 +16,15 @@ Contract:
 - Without FTS5 (or for such words) the scan is SQL LIKE over both texts, with
   `%`, `_` and `\\` escaped: case is ignored for ASCII letters only.
 - `snippet(user_text, reply, text)` says where the match is and gives plain
-  text around it, on one line.
+  text around it, on one line: where a word of `text` begins, compared as the
+  index does (case and diacritics ignored), before a match inside a word.
 """
 
 from __future__ import annotations
 
+import functools
+import re
+import unicodedata
 from typing import Callable
 
 from chatterm.core.store.records import one_line
@@ -64,15 +68,45 @@ def search(query: Query, text: str, limit: int, *, fts: bool, parent: str) -> li
     return query(f"SELECT {columns} FROM turns t WHERE {where} ORDER BY t.id DESC LIMIT ?", (*params, limit))
 
 
+def _fold(text: str) -> str:
+    """`text` casefolded and without diacritics, one character for each of
+    its characters (so a position in it is a position in `text`): what the
+    FTS5 tokenizer compares, "Café" and "cafe" alike."""
+    if text.isascii():
+        return text.lower()  # the common case, at C speed
+    return "".join(map(_fold_char, text))
+
+
+@functools.lru_cache(maxsize=4096)
+def _fold_char(c: str) -> str:
+    base = unicodedata.normalize("NFKD", c)[:1] or c
+    return base.casefold()[:1] or c
+
+
+def _find(folded: str, words: list[str], *, word_start: bool) -> int:
+    """The first position of any of `words` in `folded` (-1: none); with
+    `word_start`, only where a word begins, as the index matches."""
+    found = []
+    for w in words:
+        pattern = (r"(?<![^\W_])" if word_start else "") + re.escape(w)
+        match = re.search(pattern, folded)
+        if match:
+            found.append(match.start())
+    return min(found, default=-1)
+
+
 def snippet(user_text: str, reply: str, text: str) -> tuple[str, str]:
-    """("user" or "assistant", plain text around the first word of `text` found)."""
-    words = [w.casefold() for w in text.split()]
-    for role, body in (("user", user_text), ("assistant", reply)):
-        folded = body.casefold()
-        at = min((i for i in (folded.find(w) for w in words) if i >= 0), default=-1)
-        if at >= 0:
-            start = max(at - SNIPPET_CHARS // 3, 0)
-            cut = one_line(body[start:], SNIPPET_CHARS)
-            return role, ("…" + cut if start else cut)
-    # Matched through the tokenizer (diacritics, another case form): the message's start.
+    """("user" or "assistant", plain text around the first word of `text`
+    found): a word that begins there first (the index matched that one, not
+    "art" inside "start"), in the user's text, then the reply."""
+    words = [_fold(w) for w in text.split()]
+    bodies = (("user", user_text), ("assistant", reply))
+    for word_start in (True, False):
+        for role, body in bodies:
+            at = _find(_fold(body), words, word_start=word_start)
+            if at >= 0:
+                start = max(at - SNIPPET_CHARS // 3, 0)
+                cut = one_line(body[start:], SNIPPET_CHARS)
+                return role, ("…" + cut if start else cut)
+    # Matched through the tokenizer some other way: the message's start.
     return "user", one_line(user_text, SNIPPET_CHARS)

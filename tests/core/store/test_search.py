@@ -65,3 +65,16 @@ def test_the_index_follows_deletes_and_forks(store):
     assert [h.session_id for h in store.search("pelican")] == [keep]
     fork, _ = store.fork_session(keep)
     assert [h.session_id for h in store.search("pelican flies")] == [fork, keep]
+
+
+def test_a_hits_snippet_shows_the_word_that_matched():
+    from chatterm.core.store.search import snippet
+
+    # "art" begins a word only in the reply: the user's "start" is not the match.
+    assert snippet("How do I start?", "Modern art is one answer.", "art") == (
+        "assistant", "Modern art is one answer.")
+    # Diacritics and case ignored, as FTS5's tokenizer does: "cafe" found in "Café".
+    assert snippet("Where is a good Café?", "Try the corner.", "cafe") == ("user", "Where is a good Café?")
+    # Inside a word only (a plain scan's LIKE match): still the place it is in.
+    role, cut = snippet("x " * 40 + "restart it", "no", "start")
+    assert role == "user" and "restart" in cut and cut.startswith("…")
