@@ -4,7 +4,8 @@ Contract:
 - `copy_reply(app, reply)` and `copy_code_block(app, reply, number)` put the
   text on the clipboard with Textual's `App.copy_to_clipboard`, which writes
   the OSC 52 escape sequence: it works through tmux (`set-clipboard on`) and
-  SSH wherever the terminal accepts OSC 52. A notification says what was copied.
+  SSH wherever the terminal accepts OSC 52. A notification says what was
+  copied, and that a terminal that ignores OSC 52 is why nothing pastes.
 - What is copied is what the reply shows: the model's text with control
   characters made visible (`printable`), so a paste can never carry an escape
   sequence into another program.
@@ -54,13 +55,18 @@ def _lines(text: str) -> str:
     return counted(n, "line")
 
 
+SENT_BY = "\nSent as OSC 52: if nothing pastes, the terminal ignores it (tmux: set-clipboard on)."
+"""The copy notice's second line: no terminal says whether it took the text,
+so the notice cannot claim more than that it was sent."""
+
+
 def copy_reply(app: "App", reply: "AssistantReply | None") -> None:
     """Copy the whole reply (its text as shown)."""
     if reply is None or not reply.source.strip():
         notify_plain(app, "No reply to copy yet.")
         return
     app.copy_to_clipboard(reply.source)
-    notify_plain(app, f"Copied the reply ({_lines(reply.source)}) to the clipboard.", title="Copy")
+    notify_plain(app, f"Copied the reply ({_lines(reply.source)}) to the clipboard.{SENT_BY}", title="Copy")
 
 
 def copy_code_block(app: "App", reply: "AssistantReply | None", number: int) -> None:
@@ -74,7 +80,7 @@ def copy_code_block(app: "App", reply: "AssistantReply | None", number: int) -> 
         return
     block = blocks[number - 1]
     app.copy_to_clipboard(block)
-    notify_plain(app, f"Copied code block {number} of {len(blocks)} ({_lines(block)}) to the clipboard.",
+    notify_plain(app, f"Copied code block {number} of {len(blocks)} ({_lines(block)}) to the clipboard.{SENT_BY}",
                  title="Copy")
 
 

@@ -34,7 +34,7 @@ async def test_copy_the_reply_and_a_code_block(build):
         await pilot.press("f9")
         # The reply as shown: the escape sequence is inert text, never a live one.
         assert app.clipboard == "Plain ␛[31mred␛[0m answer."
-        assert any("Copied the reply (1 line)" in n for n in notifications(app))
+        assert any("Copied the reply (1 line)" in n and "if nothing pastes" in n for n in notifications(app))
         await pilot.press("f10")
         await wait_for(pilot, lambda: "This reply has no code block." in notifications(app), what="no block")
 
