@@ -512,7 +512,7 @@ class PromptCache:
                 candidates.append((-shared, rank, len(entry.tokens), Candidate(entry, shared)))
         for slot in expect:
             if slot not in seen and not any(m.startswith(slot.label + " ") for m in misses):
-                misses.append(f"{slot.label}: missing (no saved state)")
+                misses.append(f"{slot.label}: no saved state (not kept yet, or removed)")
         candidates.sort(key=lambda c: c[:3])
         return Lookup([c[3] for c in candidates], misses)
 

@@ -27,13 +27,14 @@ _CUT = 400
 
 def session_sql(tree: bool) -> tuple[str, str, str]:
     """SQL over `s` for the current leaf, the last activity, and (title,
-    forked_from, forked_turn)."""
+    forked_from, forked_turn, the title given to the session it was forked from)."""
     if tree:
-        return "s.current_index", "s.active_at", "s.title, s.forked_from, s.forked_turn"
+        return ("s.current_index", "s.active_at",
+                "s.title, s.forked_from, s.forked_turn, (SELECT p.title FROM sessions p WHERE p.id = s.forked_from)")
     return (
         "(SELECT MAX(turn_index) FROM turns WHERE session_id = s.id)",
         "COALESCE((SELECT MAX(recorded_at) FROM turns WHERE session_id = s.id), s.started_at)",
-        "NULL, NULL, NULL",
+        "NULL, NULL, NULL, NULL",
     )
 
 
@@ -91,7 +92,7 @@ def session_infos(query: Query, tree: bool, where: str, params: tuple) -> list[S
     }
     infos = []
     for row in rows:
-        title, forked_from, forked_turn, first, user, reply, active_at, on_path = described[row[0]]
+        title, forked_from, forked_turn, parent_title, first, user, reply, active_at, on_path = described[row[0]]
         forked = _fork(forked_from, forked_turn)
         infos.append(SessionInfo(
             *row[:7],
@@ -99,7 +100,7 @@ def session_infos(query: Query, tree: bool, where: str, params: tuple) -> list[S
             path_turns=row[7] if on_path is None else on_path,
             ttft_p50_ms=percentile(ttfts.get(row[0], []), 50),
             cost_usd=row[8],
-            title=title or default_title(first, forked),
+            title=title or default_title(first, forked, parent_title),
             preview=preview_of(user, reply),
             active_at=active_at,
             forked_from=forked,
@@ -114,11 +115,11 @@ def titles(query: Query, tree: bool, session_ids: Iterable[int]) -> dict[int, st
         return {}
     _, _, extra = session_sql(tree)
     found = {}
-    for sid, title, forked_from, forked_turn, first in query(
+    for sid, title, forked_from, forked_turn, parent_title, first in query(
         f"SELECT s.id, {extra}, substr(f.user_text, 1, {_CUT}) FROM sessions s "
         "LEFT JOIN turns f ON f.session_id = s.id AND f.turn_index = 1 "
         f"WHERE s.id IN ({', '.join('?' * len(ids))})",
         tuple(ids),
     ):
-        found[sid] = title or default_title(first, _fork(forked_from, forked_turn))
+        found[sid] = title or default_title(first, _fork(forked_from, forked_turn), parent_title)
     return found

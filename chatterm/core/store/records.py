@@ -151,15 +151,19 @@ def metrics_of(names: list[str], rows: Iterable[Sequence]) -> list[TurnMetrics]:
     return metrics
 
 
-def default_title(first_user_text: str | None, forked_from: tuple[int, int] | None) -> str:
+def default_title(
+    first_user_text: str | None, forked_from: tuple[int, int] | None, parent_title: str | None = None
+) -> str:
     """The title of a session nobody named: its first user message, cut; a fork
-    says where it came from."""
+    says where it came from, under the title its parent was given if any (the
+    name the user knows that conversation by)."""
     if forked_from is None:
         return one_line(first_user_text or "", TITLE_CHARS)
-    # The message is cut shorter so that where the fork came from still shows
+    # The text is cut shorter so that where the fork came from still shows
     # in a listing's one line.
     origin = f"(fork of session {forked_from[0]}, turn {forked_from[1]})"
-    return f"{one_line(first_user_text or '', TITLE_CHARS - len(origin) - 1)} {origin}".lstrip()
+    text = parent_title or first_user_text or ""
+    return f"{one_line(text, TITLE_CHARS - len(origin) - 1)} {origin}".lstrip()
 
 
 def preview_of(user_text: str | None, reply: str | None) -> str:

@@ -96,7 +96,7 @@ def test_every_miss_has_a_reason(tmp_path):
     assert "session 5 (disk): corrupt header" in reasons
     assert ("session 6 (disk): holds another version of the conversation (an edit, a branch or a fork): "
             "shares 10 of its 20 tokens with this prompt") in reasons
-    assert "session 7: missing (no saved state)" in reasons
+    assert "session 7: no saved state (not kept yet, or removed)" in reasons
     # The other version still offers what it shares; the damaged ones offer nothing.
     assert [(c.entry.slot, c.shared) for c in found.candidates] == [(Slot.session(6), 10)]
 

@@ -148,7 +148,8 @@ def test_fork_copies_the_path_as_inherited_turns(tmp_path):
         ]
         assert [r.metrics for r in records] == [full_metrics(i) for i in (1, 2, 3)]
         info = store.session(fork)
-        assert info.forked_from == (sid, 3) and info.title == "question 1 (fork of session 1, turn 3)"
+        # Under the name the parent was given, not its first message.
+        assert info.forked_from == (sid, 3) and info.title == "Original (fork of session 1, turn 3)"
         assert store.sessions()[0].id == fork  # the newest activity
         store.record_turn(fork, "fork question", "fork answer", full_metrics())
         assert [(r.index, r.inherited) for r in store.turns(fork)][-1] == (4, False)
