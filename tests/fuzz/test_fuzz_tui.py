@@ -27,6 +27,7 @@ from pathlib import Path
 from fuzzing import fuzz
 from hypothesis import given
 from hypothesis import strategies as st
+from pilot_steps import send, wait_for
 from textual.geometry import Region
 from textual.widgets import DataTable
 
@@ -34,7 +35,6 @@ from chatterm.core.config import paths
 from chatterm.core.metrics.format import printable
 from chatterm.core.store.session_store import SessionStore
 from chatterm.core.workspace import Workspace
-from chatterm.ui.chat_view import TurnPhase
 from chatterm.ui.launch import make_app
 from chatterm.ui.sessions_screen import SessionsScreen
 
@@ -147,23 +147,6 @@ async def scenario(tmp_path: Path, reply: str, name: str, error: str, user: str,
             assert app.is_running
     finally:
         store.close()
-
-
-async def wait_for(pilot, predicate, timeout: float = 10.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not predicate():
-        assert loop.time() < deadline, "timed out"
-        await pilot.pause(0.02)
-
-
-async def send(pilot, text: str) -> None:
-    app = pilot.app
-    before = len(app.conversation.turns)
-    app.query_one("#prompt").focus()
-    app.query_one("#prompt").insert(text)
-    await pilot.press("enter")
-    await wait_for(pilot, lambda: len(app.conversation.turns) > before and app.chat.phase is TurnPhase.IDLE)
 
 
 def test_fixed_hostile_corpus_stays_literal(tmp_path):

@@ -67,16 +67,23 @@ def uncached(engine, persona, history, text):
     return turn, reply
 
 
+def stored_conversation(ws, store, persona, *messages: str) -> Conversation:
+    """A stored session of these messages, on an engine closed after them as at
+    quit (every kept state reaches the disk)."""
+    engine = make_engine(ws)
+    try:
+        conversation = Conversation(engine, persona, store=store)
+        for message in messages:
+            say(conversation, message)
+    finally:
+        engine.close()
+    return conversation
+
+
 def test_a_resumed_session_continues_token_for_token_and_prefills_only_the_new_message(ws, store):
     persona = ws.personas.get("quick")
-    first = make_engine(ws)
-    try:
-        conversation = Conversation(first, persona, store=store)
-        say(conversation, "What is a list in Python?")
-        say(conversation, "And a tuple?")
-        history = list(conversation.history)
-    finally:
-        first.close()  # as at quit: every kept state reaches the disk
+    conversation = stored_conversation(ws, store, persona, "What is a list in Python?", "And a tuple?")
+    history = list(conversation.history)
 
     relaunched = make_engine(ws)
     try:
@@ -100,13 +107,7 @@ def test_a_resumed_session_continues_token_for_token_and_prefills_only_the_new_m
 
 def test_a_session_carried_on_on_another_model_resumes_there_and_its_report_names_both(ws, store):
     persona = ws.personas.get("quick")
-    first = make_engine(ws)
-    try:
-        conversation = Conversation(first, persona, store=store)
-        say(conversation, "What is a list in Python?")
-    finally:
-        first.close()
-    sid = conversation.session_id
+    sid = stored_conversation(ws, store, persona, "What is a list in Python?").session_id
     other = ws.catalog.get("smollm2-135m-q8kv")
     second = make_engine(ws, other)
     try:
@@ -149,13 +150,7 @@ def test_persona_a_then_b_then_back_to_a_restores_a_conversation(ws, store):
 
 def test_an_edited_history_falls_back_to_the_persona_prefix(ws, store):
     persona = ws.personas.get("quick")
-    engine = make_engine(ws)
-    try:
-        conversation = Conversation(engine, persona, store=store)
-        say(conversation, "What is a list in Python?")
-        say(conversation, "And a tuple?")
-    finally:
-        engine.close()
+    conversation = stored_conversation(ws, store, persona, "What is a list in Python?", "And a tuple?")
     with sqlite3.connect(ws.db_path) as db:  # edited after its state was saved
         db.execute("UPDATE turns SET user_text = 'Tell me about sets.' WHERE turn_index = 1")
     relaunched = make_engine(ws)

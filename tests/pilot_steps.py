@@ -1,5 +1,5 @@
-"""Steps the Pilot tests share: wait for a condition, for the model, for a reply
-or a palette hit. A module of its own, not conftest: `from conftest import`
+"""Steps the Pilot tests share (tests/ui, the TUI fuzz test): wait for a
+condition, for the model, for a reply or a palette hit. A module of its own, not conftest: `from conftest import`
 resolves to whichever conftest.py was imported last, so a subset of the suite
 could fail to collect."""
 
