@@ -79,6 +79,12 @@ class Conversation:
         self._moved = session_id is None
         """The session is on this engine's model in the store (a new one is created there)."""
 
+    def _model_fields(self) -> dict[str, str]:
+        """What the store records of the model a session is on."""
+        engine = self.engine
+        return dict(model_id=engine.spec.id, model_identity=engine.model_identity, engine=engine.kind,
+                    device=engine.device().name)
+
     def summary(self) -> SessionSummary:
         return SessionSummary.of(self.turns)
 
@@ -102,17 +108,15 @@ class Conversation:
             return
         stored = False
         try:
-            on = dict(model_id=self.engine.spec.id, model_identity=self.engine.model_identity,
-                      engine=self.engine.kind, device=self.engine.device().name)
             if self.session_id is None:
                 self.session_id = self.store.create_session(
-                    **on, persona_id=self.persona.id,
+                    **self._model_fields(), persona_id=self.persona.id,
                     started_at=m.submitted_at,  # the session began with its first message
                 )
             elif not self._moved:
                 # A stored session carried on, maybe on another model: a resume
                 # must come back to the model its last turn ran on.
-                self.store.move_session(self.session_id, **on)
+                self.store.move_session(self.session_id, **self._model_fields())
                 self._moved = True
             if self.session_id is not None:  # None: the database refused the write
                 self.store.record_turn(self.session_id, text, turn.reply, m)

@@ -81,11 +81,11 @@ class SessionInfo:
 
 def turns_note(sessions: Iterable[SessionInfo]) -> str:
     """What a "1 +2" in the listings means, for a listing that shows one; else ""."""
-    label = next((s.turns_label for s in sessions if s.turns > s.path_turns), None)
-    if label is None:
+    s = next((s for s in sessions if s.turns > s.path_turns), None)
+    if s is None:
         return ""
-    shown, other = label.split(" +")
-    return f"Turns {label}: {shown} on the branch shown, {other} more on other branches (regenerated, edited)."
+    return (f"Turns {s.turns_label}: {s.path_turns} on the branch shown, {s.turns - s.path_turns} more on "
+            "other branches (regenerated, edited).")
 
 
 @dataclass(slots=True)

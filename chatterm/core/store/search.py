@@ -83,29 +83,19 @@ def _fold_char(c: str) -> str:
     return base.casefold()[:1] or c
 
 
-def _find(folded: str, words: list[str], *, word_start: bool) -> int:
-    """The first position of any of `words` in `folded` (-1: none); with
-    `word_start`, only where a word begins, as the index matches."""
-    found = []
-    for w in words:
-        pattern = (r"(?<![^\W_])" if word_start else "") + re.escape(w)
-        match = re.search(pattern, folded)
-        if match:
-            found.append(match.start())
-    return min(found, default=-1)
-
-
 def snippet(user_text: str, reply: str, text: str) -> tuple[str, str]:
     """("user" or "assistant", plain text around the first word of `text`
     found): a word that begins there first (the index matched that one, not
     "art" inside "start"), in the user's text, then the reply."""
-    words = [_fold(w) for w in text.split()]
-    bodies = (("user", user_text), ("assistant", reply))
-    for word_start in (True, False):
-        for role, body in bodies:
-            at = _find(_fold(body), words, word_start=word_start)
-            if at >= 0:
-                start = max(at - SNIPPET_CHARS // 3, 0)
+    any_word = "|".join(re.escape(_fold(w)) for w in text.split())
+    # A word that begins at the match (no letter or digit before it), then anywhere.
+    patterns = [re.compile(rf"(?<![^\W_])(?:{any_word})"), re.compile(any_word)]
+    bodies = [("user", user_text, _fold(user_text)), ("assistant", reply, _fold(reply))]
+    for pattern in patterns:
+        for role, body, folded in bodies:
+            match = pattern.search(folded)
+            if match:
+                start = max(match.start() - SNIPPET_CHARS // 3, 0)
                 cut = one_line(body[start:], SNIPPET_CHARS)
                 return role, ("…" + cut if start else cut)
     # Matched through the tokenizer some other way: the message's start.
