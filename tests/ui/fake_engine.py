@@ -110,6 +110,7 @@ class FakeEngine(Engine):
             m.prefilled_tokens = m.prompt_tokens - m.cached_tokens
             m.cache_outcome = self.cache_outcome
             m.restore_ms = 12.5 if self.cache_outcome == CacheOutcome.RESTORED else None
+            m.seed = 1000 + len(self.received)  # as a sampled reply records it
             if self.fail_turn:
                 raise ChattermError(self.fail_turn)
             for index, token in enumerate(tokens):

@@ -92,6 +92,7 @@ async def test_latency_screen_charts_turns_and_what_if(build, workspace, size):
         box = detail.query_one("#turn-box")
         assert _inside(box, size)
         assert "Turn 2" in str(detail.query_one("#turn-title", Static).render())
+        assert "`seed = 1002` in the persona" in str(detail.query_one("#turn-details", Static).render())
         bar = detail.query_one(TimelineBar)
         assert bar.region.right <= box.region.right
         await pilot.press("escape")

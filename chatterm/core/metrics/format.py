@@ -6,7 +6,8 @@ Contract:
 - `footer_line(metrics)` is THE one-line summary of a turn, e.g.
   `TTFT 142 ms · 47.9 tok/s · 18 in (1,612 cached) · 96 out · $0.004020 · restored 41 ms`.
 - `input_breakdown(metrics)` is the one wording of the prompt tokens that were
-  not prefilled after Enter: `1,612 cached`, `40 typed ahead`, or, on the first
+  not prefilled after Enter: `1,612 cached`, `40 typed ahead` (and, after a
+  model switch or a fork, `1,020 history prefilled ahead`), or, on the first
   turn after a persona switch, `54 prefilled at the switch` (billed as
   uncached input: the user waited for that prefill).
 - Dollars have one precision rule (`usd_number`, `fmt_usd`): six decimals,
@@ -183,8 +184,11 @@ def input_breakdown(m: TurnMetrics) -> str:
     else:
         earlier, what = m.reused_tokens, "cached"
     parts = [f"{approx}{fmt_int(earlier)} {what}"] if earlier else []
-    if m.ahead_tokens:
-        parts.append(f"{approx}{fmt_int(m.ahead_tokens)} typed ahead")
+    history = min(m.ahead_history_tokens, m.ahead_tokens)
+    if history:
+        parts.append(f"{approx}{fmt_int(history)} history prefilled ahead")
+    if m.ahead_tokens > history:
+        parts.append(f"{approx}{fmt_int(m.ahead_tokens - history)} typed ahead")
     return ", ".join(parts)
 
 

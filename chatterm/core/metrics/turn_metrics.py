@@ -90,7 +90,15 @@ class TurnMetrics:
     in `cached_tokens` (this turn reused them), their time is `ahead_ms`."""
     ahead_ms: float = 0.0
     """Time spent prefilling `ahead_tokens` before Enter; not part of TTFT."""
+    ahead_history_tokens: int = 0
+    """Of `ahead_tokens`, those of the conversation before the message: after a
+    model switch, a fork or a cache that could not be restored, the history is
+    prefilled again while the next message is typed."""
     generated_tokens: int = 0
+    seed: int | None = None
+    """The sampling seed of the reply; None when it was greedy (temperature 0).
+    Pinned in the persona (`seed`), with the same model and prompt, it samples
+    the same reply again."""
     ttft_ms: float | None = None
     """Submit to first token available."""
     decode_ms: float = 0.0

@@ -18,6 +18,8 @@ Contract:
   largest id ever deleted (a trigger), and a new session takes
   `NEW_SESSION_ID`. (AUTOINCREMENT would need the table rebuilt, and dropping
   the old one cascades into the turns.)
+- v10 splits the type-ahead credit (`ahead_history_tokens`: history prefilled
+  again while typing, not the message) and keeps each reply's sampling `seed`.
 """
 
 from __future__ import annotations
@@ -224,12 +226,19 @@ def _to_v9(conn: sqlite3.Connection) -> None:
     )
 
 
+def _to_v10(conn: sqlite3.Connection) -> None:
+    # v10: the type-ahead credit split (history prefilled again while typing
+    # after a model switch or fork, not the message), and the sampling seed.
+    conn.execute("ALTER TABLE turns ADD COLUMN ahead_history_tokens INTEGER NOT NULL DEFAULT 0")
+    conn.execute("ALTER TABLE turns ADD COLUMN seed INTEGER")
+
+
 NEW_SESSION_ID = (
     "(SELECT max(coalesce((SELECT max(id) FROM sessions), 0), value) + 1 FROM id_floor WHERE name = 'sessions')"
 )
 """The id of a session inserted now: above every id there is or was (v9)."""
 
 MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (
-    _to_v1, _to_v2, _to_v3, _to_v4, _to_v5, _to_v6, _to_v7, _to_v8, _to_v9,
+    _to_v1, _to_v2, _to_v3, _to_v4, _to_v5, _to_v6, _to_v7, _to_v8, _to_v9, _to_v10,
 )
 SCHEMA_VERSION = len(MIGRATIONS)

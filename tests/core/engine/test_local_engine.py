@@ -618,19 +618,24 @@ def test_a_state_from_a_one_turn_context_restores_in_the_whole_context(ws, perso
 
 def test_sampled_replies_vary_unless_the_persona_pins_a_seed(ws):
     """A regenerate asks the same prompt again: at temperature > 0 it must be
-    able to give a different reply, and a pinned seed must give the same one."""
+    able to give a different reply, and a pinned seed must give the same one;
+    the seed a reply records, pinned, samples that reply again."""
     base = ws.personas.get("assistant")
     sampled = replace(base, sampling=replace(base.sampling, temperature=1.0, max_tokens=24))
     pinned = replace(sampled, sampling=replace(sampled.sampling, seed=7))
     prompt = "Invent a name for a new color and describe it."
     engine = make_engine(ws)
     try:
-        free = {run_turn(engine, sampled, prompt)[1] for _ in range(3)}
+        runs = [run_turn(engine, sampled, prompt) for _ in range(3)]
         fixed = {run_turn(engine, pinned, prompt)[1] for _ in range(2)}
+        first, first_reply = runs[0]
+        replayed = replace(sampled, sampling=replace(sampled.sampling, seed=first.metrics.seed))
+        again = run_turn(engine, replayed, prompt)
     finally:
         engine.close()
-    assert len(free) > 1, free
+    assert len({reply for _, reply in runs}) > 1, runs
     assert len(fixed) == 1, fixed
+    assert again[1] == first_reply and again[0].metrics.seed == first.metrics.seed
 
 
 def test_a_whole_state_too_large_for_a_small_context_is_skipped_and_kept(ws, monkeypatch):

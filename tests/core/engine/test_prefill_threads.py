@@ -64,6 +64,10 @@ def test_work_at_a_lower_priority_is_not_counted():
     if os.getpriority(os.PRIO_PROCESS, 0) > 0:
         pytest.skip("this test process is niced itself")
     load = OtherLoad().start()
+    before = settled(load)
+    if before >= 0.5:
+        load.stop()
+        pytest.skip(f"other processes already keep {before:.1f} cores busy: a niced one cannot be told apart")
     hog = subprocess.Popen([sys.executable, "-c", "import os; os.nice(19)\nwhile True: pass"])
     try:
         niced_busy = settled(load)

@@ -76,6 +76,27 @@ def test_typed_in_bursts_gives_the_plain_sends_prompt_and_reply(engine, persona)
     # persona and the history in the context were never prefilled again.
     assert plain.metrics.prefilled_tokens - 1 <= m.ahead_tokens <= plain.metrics.prefilled_tokens
     assert m.ahead_ms > 0
+    assert m.ahead_history_tokens == 0, "the history was in the context: only the message was typed ahead"
+
+
+def test_history_prefilled_again_while_typing_is_not_counted_as_typed_ahead(engine, persona):
+    # A model switch or a fork: the context holds the persona but not the conversation.
+    history = first_turn(engine, persona)
+    message = send(engine, persona, MESSAGE, history)[0].metrics
+    engine.reset_context()
+    engine.prepare_persona(persona)
+    persona_only = send(engine, persona, FIRST)[0].metrics
+    engine.reset_context()
+    engine.prepare_persona(persona)
+    report = engine.prefill_ahead(persona, history, MESSAGE)
+    assert report is not None and report.ready == report.total - 1
+    m = send(engine, persona, MESSAGE, history)[0].metrics
+    typed = m.ahead_tokens - m.ahead_history_tokens
+    # The history (first turn's prompt and reply, less the persona) went in
+    # with the message; the message's own part is what a send with the
+    # history in the context prefilled (its last token is left for Enter).
+    assert m.ahead_history_tokens > persona_only.prefilled_tokens
+    assert message.prefilled_tokens - 1 <= typed <= message.prefilled_tokens
 
 
 def test_a_draft_that_changes_completely_still_gives_the_right_prompt(engine, persona):

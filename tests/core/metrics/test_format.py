@@ -108,5 +108,8 @@ def test_a_switch_turn_says_its_tokens_were_prefilled_at_the_switch_everywhere()
     # Typed ahead during such a turn: both are said.
     ahead = replace(m, cached_tokens=64, ahead_tokens=10, prefilled_tokens=3)
     assert input_breakdown(ahead) == "54 prefilled at the switch, 10 typed ahead"
+    # After a model switch the history was prefilled again while typing: not typed ahead.
+    rebuilt = replace(m, cache_outcome="memory", cached_tokens=1100, ahead_tokens=1046, ahead_history_tokens=1030)
+    assert input_breakdown(rebuilt) == "54 cached, 1,030 history prefilled ahead, 16 typed ahead"
     # Any other turn's reused tokens are cached.
     assert input_breakdown(replace(m, cache_outcome="memory")) == "54 cached"

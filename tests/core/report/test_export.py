@@ -74,7 +74,7 @@ def build_sample(db: Path) -> tuple[int, int]:
         store.record_turn(first, "Hi!", "Hello! How can I help?", priced(TurnMetrics(
             **base, submitted_at=1_700_000_001.5, cache_outcome="restored",
             cache_detail="state file 4.2 MB", restore_ms=38.25, prefill_ms=61.0, prompt_tokens=180,
-            cached_tokens=170, prefilled_tokens=10, generated_tokens=9, ttft_ms=105.5, decode_ms=96.0,
+            cached_tokens=170, prefilled_tokens=10, generated_tokens=9, seed=1234, ttft_ms=105.5, decode_ms=96.0,
             total_ms=210.0, stop_reason="eos", saved_prefill_ms=2900.0,
         )))
         store.record_turn(first, "=cmd|' /C calc'!A0", NASTY_REPLY, priced(TurnMetrics(

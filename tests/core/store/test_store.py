@@ -167,7 +167,7 @@ def test_database_is_in_wal_mode_with_current_version(tmp_path):
     SessionStore(db).close()
     conn = sqlite3.connect(db)
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 9
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 10
 
 
 def make_v1_database(path: Path) -> None:

@@ -56,7 +56,12 @@ Contract (beyond chatterm.core.engine.interface):
   (`cut_turns`, `shifted_tokens`, `shift_ms`, a notice).
 - `prefill_ahead` prefills the prompt a send of the draft would have, in the
   live context, yielding to a turn; its state and the credit a turn gets for
-  it (`ahead_tokens`) are `chatterm.core.engine.local.type_ahead`'s.
+  it (`ahead_tokens`) are `chatterm.core.engine.local.type_ahead`'s. The
+  part of that credit before the history's end (`ahead_history_tokens`:
+  the conversation prefilled again after a model switch or a fork) is told
+  apart from the message typed ahead.
+- A sampled reply records its seed (`TurnMetrics.seed`): pinned in the
+  persona, it samples the reply again.
 """
 
 from __future__ import annotations
@@ -720,6 +725,7 @@ class LocalEngine(Engine):
             turn.notices.append(self._cut_notice(fitted.moved_turns, reuse.shifted))
         turn.notices.extend(fitted.notices)
         self._record_start(m, persona, pp, reuse, prepared, len(tokens))
+        self._credit_ahead(m, persona, history, fitted, reuse)
         t_prefill = time.perf_counter()
         if not self._prefill_prompt(turn, persona, pp, tokens, use_cache, t_prefill):
             return
@@ -752,7 +758,7 @@ class LocalEngine(Engine):
         prompt_tokens: int,
     ) -> None:
         """What the turn starts from, in its metrics: the token counts, the
-        cache outcome and its detail, and the credit for tokens prefilled ahead."""
+        cache outcome and its detail."""
         m.prompt_tokens = prompt_tokens
         m.cached_tokens = reuse.tokens
         m.prefilled_tokens = prompt_tokens - reuse.tokens
@@ -760,10 +766,19 @@ class LocalEngine(Engine):
         m.cache_outcome, m.restore_ms, m.restore_at_switch = (
             outcome.label, outcome.restore_ms, outcome.restore_at_switch)
         details = [reuse.label(prompt_tokens), "" if pp.helps else pp.reason, *reuse.misses]
-        credit = self._ahead.take(reuse.tokens if reuse.source == "live" else 0)
-        if credit is not None:
-            m.ahead_tokens, m.ahead_ms = credit
         m.cache_detail = "; ".join(d for d in details if d)
+
+    def _credit_ahead(
+        self, m: TurnMetrics, persona: Persona, history: list[ChatMessage], fitted: Fitted, reuse: Reuse
+    ) -> None:
+        """Credit the turn with what was prefilled ahead of it, split at the
+        history's end: after a model switch or a fork the conversation so far was
+        prefilled again while the message was typed, and that is not typing ahead."""
+        credit = self._ahead.take(reuse.tokens if reuse.source == "live" else 0)
+        if credit is None:
+            return
+        m.ahead_tokens, m.ahead_ms = credit.tokens, credit.ms
+        m.ahead_history_tokens = credit.before(self._fitter.history_end(persona, history, fitted))
 
     def _prefill_prompt(
         self,
@@ -815,7 +830,8 @@ class LocalEngine(Engine):
         if s.temperature > 0:
             # llama-cpp-python keeps one seed per Llama: without a fresh one
             # every regenerate of a prompt would sample the same reply.
-            llm.set_seed(s.seed if s.seed is not None else secrets.randbelow(2**31))
+            m.seed = s.seed if s.seed is not None else secrets.randbelow(2**31)
+            llm.set_seed(m.seed)
         generator = llm.generate(
             tokens,
             top_k=s.top_k,

@@ -12,6 +12,9 @@ Contract:
 - Turn sizes are estimates: each message's content tokens (memoized: a long
   conversation is tokenized once, not on every type-ahead step) plus the
   template's tokens per message, measured once on a probe.
+- `history_end(persona, history, fitted)` is where the kept history's last
+  message ends in a fitted prompt: the template's tokens between it and the
+  message (one message's closing and opening tokens) count as the message's.
 - A message that alone cannot fit keeps its last tokens (a pasted document
   usually ends with the question about it), and says so; a persona that
   leaves no room at all is a ChattermError.
@@ -22,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
+from chatterm.core.cache.tokens import common_prefix_len
 from chatterm.core.config.personas import Persona
 from chatterm.core.engine.context_window import KEEP_AFTER_CUT, anchor_index, anchor_of, choose_cut, turn_starts
 from chatterm.core.engine.interface import ChatMessage, reply_room
@@ -111,6 +115,14 @@ class PromptFitter:
         if len(tokens) > budget:
             self._clip(fitted, persona, user_text, budget)
         return fitted
+
+    def history_end(self, persona: Persona, history: Sequence[ChatMessage], fitted: Fitted) -> int:
+        """The position in `fitted.tokens` where its history's last message ends."""
+        starts = turn_starts([m.role for m in history])
+        kept = history[[*starts, len(history)][fitted.dropped_turns]:]
+        # The prompt for an empty message parts from this one where the message's text begins.
+        opened = common_prefix_len(fitted.tokens, self._render(persona, kept, ""))
+        return max(opened - self._template_tokens(persona), 0)
 
     def _clip(self, fitted: Fitted, persona: Persona, user_text: str, budget: int) -> None:
         """No history left to leave out: keep the message's end."""

@@ -13,14 +13,15 @@ Contract:
   prompt; it also owns llama.cpp's abort flag, which it raises when `drop()`
   or a waiting turn finds a prefill running (that stops a batch mid-way).
 - `take()` credits a turn with the tokens it reused that were prefilled ahead
-  (and their time), then forgets them; so does `forget()` when the context is
-  cleared.
+  (and their time) as an `AheadCredit`, then forgets them; so does `forget()`
+  when the context is cleared.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
 from chatterm.core.cache.tokens import common_prefix_len
@@ -33,6 +34,23 @@ if TYPE_CHECKING:  # a type only: llama_cpp is loaded by the engine
 AHEAD_BATCH = 32
 """Tokens per type-ahead decode: a turn that starts waits for at most one batch
 (less: it also sets the abort flag, which stops the batch at its next node)."""
+
+
+@dataclass(frozen=True)
+class AheadCredit:
+    """The context positions [start, end) a turn reused that were prefilled ahead."""
+
+    start: int
+    end: int
+    ms: float
+
+    @property
+    def tokens(self) -> int:
+        return self.end - self.start
+
+    def before(self, position: int) -> int:
+        """Of the credited tokens, those before `position` (the history's end)."""
+        return max(min(position, self.end) - self.start, 0)
 
 
 class _Stop:
@@ -96,14 +114,14 @@ class TypeAhead:
             self._ms += ms
         return AheadReport(llm.n_tokens, total, ms)
 
-    def take(self, reused: int) -> tuple[int, float] | None:
-        """(tokens, ms) of the `reused` live-context tokens that were prefilled
-        ahead, or None; what was prefilled ahead is forgotten either way."""
+    def take(self, reused: int) -> AheadCredit | None:
+        """The `reused` live-context tokens that were prefilled ahead, or None;
+        what was prefilled ahead is forgotten either way."""
         start, ms = self._from, self._ms
         self.forget()
         if start is None or reused <= start:
             return None
-        return reused - start, ms
+        return AheadCredit(start, reused, ms)
 
     def forget(self) -> None:
         self._from = None
