@@ -38,7 +38,9 @@ class Sampling:
     """Upper bound on generated tokens per reply."""
     seed: int | None = key(None, check=integer(0))
     """Pins the random sequence: the same prompt gives the same reply, a
-    regenerate included. Unset draws a fresh seed each turn."""
+    regenerate included. Unset draws a fresh seed each turn; a sampled reply
+    records the seed it drew (F8 shows it, exports have it as `seed`), and
+    pinning that value samples the reply again."""
 
     def repeats_itself(self) -> str | None:
         """Why asking the same prompt again gives the same reply (greedy, or
