@@ -13,7 +13,7 @@ Two kinds of source:
   run recorded. Which table a file gets follows from what it holds (`chatterm
   bench --json`, its `--resume` part, `prefill_threads.py`, `store_load.py`,
   `type_ahead.py`, `context_overflow.py`, `ask_startup.py`, `llama_server.py`,
-  `flash_attn_cpu.py`, `ui_decode_share.py`), so a new run only needs its pair of markers;
+  `flash_attn_cpu.py`, `ui_decode_share.py`, `ask_session_restore.py`), so a new run only needs its pair of markers;
 - a config dataclass, by its dotted name (docs/configuration.md): every TOML key
   it reads (`chatterm.core.config.schema`), the values its check accepts (the
   words of the check's own error), its default and its field docstring.
@@ -363,7 +363,22 @@ def render_ui_decode_share(data: dict[str, Any]) -> list[str]:
             f"**{data['every_core_over_core_left']:.2f}x** (check: >= 0.97x)."]
 
 
+def render_ask_session_restore(data: dict[str, Any]) -> list[str]:
+    low, high = data["conversation_tokens"]
+    rows = []
+    for name, f in data["session_restore"].items():
+        each = " / ".join(ms(v) for v in f["each_restore_ms"])
+        rows.append((f"`ask --session`, memory {name}", f"{ms(f['restore_ms'])} ({each})", ms(f["ttft_ms"])))
+    rows.append(("**readied / not readied**", f"**{ratio(data['restore_ratio'])}**",
+                 f"**{ratio(data['ttft_ratio'])}**"))
+    lines = [machine_line(data), ""]
+    lines += table((f"a new process restoring {low:,}-{high:,} tokens", "restore (each run)", "TTFT"), rows)
+    return lines
+
+
 def renderer(data: dict[str, Any]) -> Callable[[dict[str, Any]], list[str]]:
+    if "session_restore" in data:
+        return render_ask_session_restore
     if "every_core_over_core_left" in data:
         return render_ui_decode_share
     if "ttft_cold_ms" in data:

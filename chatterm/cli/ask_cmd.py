@@ -212,6 +212,8 @@ def run(args: argparse.Namespace) -> int:
 
                 if store is None and not args.no_store:
                     store = SessionStore(db)
+                if plan is not None:
+                    engine.note_conversation(plan.session_id)  # its state's memory is readied during the load
                 engine.load(load_progress)
             except BaseException:
                 engine.close()  # stops and frees the early load, if it still runs

@@ -24,6 +24,10 @@ Contract:
   file name, prev key, start, tokens, layout); one that fails is a miss with
   its reason and is deleted, so the next save rebuilds it. The CRC-32s are
   checked by `Assembled.verify`, meant to run while llama.cpp copies.
+  Assembly writes into one kept buffer; `reserve(model, kind, key)` grows it
+  ahead of a restore that is coming (a resumed session, while the model
+  loads), so that restore does not wait for fresh memory; an assembly that
+  starts while it does waits for it instead of allocating a second buffer.
 - `usage()` sums, per model, the disk blocks: count, bytes, bytes per token,
   and the bytes of blocks used by more than one chain. `verify()` checks every
   block (sha256 and CRC-32) and chain record.
@@ -155,6 +159,9 @@ class BlockStore:
         in on the 2-core VM, where memory the guest never touched is slowest;
         the join into a warm buffer took 12 ms."""
         self._scratch_busy = False
+        self._scratch_ready = threading.Condition(self._lock)
+        """Notified when `reserve` has grown the buffer."""
+        self._reserving = False
 
     # -- paths -----------------------------------------------------------
     def record_path(self, model_id: str, kind: str, key: str) -> Path:
@@ -536,16 +543,49 @@ class BlockStore:
 
         return Assembled(out, verify, close_all)
 
+    def _scratch_size(self, size: int) -> int:
+        # With room to grow: a conversation restored again a few turns later
+        # is a little longer, and would fault in a new buffer.
+        return min(size + size // SCRATCH_HEADROOM, self.ram_budget_bytes)
+
+    def reserve(self, model_id: str, kind: str, key: str) -> int:
+        """Grow the assembly buffer to the size of the slot's disk chain, now
+        (a thread's work: it takes as long as faulting that memory in); the
+        bytes it holds after, 0 when there is no such chain."""
+        try:
+            chain = self._read_record(self.record_path(model_id, kind, key))
+        except OSError:
+            return 0
+        if not isinstance(chain, Chain):
+            return 0
+        size = chain.frame.blob_size(sum(used for _, used in chain.segments))
+        with self._lock:
+            if self._reserving or self._scratch_busy or size > max(self.ram_budget_bytes, 0):
+                return 0
+            if len(self._scratch) >= size:
+                return len(self._scratch)
+            self._reserving = True
+        grown = bytearray()
+        try:
+            grown = bytearray(self._scratch_size(size))  # faulted in off the lock
+        finally:
+            with self._lock:
+                self._reserving = False
+                if len(grown) > len(self._scratch):
+                    self._scratch = grown
+                self._scratch_ready.notify_all()
+        return len(grown)
+
     def _buffer(self, size: int) -> tuple[Any, Callable[[], None]]:
         """A writable buffer of `size` bytes and how to give it back: the reused
         scratch buffer when it is free and fits the RAM budget, else a new one."""
         with self._lock:
+            while self._reserving:  # it is being grown for this restore: as fast as a new one
+                self._scratch_ready.wait()
             if self._scratch_busy or size > max(self.ram_budget_bytes, 0):
                 return bytearray(size), lambda: None
             if len(self._scratch) < size:
-                # With room to grow: a conversation restored again a few turns
-                # later is a little longer, and would fault in a new buffer.
-                self._scratch = bytearray(min(size + size // SCRATCH_HEADROOM, self.ram_budget_bytes))
+                self._scratch = bytearray(self._scratch_size(size))
             self._scratch_busy = True
             view = memoryview(self._scratch)[:size]
 

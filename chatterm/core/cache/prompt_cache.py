@@ -31,7 +31,8 @@ Contract:
   its present blocks hold. The caller compares with its live context first,
   restores the best candidate with `open()` + `kv_state.restore`, trims it to
   `shared`, and on a failed restore `discard()`s it and tries the next one.
-  A chain's `open()` assembles just the `shared` tokens.
+  A chain's `open()` assembles just the `shared` tokens; `reserve(model,
+  slot)` readies the memory it will assemble into ahead of time.
 - A state file's JSON header is parsed once per version of the file (device,
   inode, size, mtime): lookups and `open()` use that parse. A file saved again
   since the lookup is a miss at `open()`, never a payload under another header.
@@ -515,6 +516,16 @@ class PromptCache:
                 misses.append(f"{slot.label}: no saved state (not kept yet, or removed)")
         candidates.sort(key=lambda c: c[:3])
         return Lookup([c[3] for c in candidates], misses)
+
+    def reserve(self, model_id: str, slot: Slot) -> int:
+        """Make the memory a restore of the slot's chain assembles into ready
+        now (`BlockStore.reserve`), for a thread while other work goes on;
+        best effort: 0 bytes when there is no such chain or no memory for it."""
+        try:
+            return self.blocks.reserve(model_id, slot.kind, slot.key)
+        except MemoryError:
+            log.info("prompt cache: no memory to reserve for %s of %s", slot.label, model_id)
+            return 0
 
     def open(self, candidate: Candidate) -> OpenedState | Miss:
         """The candidate's payload, ready for `kv_state.restore`.

@@ -7,7 +7,9 @@ Contract:
   message and the reply (partial when cancelled) join the history, and the
   turn with its metrics is committed to the store, failed turns included.
 - The session row is created on the first turn, so an opened-and-closed app
-  leaves no empty session behind; a resumed conversation passes its id.
+  leaves no empty session behind; a resumed conversation passes its id, and
+  the engine hears of it at once (`note_conversation`), so a local engine
+  readies the memory its state restores into while the user types.
 - Energy per turn comes from an optional `EnergyMeter` (GPU power readings).
 """
 
@@ -78,6 +80,8 @@ class Conversation:
         self.store_error: str | None = None
         self._moved = session_id is None
         """The session is on this engine's model in the store (a new one is created there)."""
+        if session_id is not None:
+            engine.note_conversation(session_id)
 
     def _model_fields(self) -> dict[str, str]:
         """What the store records of the model a session is on."""

@@ -264,3 +264,67 @@ def test_restores_reuse_one_assembly_buffer_through_clear_ram_and_a_longer_conve
         opened.close()
         cache.clear_ram()
     assert buffers[0] is buffers[1] is buffers[2]
+
+
+def test_a_restore_coming_gets_its_memory_reserved_and_assembles_into_it(tmp_path):
+    """`reserve` (run while the model loads) grows the assembly buffer to the
+    slot's chain on disk, so the restore that follows, in a new process, writes
+    into memory already faulted in; a slot with nothing on disk reserves nothing."""
+    tokens = toks(300)
+    PromptCache(tmp_path / "kv", block_tokens=64).save("m", Slot.session(1), tokens, fake_state(tokens), COMPAT)
+    cache = PromptCache(tmp_path / "kv", block_tokens=64)  # a new process
+    assert cache.reserve("m", Slot.session(2)) == 0
+    assert cache.reserve("other-model", Slot.session(1)) == 0
+    reserved = cache.reserve("m", Slot.session(1))
+    assert reserved >= len(fake_state(tokens))
+    buffer = cache.blocks._scratch
+    assert cache.reserve("m", Slot.session(1)) == reserved, "a second reserve keeps the buffer"
+    assert cache.blocks._scratch is buffer
+    (best,) = cache.lookup("m", COMPAT, tokens + [1]).candidates
+    opened = cache.open(best)
+    try:
+        assert opened.verify is not None and opened.verify()
+        assert bytes(opened.payload) == bytes(fake_state(tokens))
+        assert opened.payload.obj is buffer
+    finally:
+        opened.close()
+
+
+def test_a_restore_while_its_memory_is_reserved_waits_for_that_buffer(tmp_path, monkeypatch):
+    """An assembly that starts while `reserve` is still faulting the buffer in
+    takes that buffer when it is ready, rather than faulting in a second one."""
+    import threading
+
+    from chatterm.core.cache import block_store
+
+    tokens = toks(300)
+    PromptCache(tmp_path / "kv", block_tokens=64).save("m", Slot.session(1), tokens, fake_state(tokens), COMPAT)
+    cache = PromptCache(tmp_path / "kv", block_tokens=64)
+    (best,) = cache.lookup("m", COMPAT, tokens + [1]).candidates
+    allocating, release = threading.Event(), threading.Event()
+    real_bytearray = bytearray
+
+    def slow_bytearray(*args):
+        if args and isinstance(args[0], int) and args[0] > 0 and threading.current_thread().name == "reserve":
+            allocating.set()
+            release.wait(10)
+        return real_bytearray(*args)
+
+    monkeypatch.setattr(block_store, "bytearray", slow_bytearray, raising=False)
+    reserving = threading.Thread(target=cache.reserve, args=("m", Slot.session(1)), name="reserve")
+    reserving.start()
+    assert allocating.wait(10)
+    opened_box = []
+    opening = threading.Thread(target=lambda: opened_box.append(cache.open(best)))
+    opening.start()
+    opening.join(0.3)
+    assert opening.is_alive(), "the restore waits while the buffer is being reserved"
+    release.set()
+    reserving.join(10)
+    opening.join(10)
+    (opened,) = opened_box
+    try:
+        assert bytes(opened.payload) == bytes(fake_state(tokens))
+        assert opened.payload.obj is cache.blocks._scratch
+    finally:
+        opened.close()

@@ -71,6 +71,7 @@ import contextlib
 import ctypes
 import logging
 import secrets
+import threading
 import time
 from typing import Any, Callable, Iterator, Sequence
 
@@ -479,6 +480,11 @@ class LocalEngine(Engine):
 
     def note_conversation(self, session_id: int | None) -> None:
         if session_id != self._session:
+            if session_id is not None and self.kv_cache is not None:
+                # Its state will be restored at the next turn: the memory that
+                # takes is faulted in now, beside the model's load or the typing.
+                threading.Thread(target=self.kv_cache.reserve, args=(self.spec.id, Slot.session(session_id)),
+                                 name="chatterm-reserve", daemon=True).start()
             self._anchor = self._saved_anchor(session_id)
         self._session = session_id
 
