@@ -14,14 +14,27 @@ REPO = Path(__file__).resolve().parent.parent
 CHATTERM = [sys.executable, "-m", "chatterm"]
 
 
+def _dirs(base: Path) -> dict[str, Path]:
+    return {"CHATTERM_CONFIG_DIR": base / "config", "CHATTERM_DATA_DIR": base / "data",
+            "CHATTERM_CACHE_DIR": base / "cache"}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def isolated_module_dirs(tmp_path_factory):
+    """The same for a module's shared fixtures (an engine loaded once for a
+    file's tests): they are set up before any test's own `isolated_dirs`, and
+    without this their prompt cache was the user's, kept from run to run."""
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in _dirs(tmp_path_factory.mktemp("module-home")).items():
+            patch.setenv(name, str(value))
+        patch.delenv("CHATTERM_DB", raising=False)
+        yield
+
+
 @pytest.fixture(autouse=True)
 def isolated_dirs(tmp_path, monkeypatch):
     """Point every chatterm folder at tmp_path so tests never touch the user's files."""
-    dirs = {
-        "CHATTERM_CONFIG_DIR": tmp_path / "config",
-        "CHATTERM_DATA_DIR": tmp_path / "data",
-        "CHATTERM_CACHE_DIR": tmp_path / "cache",
-    }
+    dirs = _dirs(tmp_path)
     for name, value in dirs.items():
         monkeypatch.setenv(name, str(value))
     monkeypatch.delenv("CHATTERM_DB", raising=False)

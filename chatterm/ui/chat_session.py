@@ -261,7 +261,7 @@ class ChatSession(Horizontal):
             notify_plain(self.app, event.error, title="Persona", severity="warning")
         else:
             r = event.report
-            self.persona_state = prefix_outcome_label(r.outcome, r.ms, r.tokens)
+            self.persona_state = prefix_outcome_label(r.outcome, r.ms, r.tokens, r.tier)
             if r.detail:
                 self.persona_state += f" — {r.detail}"
         self._show_persona()

@@ -32,7 +32,7 @@ from textual.content import Content
 from textual.renderables.sparkline import Sparkline as SparklineRenderable
 from textual.widgets import Sparkline, Static
 
-from chatterm.core.metrics.format import cache_label, fmt_int, fmt_local_time, fmt_ms, fmt_tok_s, fmt_usd
+from chatterm.core.metrics.format import ahead_line, cache_label, fmt_int, fmt_local_time, fmt_ms, fmt_tok_s, fmt_usd
 from chatterm.core.metrics.timeline import PART_GLYPHS, PARTS, session_token_costs, timeline, token_costs
 from chatterm.core.metrics.turn_metrics import SessionSummary, StopReason, TurnMetrics
 from chatterm.core.metrics.whatif import cost_split
@@ -251,7 +251,10 @@ class Dashboard(VerticalScroll):
             ("prefill", fmt_ms(m.prefill_ms) if m.ttft_ms is not None else "…"),
             ("per token", token_cost_line(token_costs(m)) if not running else "…"),
             ("prompt", fmt_int(m.prompt_tokens)),
-            ("cached", fmt_int(m.cached_tokens)),
+            # Reused from earlier prompts, as the cost and the what-if count them;
+            # what was prefilled while typing is a row of its own.
+            ("cached", fmt_int(m.reused_tokens)),
+            *([("typed ahead", ahead_line(m))] if m.ahead_tokens else []),
             ("prefilled", fmt_int(m.prefilled_tokens)),
             ("generated", fmt_int(m.generated_tokens)),
             ("cache", cache_label(m) if m.prompt_tokens or not running else "–"),

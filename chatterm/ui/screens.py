@@ -106,7 +106,7 @@ class PersonaPicker(ModalScreen[str | None]):
     BINDINGS = [Binding("escape", "dismiss_none", "Close")]
     AUTO_FOCUS = "#persona-list"
 
-    _STATE = {"ram": "KV state cached in memory", "disk": "KV state cached on disk"}
+    _STATE = {"ram": "KV state cached in RAM", "disk": "KV state cached on disk"}
 
     def __init__(self, personas: Sequence[Persona], current: str, cached: Mapping[str, str] | None,
                  returns: Mapping[str, int | None] | None = None):

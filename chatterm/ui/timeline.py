@@ -55,7 +55,7 @@ def timeline_legend(tl: Timeline) -> Content:
             (PART_GLYPHS[part] * 2, STYLES[part]), f" {PART_LABELS[part]:<12}{fmt_ms(tl.ms(part)):>10}  {share}"
         ))
     if tl.switch_restore_ms:
-        lines.append(Content(f"before the turn: persona restored at the switch, {fmt_ms(tl.switch_restore_ms)}"))
+        lines.append(Content(f"before the turn: state restored, {fmt_ms(tl.switch_restore_ms)}"))
     return Content("\n").join(lines)
 
 

@@ -90,7 +90,7 @@ class FakeEngine(Engine):
             self.prepared.append(persona.id)
             if self.prepare_gate is not None:
                 self.prepare_gate.wait(timeout=30)
-            return PrefixReport(CacheOutcome.RESTORED, 12.5, 60)
+            return PrefixReport(CacheOutcome.RESTORED, 12.5, 60, tier="disk")
 
     def start_turn(self, persona: Persona, history: Sequence[ChatMessage], user_text: str) -> Turn:
         self.received.append((persona.id, list(history), user_text))

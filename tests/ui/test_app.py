@@ -195,7 +195,7 @@ async def test_persona_switch_starts_a_new_conversation_and_shows_restore(build)
         texts = [str(options.get_option_at_index(i).prompt) for i in range(options.option_count)]
         assert any("Assistant" in t and "KV state cached on disk" in t for t in texts)
         assert any("Terse coder" in t and "not cached" in t for t in texts)
-        assert any("shop-support" in t and "KV state cached in memory" in t for t in texts)
+        assert any("shop-support" in t and "KV state cached in RAM" in t for t in texts)
         index = next(i for i, t in enumerate(texts) if "terse-coder" in t)
         options.highlighted = index
         engines[0].capabilities = EngineCapabilities(persona_cache=True)  # the status names the tier

@@ -272,4 +272,4 @@ def test_a_restore_at_the_persona_switch_is_drawn_apart_from_the_turn():
     assert PART_GLYPHS["restore"] not in bar and len(bar) == 20
     lines = timeline_legend(tl).plain.splitlines()
     assert not any(line.lstrip(PART_GLYPHS["restore"]).strip().startswith("restore") for line in lines)
-    assert lines[-1] == "before the turn: persona restored at the switch, 40 ms"
+    assert lines[-1] == "before the turn: state restored, 40 ms"

@@ -92,6 +92,8 @@ class PrefixReport:
     ms: float
     tokens: int
     detail: str = ""
+    tier: str = ""
+    """For RESTORED: the prompt cache tier it came from, "ram" or "disk"."""
 
 
 @dataclass(frozen=True)

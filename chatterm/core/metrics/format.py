@@ -137,7 +137,7 @@ def cache_label(m: TurnMetrics) -> str:
 
 
 _PREFIX_OUTCOMES = {
-    CacheOutcome.RESTORED: "restored from disk",
+    CacheOutcome.RESTORED: "restored",
     CacheOutcome.MEMORY: "already in memory",
     CacheOutcome.COLD: "prefilled cold",
     CacheOutcome.SWITCH: "prefilled cold",
@@ -145,9 +145,11 @@ _PREFIX_OUTCOMES = {
 }
 
 
-def prefix_outcome_label(outcome: CacheOutcome, ms: float, tokens: int) -> str:
-    """A `PrefixReport` (persona made ready) in words."""
+def prefix_outcome_label(outcome: CacheOutcome, ms: float, tokens: int, tier: str = "") -> str:
+    """A `PrefixReport` (persona made ready) in words; `tier`: where a restore read it."""
     what = _PREFIX_OUTCOMES.get(outcome, str(outcome))
+    if outcome == CacheOutcome.RESTORED and tier:
+        what += " from RAM" if tier == "ram" else f" from {tier}"
     if outcome == CacheOutcome.SERVER:
         return what
     return f"{what} in {fmt_ms(ms)} ({fmt_int(tokens)} tokens)"
@@ -173,6 +175,14 @@ def prefill_progress_line(p: PrefillProgress) -> str:
         minutes, seconds = divmod(int(round(p.eta_s)), 60)
         line += f" · {minutes}m {seconds:02d}s left" if minutes else f" · {seconds}s left"
     return line
+
+
+def ahead_line(m: TurnMetrics) -> str:
+    """The tokens prefilled while the message was typed: `16`, or `16 + 1,030
+    history` after a model switch or a fork."""
+    history = min(m.ahead_history_tokens, m.ahead_tokens)
+    line = fmt_int(m.ahead_tokens - history)
+    return f"{line} + {fmt_int(history)} history" if history else line
 
 
 def input_breakdown(m: TurnMetrics) -> str:

@@ -8,9 +8,10 @@ Contract:
   (the oldest turns removed from the KV state), prefill = `prefill_ms`, first
   token = `ttft_ms - waiting - restore - shift - prefill` clamped at 0 (the rest of the
   time to first token: templating, tokenizing, sampling), decode = `decode_ms`.
-  A restore done at the persona switch (`restore_at_switch`) is not part of
-  the turn: it is `Timeline.switch_restore_ms`, outside the parts and their
-  total, drawn apart. A turn that never produced a token has no first-token part and
+  A restore done before the turn was sent (`restore_at_switch`: at the
+  persona switch, or by type-ahead) is not part of the turn: it is
+  `Timeline.switch_restore_ms`, outside the parts and their total, drawn
+  apart. A turn that never produced a token has no first-token part and
   says so (`Timeline.reached_first_token`), so charts show it as failed or
   stopped, never as a zero.
 - `token_costs(m)` measures prefill ms per prefilled token and decode ms per

@@ -24,9 +24,10 @@ class CacheOutcome(StrEnum):
     """Where a turn's prompt prefix came from (stored and exported by value)."""
 
     RESTORED = "restored"
-    """The persona prefix was loaded from its state file on disk (by this turn,
-    or at the persona switch just before it: `restore_ms` says how long,
-    `restore_at_switch` which)."""
+    """A persona prefix or a conversation was loaded from the prompt cache (by
+    this turn, or before it was sent: at the persona switch, or by type-ahead
+    while the message was typed; `restore_ms` says how long, `restore_at_switch`
+    which)."""
     MEMORY = "memory"
     """The prefix (and maybe history) was already in the context."""
     COLD = "cold"
@@ -78,8 +79,9 @@ class TurnMetrics:
     restore_ms: float | None = None
     """Time to read and load the persona state file, when one was restored."""
     restore_at_switch: bool = False
-    """`restore_ms` was spent when the persona was switched to, before this turn
-    was sent: it is not part of the turn's TTFT."""
+    """`restore_ms` was spent before this turn was sent, when the persona was
+    switched to or while the message was typed (type-ahead restored the
+    conversation; `cache_detail` says which): it is not part of the turn's TTFT."""
     prefill_ms: float = 0.0
     prompt_tokens: int = 0
     cached_tokens: int = 0

@@ -120,8 +120,8 @@ def turn_notes(v: TurnView, escape: Callable[[str, int | None], str]) -> list[st
         notes.append(f"Turn {index}: {fmt_int(at_switch)} of its cached tokens were prefilled at the switch, "
                      "for this turn (priced as uncached input)")
     if m.restore_at_switch and m.restore_ms:
-        notes.append(f"Turn {index}: its {num(m.restore_ms)} ms restore was done at the persona switch, "
-                     "before the turn (not part of its TTFT)")
+        notes.append(f"Turn {index}: its {num(m.restore_ms)} ms restore was done before the turn was sent, "
+                     "at the persona switch or while the message was typed (not part of its TTFT)")
     if m.cut_turns:
         how = (f"shifted out of the KV state ({fmt_int(m.shifted_tokens)} tokens, {num(m.shift_ms)} ms)"
                if m.shifted_tokens else "the kept turns prefilled again")

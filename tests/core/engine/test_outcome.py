@@ -15,6 +15,7 @@ from chatterm.core.engine.local.outcome import (
     Reuse,
     classify,
     saved_prefill_ms,
+    started_from,
 )
 from chatterm.core.metrics.turn_metrics import CacheOutcome
 
@@ -48,6 +49,12 @@ def test_a_prefix_restored_at_the_switch_is_reported_as_that_restore():
 
 def test_a_prefix_prefilled_cold_at_the_switch_is_a_switch_not_memory():
     assert classify(Reuse("live", PREFIX), prepared(CacheOutcome.COLD), PERSONA) == Outcome(CacheOutcome.SWITCH)
+    # The message typed ahead after it does not make it a reuse from memory
+    # (that claimed the whole prefill as "saved" after a cold switch).
+    typed = Reuse("live", PREFIX + 30)
+    assert classify(typed, prepared(CacheOutcome.COLD), PERSONA, ahead=30) == Outcome(CacheOutcome.SWITCH)
+    assert classify(typed, prepared(CacheOutcome.RESTORED, 40.0), PERSONA, ahead=30) == Outcome(
+        CacheOutcome.RESTORED, 40.0, restore_at_switch=True)
 
 
 @pytest.mark.parametrize(
@@ -120,3 +127,20 @@ def test_the_prefill_rate_is_the_fastest_known_from_long_enough_prefills_and_sto
     assert rate.ms_per_token == 4.0
     rate.adopt(2.5)  # a restored state's, faster
     assert rate.ms_per_token == 2.5
+
+
+def test_a_turn_that_goes_on_from_what_type_ahead_restored_reports_that_restore():
+    ahead = Reuse("disk", 900, Slot.session(4), ms=35.0, misses=["persona x (disk): evicted"], ahead=True)
+    # The turn found the restored conversation and the message typed after it live.
+    started = started_from(Reuse("live", 940), ahead)
+    assert (started.source, started.tokens, started.ms) == ("disk", 940, 35.0)
+    assert classify(started, prepared(CacheOutcome.RESTORED), PERSONA) == Outcome(
+        CacheOutcome.RESTORED, 35.0, restore_at_switch=True)
+    assert started.label(941) == ("reused 940 of 941 tokens (conversation, session 4, "
+                                  "restored from disk while the message was typed)")
+    assert started.misses == ["persona x (disk): evicted"]
+    # A turn that started elsewhere (the context was replaced, or trimmed below
+    # the restored state) reports what it did itself.
+    for own in (Reuse("ram", 950, Slot.session(5), ms=9.0), Reuse("live", 300)):
+        assert started_from(own, ahead) is own
+    assert started_from(Reuse("live", 940), None).source == "live"

@@ -32,8 +32,20 @@ def settled(load: OtherLoad) -> float:
     return load.cores
 
 
-def test_other_processes_count_and_this_process_does_not():
+def quiet_load() -> OtherLoad:
+    """A started load sampler; skips the test when other processes already keep
+    half a core busy (a build or another test run beside it): what the test
+    adds could not be told apart from theirs."""
     load = OtherLoad().start()
+    before = settled(load)
+    if before >= 0.5:
+        load.stop()
+        pytest.skip(f"other processes already keep {before:.1f} cores busy")
+    return load
+
+
+def test_other_processes_count_and_this_process_does_not():
+    load = quiet_load()
     try:
         stop = threading.Event()
 
@@ -63,11 +75,7 @@ def test_other_processes_count_and_this_process_does_not():
 def test_work_at_a_lower_priority_is_not_counted():
     if os.getpriority(os.PRIO_PROCESS, 0) > 0:
         pytest.skip("this test process is niced itself")
-    load = OtherLoad().start()
-    before = settled(load)
-    if before >= 0.5:
-        load.stop()
-        pytest.skip(f"other processes already keep {before:.1f} cores busy: a niced one cannot be told apart")
+    load = quiet_load()
     hog = subprocess.Popen([sys.executable, "-c", "import os; os.nice(19)\nwhile True: pass"])
     try:
         niced_busy = settled(load)

@@ -162,3 +162,25 @@ def test_served_engines_cannot_prefill_ahead():
     assert not engine.capabilities.prefill_ahead
     persona = Workspace.load().personas.get("assistant")
     assert engine.prefill_ahead(persona, [], "hello") is None
+
+
+def test_a_resumed_conversation_is_restored_while_typing_not_prefilled_again(engine, persona):
+    # A relaunch: the conversation's state is on disk, the context holds only
+    # the persona (prepared at launch). The first type-ahead restores the
+    # conversation and prefills just the message; the turn reports that restore.
+    history = first_turn(engine, persona)
+    engine.keep_conversation(77)
+    engine.wait_for_saves()
+    engine.kv_cache.clear_ram()
+    engine.reset_context()
+    engine.prepare_persona(persona)
+    engine.note_conversation(77)
+    report = engine.prefill_ahead(persona, history, MESSAGE)
+    assert report is not None and report.ready == report.total - 1
+    m = send(engine, persona, MESSAGE, history)[0].metrics
+    assert m.cache_outcome == "restored" and m.restore_at_switch, m.cache_detail
+    assert "session 77, restored from disk while the message was typed" in m.cache_detail
+    assert m.prefilled_tokens == 1
+    assert m.ahead_history_tokens == 0
+    # Typed ahead: the message only, after the restored conversation.
+    assert 0 < m.ahead_tokens < m.prompt_tokens - len(engine.prefix_tokens(persona)) - 10

@@ -5,8 +5,16 @@ from dataclasses import replace
 
 from chatterm.core.config.catalog import PriceProfile
 from chatterm.core.metrics.cost import apply_cost
-from chatterm.core.metrics.format import fmt_ms, fmt_usd, footer_line, input_breakdown, printable, usd_number
-from chatterm.core.metrics.turn_metrics import TurnMetrics
+from chatterm.core.metrics.format import (
+    ahead_line,
+    fmt_ms,
+    fmt_usd,
+    footer_line,
+    input_breakdown,
+    printable,
+    usd_number,
+)
+from chatterm.core.metrics.turn_metrics import CacheOutcome, TurnMetrics
 from chatterm.core.metrics.whatif import cost_split
 from chatterm.core.report import words
 
@@ -111,5 +119,16 @@ def test_a_switch_turn_says_its_tokens_were_prefilled_at_the_switch_everywhere()
     # After a model switch the history was prefilled again while typing: not typed ahead.
     rebuilt = replace(m, cache_outcome="memory", cached_tokens=1100, ahead_tokens=1046, ahead_history_tokens=1030)
     assert input_breakdown(rebuilt) == "54 cached, 1,030 history prefilled ahead, 16 typed ahead"
+    assert ahead_line(rebuilt) == "16 + 1,030 history"
+    assert ahead_line(replace(rebuilt, ahead_history_tokens=0)) == "1,046"
     # Any other turn's reused tokens are cached.
     assert input_breakdown(replace(m, cache_outcome="memory")) == "54 cached"
+
+
+def test_a_persona_prefix_restore_names_the_tier_it_came_from():
+    from chatterm.core.metrics.format import prefix_outcome_label
+
+    # The picker says "cached in RAM"; the dashboard must not then say "from disk".
+    assert prefix_outcome_label(CacheOutcome.RESTORED, 5.0, 2365, "ram") == "restored from RAM in 5 ms (2,365 tokens)"
+    assert prefix_outcome_label(CacheOutcome.RESTORED, 31.0, 2365, "disk").startswith("restored from disk in 31 ms")
+    assert prefix_outcome_label(CacheOutcome.COLD, 27_100.0, 2368).startswith("prefilled cold in 27.1 s")

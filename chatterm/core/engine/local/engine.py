@@ -73,6 +73,7 @@ import logging
 import secrets
 import threading
 import time
+from dataclasses import replace
 from typing import Any, Callable, Iterator, Sequence
 
 import llama_cpp
@@ -104,6 +105,7 @@ from chatterm.core.engine.local.outcome import (
     Reuse,
     classify,
     saved_prefill_ms,
+    started_from,
 )
 from chatterm.core.engine.local.prompt_fit import Fitted, PromptFitter
 from chatterm.core.engine.local.type_ahead import TypeAhead
@@ -463,7 +465,7 @@ class LocalEngine(Engine):
         detail = "; ".join(reuse.misses)
         if reuse.tokens == len(prefix):
             if reuse.restored:
-                return PrefixReport(CacheOutcome.RESTORED, reuse.ms, len(prefix), detail)
+                return PrefixReport(CacheOutcome.RESTORED, reuse.ms, len(prefix), detail, reuse.source)
             return PrefixReport(CacheOutcome.MEMORY, 0.0, len(prefix), detail)
         t0 = time.perf_counter()
         self._prefill(prefix[reuse.tokens :], turn, report=report)
@@ -577,6 +579,7 @@ class LocalEngine(Engine):
             prefix = self.prefix_tokens(keep) if keep is not None else []
             if prefix and self._live_tokens()[: len(prefix)] == prefix and kv_state.trim(self.llm, len(prefix)):
                 self._prepared = None
+                self._ahead.forget()
             else:
                 self._clear_context()
 
@@ -638,7 +641,16 @@ class LocalEngine(Engine):
         target, total = self._ahead_tokens(persona, history, draft)
         if target[: len(prefix)] != prefix:
             return None  # the template does not start with the persona prefix
-        if self._shift_live(target, len(prefix))[0]:
+        if not self._ahead.began:
+            # The first prefill since the last turn: a stored state may hold more
+            # of the prompt than the context does (a resumed conversation, whose
+            # state is restored instead of prefilled again while the user types).
+            expect = [Slot.session(self._session)] if self._session is not None else []
+            reuse = self._reuse(target, True, expect, len(prefix))
+            if reuse.restored:
+                self._ahead.restored = replace(reuse, ahead=True)
+            live = self._live_tokens()
+        elif self._shift_live(target, len(prefix))[0]:
             live = self._live_tokens()  # the turns the next prompt leaves out are gone
         self._threads.apply()
 
@@ -730,8 +742,7 @@ class LocalEngine(Engine):
         if fitted.moved_turns:
             turn.notices.append(self._cut_notice(fitted.moved_turns, reuse.shifted))
         turn.notices.extend(fitted.notices)
-        self._record_start(m, persona, pp, reuse, prepared, len(tokens))
-        self._credit_ahead(m, persona, history, fitted, reuse)
+        self._record_start(m, persona, pp, reuse, prepared, history, fitted)
         t_prefill = time.perf_counter()
         if not self._prefill_prompt(turn, persona, pp, tokens, use_cache, t_prefill):
             return
@@ -761,30 +772,29 @@ class LocalEngine(Engine):
         pp: templates.PersonaPrefix,
         reuse: Reuse,
         prepared: PreparedPersona | None,
-        prompt_tokens: int,
+        history: list[ChatMessage],
+        fitted: Fitted,
     ) -> None:
-        """What the turn starts from, in its metrics: the token counts, the
-        cache outcome and its detail."""
+        """What the turn starts from, in its metrics: the token counts, what was
+        prefilled ahead of it, the cache outcome and its detail."""
+        prompt_tokens = len(fitted.tokens)
         m.prompt_tokens = prompt_tokens
         m.cached_tokens = reuse.tokens
         m.prefilled_tokens = prompt_tokens - reuse.tokens
-        outcome = classify(reuse, prepared, persona.fingerprint)
+        restored_ahead = self._ahead.restored
+        credit = self._ahead.take(reuse.tokens if reuse.source == "live" else 0)
+        if credit is not None:
+            m.ahead_tokens, m.ahead_ms = credit.tokens, credit.ms
+            # Split at the history's end: after a model switch or a fork the
+            # conversation so far was prefilled again while the message was
+            # typed, and that is not typing ahead.
+            m.ahead_history_tokens = credit.before(self._fitter.history_end(persona, history, fitted))
+        started = started_from(reuse, restored_ahead)
+        outcome = classify(started, prepared, persona.fingerprint, m.ahead_tokens)
         m.cache_outcome, m.restore_ms, m.restore_at_switch = (
             outcome.label, outcome.restore_ms, outcome.restore_at_switch)
-        details = [reuse.label(prompt_tokens), "" if pp.helps else pp.reason, *reuse.misses]
+        details = [started.label(prompt_tokens), "" if pp.helps else pp.reason, *started.misses]
         m.cache_detail = "; ".join(d for d in details if d)
-
-    def _credit_ahead(
-        self, m: TurnMetrics, persona: Persona, history: list[ChatMessage], fitted: Fitted, reuse: Reuse
-    ) -> None:
-        """Credit the turn with what was prefilled ahead of it, split at the
-        history's end: after a model switch or a fork the conversation so far was
-        prefilled again while the message was typed, and that is not typing ahead."""
-        credit = self._ahead.take(reuse.tokens if reuse.source == "live" else 0)
-        if credit is None:
-            return
-        m.ahead_tokens, m.ahead_ms = credit.tokens, credit.ms
-        m.ahead_history_tokens = credit.before(self._fitter.history_end(persona, history, fitted))
 
     def _prefill_prompt(
         self,

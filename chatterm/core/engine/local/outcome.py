@@ -9,9 +9,12 @@ Contract:
   says so in the words of `TurnMetrics.cache_detail`, the share reused first.
 - `PreparedPersona` is a persona prefix that `prepare_persona` made ready and
   no turn has used yet.
-- `classify(reuse, prepared, fingerprint)` names the outcome: RESTORED (from
-  RAM or disk, by this turn or at the persona switch just before it, which
-  `restore_at_switch` tells apart), SWITCH (the live context holds the
+- `started_from(reuse, restored_ahead)` is what a turn reports it started
+  from: the state type-ahead restored, when the turn went on from it.
+- `classify(reuse, prepared, fingerprint, ahead)` names the outcome: RESTORED (from
+  RAM or disk, by this turn, or before it was sent: at the persona switch, or
+  by type-ahead while the message was typed, which `restore_at_switch` tells
+  apart), SWITCH (the live context holds the
   persona prefix prefilled cold at the switch for this turn), MEMORY (at least
   MIN_REUSE tokens of the live context), else COLD.
 - `saved_prefill_ms(...)` is the prefill time the reuse saved: the reused
@@ -24,7 +27,7 @@ Contract:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
 from chatterm.core.cache.prompt_cache import Slot
@@ -54,6 +57,8 @@ class Reuse:
     shifted: int = 0
     """Tokens of the oldest turns removed from the state (context shift)."""
     shift_ms: float = 0.0
+    ahead: bool = False
+    """Restored by type-ahead, before the turn was sent."""
 
     @property
     def restored(self) -> bool:
@@ -64,10 +69,11 @@ class Reuse:
         gave only the persona of a long prompt does not read like a hit."""
         share = f"reused {self.tokens:,} of {prompt_tokens:,} tokens"
         shifted = f", {self.shifted:,} oldest tokens shifted out" if self.shifted else ""
+        source = f"restored from {self.source}" + (" while the message was typed" if self.ahead else "")
         if self.restored and self.slot is not None and self.slot.kind == "session":
-            return f"{share} (conversation, session {self.slot.key}, restored from {self.source}{shifted})"
+            return f"{share} (conversation, session {self.slot.key}, {source}{shifted})"
         if self.restored:
-            return f"{share} (persona prefix, restored from {self.source})"
+            return f"{share} (persona prefix, {source})"
         if self.source == "live" and self.tokens >= MIN_REUSE:
             return f"{share} (live context{shifted})"
         return "nothing reused"
@@ -91,10 +97,21 @@ class Outcome:
     """The restore happened at the persona switch, before the turn was sent."""
 
 
-def classify(reuse: Reuse, prepared: PreparedPersona | None, fingerprint: str) -> Outcome:
-    """The cache outcome of a turn of the persona `fingerprint` that started from `reuse`."""
+def started_from(reuse: Reuse, restored_ahead: Reuse | None) -> Reuse:
+    """What a turn started from: `reuse`, or, when the turn went on in the live
+    context from the state type-ahead restored while the message was typed,
+    that restore (with the tokens the turn reused)."""
+    if restored_ahead is None or reuse.source != "live" or reuse.tokens < restored_ahead.tokens:
+        return reuse
+    return replace(restored_ahead, tokens=reuse.tokens, misses=[*restored_ahead.misses, *reuse.misses],
+                   shifted=reuse.shifted, shift_ms=reuse.shift_ms)
+
+
+def classify(reuse: Reuse, prepared: PreparedPersona | None, fingerprint: str, ahead: int = 0) -> Outcome:
+    """The cache outcome of a turn of the persona `fingerprint` that started from
+    `reuse`, `ahead` of whose tokens were prefilled while the message was typed."""
     if (prepared is not None and prepared.fingerprint == fingerprint and reuse.source == "live"
-            and reuse.tokens <= prepared.report.tokens):
+            and reuse.tokens - ahead <= prepared.report.tokens):
         # The live context is the prefix made ready at the switch: report how it
         # was made ready, not "memory".
         if prepared.report.outcome == CacheOutcome.RESTORED:
@@ -102,7 +119,7 @@ def classify(reuse: Reuse, prepared: PreparedPersona | None, fingerprint: str) -
         if prepared.report.outcome == CacheOutcome.COLD:
             return Outcome(CacheOutcome.SWITCH)
     if reuse.restored:
-        return Outcome(CacheOutcome.RESTORED, reuse.ms)
+        return Outcome(CacheOutcome.RESTORED, reuse.ms, restore_at_switch=reuse.ahead)
     if reuse.tokens >= MIN_REUSE:
         return Outcome(CacheOutcome.MEMORY)
     return Outcome(CacheOutcome.COLD)

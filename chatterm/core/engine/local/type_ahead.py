@@ -15,6 +15,11 @@ Contract:
 - `take()` credits a turn with the tokens it reused that were prefilled ahead
   (and their time) as an `AheadCredit`, then forgets them; so does `forget()`
   when the context is cleared.
+- `began` says whether anything was prefilled ahead since the last turn: the
+  engine looks in the prompt cache at the first prefill after a turn (a
+  resumed conversation's state is restored then, not prefilled again), and
+  keeps that restore in `restored` for the turn to report; `take()` and
+  `forget()` drop it too.
 """
 
 from __future__ import annotations
@@ -28,8 +33,10 @@ from chatterm.core.cache.tokens import common_prefix_len
 from chatterm.core.engine.interface import AheadReport
 from chatterm.core.engine.local import kv_state
 
-if TYPE_CHECKING:  # a type only: llama_cpp is loaded by the engine
+if TYPE_CHECKING:  # types only: llama_cpp is loaded by the engine
     import llama_cpp
+
+    from chatterm.core.engine.local.outcome import Reuse
 
 AHEAD_BATCH = 32
 """Tokens per type-ahead decode: a turn that starts waits for at most one batch
@@ -75,6 +82,14 @@ class TypeAhead:
         self._from: int | None = None
         """Context position where prefilling ahead began since the last turn."""
         self._ms = 0.0
+        self.restored: Reuse | None = None
+        """The state restored from the prompt cache before prefilling ahead
+        (a resumed conversation), for the next turn to report as its restore."""
+
+    @property
+    def began(self) -> bool:
+        """Something was prefilled ahead since the last turn (or context clear)."""
+        return self._from is not None
 
     def stopped(self, epoch: int) -> bool:
         """A prefill of `epoch` must stop (a turn waits, or it was dropped)."""
@@ -126,3 +141,4 @@ class TypeAhead:
     def forget(self) -> None:
         self._from = None
         self._ms = 0.0
+        self.restored = None
