@@ -356,6 +356,9 @@ class ChatSession(Horizontal):
         self._resume = resume  # taken up once the model is loaded and the history read
         conversation = self._new_conversation_object() if resume is None and loaded else None
         await self.chat.start_over(conversation, notice, resume.tail if resume else (), self._older_turns(resume))
+        # Keys typed next are the next message: with the conversation focused
+        # (Tab, Shift+↑) they went to its letter keys and were lost.
+        self.chat.focus_prompt()
         if resume is not None:
             self._read_history(resume)
         self._show_persona()
@@ -467,8 +470,7 @@ class ChatSession(Horizontal):
             notify_plain(self.app, event.error or "fork failed", title="Fork failed", severity="error")
             return
         self._remember_current()
-        if await self._open_session(event.session_id, f"Fork of session {event.parent}"):
-            self.chat.focus_prompt()  # the user carries on writing there
+        await self._open_session(event.session_id, f"Fork of session {event.parent}")
 
     # -- switching the model (the picker: ui/models_screen.py loads it) ----------------
     def use_model(self, spec: "ModelSpec", engine: "Engine", device: "DeviceInfo", *, carry_on: bool) -> None:

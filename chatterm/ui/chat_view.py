@@ -365,7 +365,8 @@ class ChatView(Vertical):
         if self._phase is not TurnPhase.IDLE:
             notify_plain(self.app, "A reply is streaming: Esc stops it.")
             return
-        text = event.text
+        # A paste that ended with a line break (or trailing spaces) sent a blank last line.
+        text = event.text.rstrip()
         editing, self._editing = self._editing, None
         event.prompt.editing = False
         if editing is not None:
@@ -589,8 +590,8 @@ class ChatView(Vertical):
 
     def focus_prompt(self) -> None:
         """Put the focus in the prompt: a view change the user did not type
-        into (a fork opened) would otherwise leave the conversation's
-        single-letter keys to take what they type next."""
+        into (a fork, another model, another session) would otherwise leave
+        the conversation's single-letter keys to take what they type next."""
         self.query_one(PromptArea).focus()
 
     def cancel_edit(self) -> bool:
@@ -712,7 +713,7 @@ class ChatView(Vertical):
                 engine.prefill_ahead(
                     conversation.persona,
                     conversation.history,
-                    draft,
+                    draft.rstrip(),  # as it will be sent
                     lambda ready, total: self.post_message(self.AheadProgressed(ready, total)),
                 )
         except EngineClosing:

@@ -43,7 +43,7 @@ from textual.screen import ModalScreen
 from textual.widgets import DataTable, ProgressBar, Static
 
 from chatterm.core.discovery.fit import Memory
-from chatterm.core.discovery.row_text import COLUMNS, cells, fits_text, memory_label
+from chatterm.core.discovery.row_text import PICKER_COLUMNS, memory_label, picker_cells, picker_detail
 from chatterm.core.metrics.format import printable
 from chatterm.errors import describe
 
@@ -73,7 +73,6 @@ class ModelPicker(ModalScreen["ModelSwitch | None"]):
     AUTO_FOCUS = "#models-table"
     DEFAULT_CSS = """
     ModelPicker { align: center middle; }
-    ModelPicker #models-box { max-width: 160; }
     ModelPicker #models-table { height: auto; max-height: 50vh; }
     ModelPicker #models-progress { display: none; margin: 1 0 0 0; }
     ModelPicker.-loading #models-progress { display: block; }
@@ -125,7 +124,7 @@ class ModelPicker(ModalScreen["ModelSwitch | None"]):
             yield Static(Content("Models on this machine"), classes="modal-title")
             yield Static(Content("Looking in Ollama, LM Studio, the Hugging Face cache and model_folders…"),
                          id="models-status")
-            yield DataTable(id="models-table", cursor_type="row", zebra_stripes=True)
+            yield DataTable(id="models-table", cursor_type="row", zebra_stripes=True, fixed_columns=1)
             yield Static(id="models-detail")
             yield ProgressBar(total=1.0, show_eta=False, id="models-progress")
             yield Static(Content(self._hint()), classes="modal-hint")
@@ -137,7 +136,7 @@ class ModelPicker(ModalScreen["ModelSwitch | None"]):
         return f"{new}{carry} · Esc: close (while loading: keep the current model)"
 
     def on_mount(self) -> None:
-        self.query_one(DataTable).add_columns(*COLUMNS)
+        self.query_one(DataTable).add_columns(*PICKER_COLUMNS)
         self._scan()
 
     @work(thread=True, exclusive=True, exit_on_error=False)
@@ -165,7 +164,7 @@ class ModelPicker(ModalScreen["ModelSwitch | None"]):
         self._rows = {row.id: row for row in rows}
         table = self.query_one(DataTable)
         for row in rows:
-            texts = cells(row)
+            texts = picker_cells(row)
             if row.id == self._current:
                 texts = (f"● {texts[0]}", *texts[1:])
             table.add_row(*(Text(t) for t in texts), key=row.id)
@@ -189,9 +188,9 @@ class ModelPicker(ModalScreen["ModelSwitch | None"]):
         elif not row.usable:
             text = f"{row.id} cannot be used: {row.problem}"
         elif row.id == self._current:
-            text = f"{row.id} is the model in use."
+            text = f"{row.id} is the model in use · {picker_detail(row)}"
         else:
-            text = f"{row.id}: {fits_text(row)}"
+            text = f"{row.id}: {picker_detail(row)}"
         self.query_one("#models-detail", Static).update(Content(printable(text)))
 
     # -- choosing and loading ----------------------------------------------------------

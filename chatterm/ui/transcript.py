@@ -467,8 +467,10 @@ class ConversationView(VerticalScroll):
         replies = list(self.query(AssistantReply))
         if not replies:
             return
-        current = self.current_reply()
-        index = replies.index(current) if current in replies else len(replies) - 1
+        selected = self._selected
+        # Nothing marked yet: the first Shift+↑ marks the last turn (the one the
+        # turn keys act on until then), not the one before it.
+        index = replies.index(selected) if selected in replies else len(replies)
         self.select(replies[max(0, min(index + delta, len(replies) - 1))])
 
     def select(self, reply: AssistantReply | None) -> None:

@@ -87,6 +87,15 @@ async def test_reply_streams_and_dashboard_fills(build):
         assert "turns       2" in rendered(dash.query_one("#dash-session"))
 
 
+async def test_a_paste_ending_in_a_line_break_is_sent_without_it(build):
+    app, engines = build(store=None)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        await send(pilot, "  indented first line\nsecond line\n\n  ")
+        assert engines[0].received[0][2] == "  indented first line\nsecond line"
+        assert app.query(UserMessage).last().text == "  indented first line\nsecond line"
+
+
 async def test_dashboard_values_wrap_under_the_value_and_are_never_cut(build):
     app, _ = build(["Fine."], store=None)
     async with app.run_test(size=(150, 45)) as pilot:

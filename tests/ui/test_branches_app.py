@@ -85,7 +85,7 @@ async def test_regenerate_keeps_the_old_reply_and_arrows_switch_between_them(bui
         assert [r.reply for r in store.turns(sid)] == ["Paris.", "Rome.", "Lyon is second."]
         # → goes to the regenerated branch again (its path has no third turn).
         app.query_one("#conversation").focus()
-        await pilot.press("shift+up")
+        await pilot.press("shift+up", "shift+up")  # the last turn, then turn 1
         await pilot.press("right")
         await wait_for(pilot, lambda: replies(app) == ["Paris.", "It is Paris."], what="the second branch")
         assert len(app.conversation.history) == 4
@@ -107,6 +107,8 @@ async def test_edit_an_earlier_message_branches_there(build, store):
         sid = app.conversation.session_id
         conversation = app.query_one("#conversation")
         conversation.focus()
+        await pilot.press("shift+up")  # the last turn is marked first
+        assert app.query(AssistantReply)[2].has_class("-selected")
         await pilot.press("shift+up")  # turn 2 is selected
         assert app.query(AssistantReply)[1].has_class("-selected")
         await pilot.press("e")

@@ -102,7 +102,7 @@ async def test_edit_at_turn_two_of_four_reuses_exactly_the_prefix_before_it(gree
             assert shared > len(engine._prompt_tokens(persona, [], questions[0]))  # turn 1 is in it
 
             app.query_one("#conversation").focus()
-            await pilot.press("shift+up", "shift+up", "e")  # turn 2 of 4
+            await pilot.press("shift+up", "shift+up", "shift+up", "e")  # turn 4, 3, then 2 of 4
             prompt = app.query_one("#prompt")
             assert prompt.text == questions[1]
             prompt.clear()

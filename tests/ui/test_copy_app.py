@@ -50,7 +50,7 @@ async def test_copy_the_reply_and_a_code_block(build):
 
         # The selected turn's reply: y in the focused conversation after Shift+↑.
         app.query_one("#conversation").focus()
-        await pilot.press("shift+up", "y")
+        await pilot.press("shift+up", "shift+up", "y")  # the last turn, then the first
         assert app.clipboard == "Plain ␛[31mred␛[0m answer."
         await pilot.press("ctrl+p")
         await pilot.press(*"Copy code block")

@@ -15,6 +15,7 @@ from chatterm.core.engine.local.engine import LocalEngine
 from chatterm.core.store.session_store import SessionStore
 from chatterm.ui.launch import make_app
 from chatterm.ui.models_screen import ModelPicker
+from chatterm.ui.prompt import PromptArea
 from tests.core.discovery.layouts import STORE_ENV_VARS, link, smol_path
 
 SIZE = (140, 40)
@@ -112,12 +113,16 @@ async def test_picker_lists_the_models_with_their_facts_literally(stores, app_on
         picker = await open_picker(pilot)
         table = picker.query_one("#models-table")
         header = [str(c.label) for c in table.columns.values()]
-        assert header[:4] == ["id", "arch", "params", "quant"] and "fits" in header and "found in" in header
+        assert header[:4] == ["id", "arch", "params", "quant"] and header[-1] == "fits"
         smol = [cell.plain for cell in table.get_row(SMOL_ID)]
-        assert smol[1:4] == ["llama", "135M", "Q4_1"] and smol[5] == "8,192" and smol[6] == "yes"
+        assert smol[1:4] == ["llama", "135M", "Q4_1"] and smol[5] == "8,192" and smol[7] == "yes"
         tiny = [cell.plain for cell in table.get_row(TINY_ID)]
         assert tiny[0] == TINY_ID  # a folder name with markup, shown as it is
-        assert tiny[1:4] == ["llama", "2.05K", "F16"] and tiny[7] == f"{2 * 2 * (16 + 16) * 2:,} B"
+        assert tiny[1:4] == ["llama", "2.05K", "F16"] and tiny[6] == f"{2 * 2 * (16 + 16) * 2:,} B"
+        # Every column in view at 120 columns (the fit was cut at "yes: n_ctx 8,");
+        # the fit in full and where the model was found are in the detail line.
+        assert table.virtual_size.width <= table.scrollable_content_region.width
+        assert "fits: n_ctx 8,192, " in detail(picker) and "found in" in detail(picker)
         ids = [row.value for row in table.rows]
         assert ids.index(CUT_ID) == len(ids) - 1  # unusable ones last
         # The model in use, defined in models.toml, is listed first and marked.
@@ -134,10 +139,12 @@ async def test_switching_loads_the_default_models_file_and_chats_on_it(stores, a
     async with app.run_test(size=SIZE) as pilot:
         await loaded(pilot)
         old = engines[0]
+        app.query_one("#conversation").focus()  # Tab there before the switch: the keys come back to the prompt
         picker = await open_picker(pilot)
         await choose(pilot, picker, SMOL_ID)
         await wait_for(pilot, lambda: app.spec.id == SMOL_ID and app.conversation is not None
                        and app.conversation.engine is app.lease.engine, timeout=120, what="the switch")
+        await wait_for(pilot, lambda: isinstance(app.focused, PromptArea), what="the prompt's focus")
         engine = app.lease.engine
         assert isinstance(engine, LocalEngine) and engine.spec.model_path() == stores
         assert old.closed  # the replaced engine, idle, is closed at once

@@ -182,7 +182,7 @@ async def test_fork_from_a_turn_continues_with_its_history(build, store):
             await send(pilot, text)
         parent = app.conversation.session_id
         app.query_one("#conversation").focus()
-        await pilot.press("shift+up", "f")  # fork at turn 2
+        await pilot.press("shift+up", "shift+up", "f")  # fork at turn 2
         await wait_for(pilot, lambda: app.conversation is not None and app.conversation.session_id != parent,
                        what="the fork")
         await wait_for(pilot, lambda: len(app.conversation.history) == 4, what="its history")

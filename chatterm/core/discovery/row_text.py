@@ -1,6 +1,11 @@
 """A model row's facts as short texts, the same in `chatterm models` and the
 model picker. Texts that come from files (names, paths, reasons) are passed
-through `printable`: a GGUF's or a folder's name is untrusted."""
+through `printable`: a GGUF's or a folder's name is untrusted.
+
+`COLUMNS` / `cells` are the CLI table's; the picker, a dialog in a terminal
+often 120 columns wide, shows `PICKER_COLUMNS` / `picker_cells` (the same
+texts, "fits" as one word) and the rest for the highlighted row in one line
+(`picker_detail`: the fit in full, the chat template, where it was found)."""
 
 from __future__ import annotations
 
@@ -39,6 +44,10 @@ def fits_text(row: ModelRow) -> str:
     return f"yes: n_ctx {row.n_ctx:,}, {fmt_bytes(row.needed_bytes)}"
 
 
+def fits_word(row: ModelRow) -> str:
+    return fits_text(row).partition(":")[0]
+
+
 def where(row: ModelRow) -> str:
     """Where the model was found, the home folder written as ~."""
     return home_short(row.found.location)
@@ -70,3 +79,25 @@ def cells(row: ModelRow) -> tuple[str, ...]:
         fits_text(row),
         found_in,
     )
+
+
+PICKER_COLUMNS = ("id", "arch", "params", "quant", "size", "trained ctx", "KV/token", "fits")
+
+
+def picker_cells(row: ModelRow) -> tuple[str, ...]:
+    """One text per `PICKER_COLUMNS` entry."""
+    texts = dict(zip(COLUMNS, cells(row), strict=True))
+    return (*(texts[c] for c in PICKER_COLUMNS[:-1]), fits_word(row))
+
+
+def picker_detail(row: ModelRow) -> str:
+    """What the picker's columns leave out, for the highlighted usable model."""
+    if row.facts is None:
+        template = "?"
+    else:
+        template = "yes" if row.facts.has_chat_template else "none (set chat_template in models.toml)"
+    if row.n_ctx is None:
+        fit = f"does not fit: needs {fmt_bytes(row.needed_bytes)}"
+    else:
+        fit = f"fits: n_ctx {row.n_ctx:,}, {fmt_bytes(row.needed_bytes)}"
+    return f"{fit} · chat template: {template} · found in {where(row)}"
