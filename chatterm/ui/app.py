@@ -37,10 +37,9 @@ from typing import TYPE_CHECKING, Callable, Iterable, Mapping
 from textual import on, work
 from textual.app import App, SystemCommand
 from textual.binding import Binding
-from textual.content import Content
 from textual.message import Message
 from textual.screen import Screen
-from textual.widgets import Footer, Static
+from textual.widgets import Footer
 
 from chatterm.core.config.personas import Persona
 from chatterm.core.engine.conversation import Conversation
@@ -58,6 +57,7 @@ from chatterm.ui.resume import Resume
 from chatterm.ui.screens import HelpScreen, PersonaPicker
 from chatterm.ui.theme_memory import ThemeMemory
 from chatterm.ui.themes import DEFAULT_THEME, ThemeSet
+from chatterm.ui.title_bar import TitleBar
 
 if TYPE_CHECKING:
     from chatterm.core.config.catalog import ModelSpec
@@ -128,6 +128,8 @@ class ChatApp(App[None]):
         )
         self._startup_notices = list(startup_notices)
         self._dashboard_mode = "auto"
+        self._title_state = ""
+        """The chat's state as the title bar shows it last (ChatView.StatusChanged)."""
         self._theme_memory: ThemeMemory | None = None
         self._load_thread: threading.Thread | None = None
         for theme_obj in (themes.themes.values() if themes else ()):
@@ -136,7 +138,7 @@ class ChatApp(App[None]):
 
     # -- layout ---------------------------------------------------------------
     def compose(self):
-        yield Static(self._title_content(), id="title-bar")
+        yield TitleBar(self._title_choices(), id="title-bar")
         yield self.session
         yield Footer()
 
@@ -154,19 +156,28 @@ class ChatApp(App[None]):
     def persona(self) -> Persona:
         return self.session.persona
 
-    def _title_content(self, state: str = "") -> Content:
-        parts = ["chatterm", self.persona.name, self.spec.label or self.spec.id]
+    def _title_choices(self, state: str | None = None) -> tuple[str, ...]:
+        """The title bar's texts, longest first: persona, model, session and the
+        chat's state, which must stay in view (a prefill's progress); in a
+        narrow terminal the app's name goes first, then the model's long
+        label, then the model."""
+        if state is not None:
+            self._title_state = state
         conversation = self.conversation
-        if conversation is not None and conversation.session_id is not None:
-            parts.append(f"session {conversation.session_id}")
-        if state:
-            parts.append(state)
-        return Content(printable(SEP.join(parts)))
+        session = f"session {conversation.session_id}" if conversation and conversation.session_id else ""
+        persona, state = printable(self.persona.name), printable(self._title_state)
+        label, model_id = printable(self.spec.label or self.spec.id), printable(self.spec.id)
+        return tuple(SEP.join(p for p in parts if p) for parts in (
+            ("chatterm", persona, label, session, state), (persona, label, session, state),
+            (persona, model_id, session, state), (persona, session, state)))
+
+    def _show_title(self, state: str | None = None) -> None:
+        for bar in self.query("#title-bar").results(TitleBar):  # none while the app closes
+            bar.show(self._title_choices(state))
 
     @on(ChatView.StatusChanged)
     def _status_changed(self, event: ChatView.StatusChanged) -> None:
-        for title in self.query("#title-bar").results(Static):  # none while the app closes
-            title.update(self._title_content(event.text), layout=False)
+        self._show_title(event.text)
 
     async def on_mount(self) -> None:
         self._theme_memory = ThemeMemory(self, self.settings_path)

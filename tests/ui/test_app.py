@@ -847,3 +847,20 @@ async def test_persona_picker_indents_a_wrapped_description(isolated_dirs, tmp_p
         assert "word0" in description[0] and "word59" not in description[0]  # it wraps
         for line in description:  # every line starts under the name, none at the left edge
             assert line[start:start + 4] == "word" and not line[:start].strip("▊▐▌ "), lines
+
+
+async def test_the_title_keeps_the_state_in_view_in_a_narrow_terminal(build, workspace):
+    store = SessionStore(workspace.db_path)
+    app, _ = build(store=store)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await loaded(pilot)
+        await send(pilot, "Hi")
+        bar = app.query_one("#title-bar")
+        wide = str(bar.render())
+        assert wide.startswith("chatterm · ") and wide.endswith(f"session {app.conversation.session_id} · ready")
+        await pilot.resize_terminal(60, 24)
+        await wait_for(pilot, lambda: bar.content_size.width == 58, what="the narrow layout")
+        narrow = str(bar.render())
+        assert len(narrow) <= 58 and narrow.endswith("· ready") and not narrow.startswith("chatterm"), narrow
+        assert "session" in narrow
+    store.close()
