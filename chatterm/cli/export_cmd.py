@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 from chatterm.cli.common import catalog, db_path, write_stdout
+from chatterm.core.metrics.format import counted
 from chatterm.core.report.export import FORMATS, REPORT_FORMATS, export_chunks, sessions_to_export, write_atomic
 from chatterm.core.store.session_store import SessionStore
 from chatterm.errors import ChattermError
@@ -93,6 +94,9 @@ def run(args: argparse.Namespace) -> int:
             if latest is None:
                 raise ChattermError(f"no sessions to export in {db}")
             ids = [latest]
+            # Named on stderr: the output (stdout or the file) is only the export.
+            print(f"chatterm: exporting session {latest}, the one last talked in (name IDs for others)",
+                  file=sys.stderr)
         sessions = sessions_to_export(store, ids, skip_empty=args.all, infos=known)
         chunks = export_chunks(store, sessions, fmt, prices)
         if output is None:
@@ -100,5 +104,5 @@ def run(args: argparse.Namespace) -> int:
         else:
             write_atomic(output, chunks)
     if output is not None:
-        print(f"wrote {len(sessions)} session(s) to {output}", file=sys.stderr)
+        print(f"wrote {counted(len(sessions), 'session')} to {output}", file=sys.stderr)
     return 0

@@ -4,6 +4,7 @@ files and `chatterm.cli.main`; none of it loads a model."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -90,6 +91,17 @@ def test_an_export_suffix_that_names_no_format_is_an_error_and_writes_nothing(tm
     assert (out / "r").read_text().startswith('{"session_id":')
     assert main(["--db", str(db), "export", str(first), "-o", str(out / "R.HTM")]) == 0
     assert (out / "R.HTM").read_text(encoding="utf-8").startswith("<!DOCTYPE html>")
+
+
+def test_an_export_without_ids_names_the_session_it_chose_on_stderr_only(tmp_path, capsys):
+    db = tmp_path / "s.db"
+    _, last = build_sample(db)
+    assert main(["--db", str(db), "export"]) == 0
+    out, err = capsys.readouterr()
+    assert {json.loads(line)["session_id"] for line in out.splitlines()} == {last}
+    assert err == f"chatterm: exporting session {last}, the one last talked in (name IDs for others)\n"
+    assert main(["--db", str(db), "export", str(last), "-o", str(tmp_path / "one.csv")]) == 0
+    assert capsys.readouterr().err == f"wrote 1 session to {tmp_path / 'one.csv'}\n"
 
 
 # -- counts ---------------------------------------------------------------------------
