@@ -249,7 +249,7 @@ class ChatSession(Horizontal):
     @on(EngineSetup.PersonaProgressed)
     def _persona_progressed(self, event: EngineSetup.PersonaProgressed) -> None:
         if event.persona.id == self.persona.id:
-            self.chat.prefix_progressed(event.persona.name, event.progress)
+            self.chat.prefix_progressed(event.progress)
 
     @on(EngineSetup.PersonaPrepared)
     def _persona_prepared(self, event: EngineSetup.PersonaPrepared) -> None:

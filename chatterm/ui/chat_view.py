@@ -333,11 +333,12 @@ class ChatView(Vertical):
         if self._prefix_pending and self._phase is not TurnPhase.STREAMING:
             self.set_status(how)
 
-    def prefix_progressed(self, persona_name: str, progress: "PrefillProgress") -> None:
-        """A long prefill's progress, for the user waiting to type or for the message waiting for it."""
+    def prefix_progressed(self, progress: "PrefillProgress") -> None:
+        """A long prefill's progress, for the user waiting to type or for the message waiting for it
+        (the title bar names the persona it is for)."""
         line = prefill_progress_line(progress)
         if self._phase is TurnPhase.IDLE:
-            self.set_status(f"{persona_name}: {line}")
+            self.set_status(line)
         elif self._phase is TurnPhase.STREAMING and self._prefix_pending:
             self.set_status(f"your message is next · {line}")
 
