@@ -342,8 +342,8 @@ class ChatSession(Horizontal):
             self.chat.prefix_started()
         notice = resumed_notice(resume) if back is None else f"{back}: {turns_phrase(resume)}."
         await self._start_over(notice, resume, prepare=True)
-        if turn is not None:
-            await self.chat.messages.reveal(turn)
+        if turn is not None and await self.chat.messages.reveal(turn):
+            self.chat.messages.focus()  # a search hit, selected: its turn keys (e, f, y) act at once
         return True
 
     async def _start_over(self, notice: str, resume: Resume | None = None, *, prepare: bool = False) -> None:

@@ -34,8 +34,8 @@ from textual.widgets import Sparkline, Static
 
 from chatterm.core.metrics.format import ahead_line, cache_label, fmt_int, fmt_local_time, fmt_ms, fmt_tok_s, fmt_usd
 from chatterm.core.metrics.timeline import PART_GLYPHS, PARTS, session_token_costs, timeline, token_costs
-from chatterm.core.metrics.turn_metrics import SessionSummary, StopReason, TurnMetrics
-from chatterm.core.metrics.whatif import cost_split
+from chatterm.core.metrics.turn_metrics import CacheOutcome, SessionSummary, StopReason, TurnMetrics
+from chatterm.core.metrics.whatif import cost_split, switch_tokens
 from chatterm.ui.rows import LABEL_WIDTH, Fitted, Rows
 from chatterm.ui.timeline import STYLES, fmt_share, shown, timeline_bar, token_cost_line
 
@@ -253,7 +253,8 @@ class Dashboard(VerticalScroll):
             ("prompt", fmt_int(m.prompt_tokens)),
             # Reused from earlier prompts, as the cost and the what-if count them;
             # what was prefilled while typing is a row of its own.
-            ("cached", fmt_int(m.reused_tokens)),
+            *([("at switch", fmt_int(switch_tokens(m)))] if m.cache_outcome == CacheOutcome.SWITCH
+              else [("cached", fmt_int(m.reused_tokens))]),
             *([("typed ahead", ahead_line(m))] if m.ahead_tokens else []),
             ("prefilled", fmt_int(m.prefilled_tokens)),
             ("generated", fmt_int(m.generated_tokens)),

@@ -155,6 +155,8 @@ async def test_sessions_screen_title_preview_search_rename_delete(build, store):
                        what="the hit's session")
         reply = app.query(AssistantReply).last()
         assert reply.has_class("-selected") and reply.turn_id == 1
+        await wait_for(pilot, lambda: app.focused is app.query_one("#conversation"),
+                       what="the hit's turn keys (the conversation focused)")
 
         # Delete the other session after the confirmation.
         await pilot.press("f3")

@@ -343,7 +343,7 @@ def _bench_resume(engine, persona: Persona, runs: int, say: Report) -> dict[str,
         finally:
             hidden.rename(saved)
 
-    ways = (("memory", memory, "live context"), ("ram", ram, "restored from ram"),
+    ways = (("memory", memory, "live context"), ("ram", ram, "restored from RAM"),
             ("disk", disk, "restored from disk"), ("persona_only", persona_only, "persona prefix"))
     series: dict[str, list] = {label: [] for label, _, _ in ways}
     # Interleaved (each run measures every way in turn), so a machine that gets

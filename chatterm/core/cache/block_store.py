@@ -580,9 +580,11 @@ class BlockStore:
         """A writable buffer of `size` bytes and how to give it back: the reused
         scratch buffer when it is free and fits the RAM budget, else a new one."""
         with self._lock:
+            if size > max(self.ram_budget_bytes, 0):
+                return bytearray(size), lambda: None
             while self._reserving:  # it is being grown for this restore: as fast as a new one
                 self._scratch_ready.wait()
-            if self._scratch_busy or size > max(self.ram_budget_bytes, 0):
+            if self._scratch_busy:
                 return bytearray(size), lambda: None
             if len(self._scratch) < size:
                 self._scratch = bytearray(self._scratch_size(size))

@@ -7,9 +7,10 @@ Contract:
   message and the reply (partial when cancelled) join the history, and the
   turn with its metrics is committed to the store, failed turns included.
 - The session row is created on the first turn, so an opened-and-closed app
-  leaves no empty session behind; a resumed conversation passes its id, and
-  the engine hears of it at once (`note_conversation`), so a local engine
-  readies the memory its state restores into while the user types.
+  leaves no empty session behind; a resumed conversation passes its id. The
+  engine hears of the conversation at once (`note_conversation`: its id, or
+  None for a new one), so a local engine readies the memory a stored
+  state restores into while the user types, and looks for the right one.
 - Energy per turn comes from an optional `EnergyMeter` (GPU power readings).
 """
 
@@ -80,8 +81,7 @@ class Conversation:
         self.store_error: str | None = None
         self._moved = session_id is None
         """The session is on this engine's model in the store (a new one is created there)."""
-        if session_id is not None:
-            engine.note_conversation(session_id)
+        engine.note_conversation(session_id)
 
     def _model_fields(self) -> dict[str, str]:
         """What the store records of the model a session is on."""

@@ -143,7 +143,7 @@ def test_persona_a_then_b_then_back_to_a_restores_a_conversation(ws, store):
         engine.close()
     m = turn.metrics
     assert m.cache_outcome == "restored", m.cache_detail
-    assert f"session {with_a.session_id}, restored from ram" in m.cache_detail
+    assert f"session {with_a.session_id}, restored from RAM" in m.cache_detail
     assert m.cached_tokens > len(engine.persona_prefix(a).tokens) + 20
     assert reply == reference_reply
 

@@ -369,7 +369,7 @@ def test_unwritable_cache_folder_chat_goes_on_and_says_so_once(ws, persona, tmp_
     assert sum("Prompt cache on disk off" in n for n in notices) == 1
     # No disk, but the RAM tier still serves the persona prefix within this process.
     assert third.metrics.cache_outcome == "restored"
-    assert "restored from ram" in third.metrics.cache_detail
+    assert "restored from RAM" in third.metrics.cache_detail
 
 
 def test_prepare_persona_restores_at_switch_time(ws, persona):

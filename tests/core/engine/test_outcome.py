@@ -78,7 +78,7 @@ def test_a_restore_by_the_turn_itself_outranks_the_switch_report():
     "reuse, label",
     [
         (Reuse("ram", 1234, Slot.session(3)),
-         "reused 1,234 of 1,300 tokens (conversation, session 3, restored from ram)"),
+         "reused 1,234 of 1,300 tokens (conversation, session 3, restored from RAM)"),
         (Reuse("disk", 120, Slot.persona("p")), "reused 120 of 1,300 tokens (persona prefix, restored from disk)"),
         (Reuse("live", 1000), "reused 1,000 of 1,300 tokens (live context)"),
         (Reuse("live", 800, shifted=400), "reused 800 of 1,300 tokens (live context, 400 oldest tokens shifted out)"),

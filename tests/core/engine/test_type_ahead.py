@@ -184,3 +184,48 @@ def test_a_resumed_conversation_is_restored_while_typing_not_prefilled_again(eng
     assert m.ahead_history_tokens == 0
     # Typed ahead: the message only, after the restored conversation.
     assert 0 < m.ahead_tokens < m.prompt_tokens - len(engine.prefix_tokens(persona)) - 10
+
+
+def stored_then_relaunched(engine, persona, session_id):
+    """A conversation kept as `session_id` on disk, the context back to the persona
+    alone (as at a relaunch); its history."""
+    history = first_turn(engine, persona)
+    engine.keep_conversation(session_id)
+    engine.wait_for_saves()
+    engine.kv_cache.clear_ram()
+    engine.reset_context()
+    engine.prepare_persona(persona)
+    return history
+
+
+def test_a_persona_switch_after_a_restore_while_typing_is_reported_as_the_switch(engine, persona):
+    history = stored_then_relaunched(engine, persona, 78)
+    assert engine.prefill_ahead(persona, history, MESSAGE) is not None
+    other = greedy(Workspace.load().personas.get("terse-coder"), max_tokens=16)
+    engine.prepare_persona(other)  # the context is the other persona's now
+    assert engine.prefill_ahead(other, [], MESSAGE) is not None  # typed ahead there too
+    m = send(engine, other, MESSAGE)[0].metrics
+    # Its prefix made ready at the switch, not the first persona's conversation.
+    assert "while the message was typed" not in m.cache_detail
+    assert m.cache_outcome in ("restored", "switch") and m.ahead_tokens > 0
+    assert m.cache_outcome == "switch" or m.restore_at_switch
+
+
+def test_a_restore_that_fails_while_typing_leaves_the_turn_to_start_over(engine, persona, monkeypatch):
+    from chatterm.core.engine.local import engine as local_engine
+
+    history = stored_then_relaunched(engine, persona, 79)
+    real = local_engine.kv_state.restore
+    failures = []
+
+    def failing(*args):  # every state is rejected, the persona's too: the context ends up empty
+        failures.append(real(*args) or "forced failure")
+        return failures[-1]
+
+    monkeypatch.setattr(local_engine.kv_state, "restore", failing)
+    assert engine.prefill_ahead(persona, history, MESSAGE) is None  # nothing prefilled in an empty context
+    assert failures
+    monkeypatch.setattr(local_engine.kv_state, "restore", real)
+    m = send(engine, persona, MESSAGE, history)[0].metrics
+    assert m.ahead_tokens == 0 and m.ahead_history_tokens == 0
+    assert "while the message was typed" not in m.cache_detail

@@ -439,7 +439,7 @@ def test_export_html_and_comparison_files(env, tmp_path, capsys):
     first, second = build_sample(env)
     out = tmp_path / "cmp.html"
     assert main(["export", str(first), str(second), "-o", str(out)]) == 0
-    assert "wrote 2 session(s)" in capsys.readouterr().err
+    assert "wrote 2 sessions" in capsys.readouterr().err
     page = Page(out.read_text(encoding="utf-8"))
     assert {a["data-session"] for a in page.marks("bar")} == {"S1", "S2"}
     assert out.stat().st_mode & 0o777 == new_file_mode()

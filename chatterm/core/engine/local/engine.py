@@ -108,7 +108,7 @@ from chatterm.core.engine.local.outcome import (
     started_from,
 )
 from chatterm.core.engine.local.prompt_fit import Fitted, PromptFitter
-from chatterm.core.engine.local.type_ahead import TypeAhead
+from chatterm.core.engine.local.type_ahead import AheadCredit, TypeAhead
 from chatterm.core.metrics.format import counted
 from chatterm.core.metrics.turn_metrics import CacheOutcome, StopReason, TurnMetrics
 from chatterm.core.system.file_identity import sha256_of_file
@@ -371,7 +371,10 @@ class LocalEngine(Engine):
                     reason = kv_state.restore(llm, opened.payload, opened.tokens, opened.verify)
                 finally:
                     opened.close()
+                # The context was replaced (emptied, if the restore failed): what
+                # was prepared or prefilled ahead in it is gone.
                 self._prepared = None
+                self._ahead.forget()
                 if reason is None and span:
                     t_shift = time.perf_counter()
                     if kv_shift.shift(llm, keep, span):
@@ -530,6 +533,7 @@ class LocalEngine(Engine):
         with gate.lock:
             gate.abort.set(False)
             gate.preparing = persona.id
+            self._ahead.forget()  # the context is made the persona's: nothing typed ahead stays in it
             try:
                 report = self._ensure_persona(persona, report=progress)
             except RuntimeError:
@@ -647,9 +651,11 @@ class LocalEngine(Engine):
             # state is restored instead of prefilled again while the user types).
             expect = [Slot.session(self._session)] if self._session is not None else []
             reuse = self._reuse(target, True, expect, len(prefix))
+            live = self._live_tokens()
+            if live[: len(prefix)] != prefix:
+                return None  # a restore failed and emptied the context: the turn starts over
             if reuse.restored:
                 self._ahead.restored = replace(reuse, ahead=True)
-            live = self._live_tokens()
         elif self._shift_live(target, len(prefix))[0]:
             live = self._live_tokens()  # the turns the next prompt leaves out are gone
         self._threads.apply()
@@ -742,20 +748,29 @@ class LocalEngine(Engine):
         if fitted.moved_turns:
             turn.notices.append(self._cut_notice(fitted.moved_turns, reuse.shifted))
         turn.notices.extend(fitted.notices)
-        self._record_start(m, persona, pp, reuse, prepared, history, fitted)
-        t_prefill = time.perf_counter()
-        if not self._prefill_prompt(turn, persona, pp, tokens, use_cache, t_prefill):
-            return
-        # Worked out after this turn's own prefill, whose rate counts: a fresh
-        # process would otherwise have only the rate stored with the restored
-        # state, which may have been measured while the machine was busy.
-        m.saved_prefill_ms = saved_prefill_ms(
-            m.reused_tokens, self._rate.ms_per_token, m.restore_ms, m.wait_ms, m.restore_at_switch
-        )
-        notice = self.cache_notice()
-        if notice:
-            turn.notices.append(notice)
-        yield from self._sample(turn, persona.sampling, tokens, t_prefill)
+        credit = self._record_start(m, persona, pp, reuse, prepared, len(tokens))
+        try:
+            t_prefill = time.perf_counter()
+            if not self._prefill_prompt(turn, persona, pp, tokens, use_cache, t_prefill):
+                return
+            # Worked out after this turn's own prefill, whose rate counts: a fresh
+            # process would otherwise have only the rate stored with the restored
+            # state, which may have been measured while the machine was busy.
+            m.saved_prefill_ms = saved_prefill_ms(
+                m.reused_tokens, self._rate.ms_per_token, m.restore_ms, m.wait_ms, m.restore_at_switch
+            )
+            notice = self.cache_notice()
+            if notice:
+                turn.notices.append(notice)
+            yield from self._sample(turn, persona.sampling, tokens, t_prefill)
+        finally:
+            if credit is not None:
+                # Split at the history's end: after a model switch or a fork the
+                # conversation so far was prefilled again while the message was
+                # typed, and that is not typing ahead. Worked out after the reply:
+                # it renders the prompt once more (16 ms at 5,000 tokens), which
+                # would otherwise be part of the TTFT.
+                m.ahead_history_tokens = credit.before(self._fitter.history_end(persona, history, fitted))
 
     def _cut_notice(self, turns: int, shifted: int) -> str:
         n_ctx = self.llm.n_ctx() if self.llm is not None else self.spec.n_ctx
@@ -772,12 +787,10 @@ class LocalEngine(Engine):
         pp: templates.PersonaPrefix,
         reuse: Reuse,
         prepared: PreparedPersona | None,
-        history: list[ChatMessage],
-        fitted: Fitted,
-    ) -> None:
+        prompt_tokens: int,
+    ) -> AheadCredit | None:
         """What the turn starts from, in its metrics: the token counts, what was
-        prefilled ahead of it, the cache outcome and its detail."""
-        prompt_tokens = len(fitted.tokens)
+        prefilled ahead of it (its credit, returned), the cache outcome and its detail."""
         m.prompt_tokens = prompt_tokens
         m.cached_tokens = reuse.tokens
         m.prefilled_tokens = prompt_tokens - reuse.tokens
@@ -785,16 +798,13 @@ class LocalEngine(Engine):
         credit = self._ahead.take(reuse.tokens if reuse.source == "live" else 0)
         if credit is not None:
             m.ahead_tokens, m.ahead_ms = credit.tokens, credit.ms
-            # Split at the history's end: after a model switch or a fork the
-            # conversation so far was prefilled again while the message was
-            # typed, and that is not typing ahead.
-            m.ahead_history_tokens = credit.before(self._fitter.history_end(persona, history, fitted))
         started = started_from(reuse, restored_ahead)
         outcome = classify(started, prepared, persona.fingerprint, m.ahead_tokens)
         m.cache_outcome, m.restore_ms, m.restore_at_switch = (
             outcome.label, outcome.restore_ms, outcome.restore_at_switch)
         details = [started.label(prompt_tokens), "" if pp.helps else pp.reason, *started.misses]
         m.cache_detail = "; ".join(d for d in details if d)
+        return credit
 
     def _prefill_prompt(
         self,

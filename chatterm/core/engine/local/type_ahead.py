@@ -114,6 +114,8 @@ class TypeAhead:
         if not kv_state.trim(llm, common):
             return None  # the context was cleared
         self._from = common if self._from is None else min(self._from, common)
+        if self.restored is not None and common < self.restored.tokens:
+            self.restored = None  # trimmed into the state it restored: the turn did not start from it
         t0 = time.perf_counter()
         try:
             kv_state.prefill(
