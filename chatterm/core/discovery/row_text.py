@@ -36,16 +36,21 @@ def memory_label(memory: Memory) -> str:
     return f"{fmt_bytes(memory.available_bytes)} {memory.kind} free"
 
 
-def fits_text(row: ModelRow) -> str:
+def fits_word(row: ModelRow) -> str:
     if not row.usable:
         return "unusable"
+    return "no" if row.n_ctx is None else "yes"
+
+
+def _fit_detail(row: ModelRow) -> str:
     if row.n_ctx is None:
-        return f"no: needs {fmt_bytes(row.needed_bytes)}"
-    return f"yes: n_ctx {row.n_ctx:,}, {fmt_bytes(row.needed_bytes)}"
+        return f"needs {fmt_bytes(row.needed_bytes)}"
+    return f"n_ctx {row.n_ctx:,}, {fmt_bytes(row.needed_bytes)}"
 
 
-def fits_word(row: ModelRow) -> str:
-    return fits_text(row).partition(":")[0]
+def fits_text(row: ModelRow) -> str:
+    word = fits_word(row)
+    return word if not row.usable else f"{word}: {_fit_detail(row)}"
 
 
 def where(row: ModelRow) -> str:
@@ -96,8 +101,5 @@ def picker_detail(row: ModelRow) -> str:
         template = "?"
     else:
         template = "yes" if row.facts.has_chat_template else "none (set chat_template in models.toml)"
-    if row.n_ctx is None:
-        fit = f"does not fit: needs {fmt_bytes(row.needed_bytes)}"
-    else:
-        fit = f"fits: n_ctx {row.n_ctx:,}, {fmt_bytes(row.needed_bytes)}"
-    return f"{fit} · chat template: {template} · found in {where(row)}"
+    fit = "does not fit" if row.n_ctx is None else "fits"
+    return f"{fit}: {_fit_detail(row)} · chat template: {template} · found in {where(row)}"

@@ -180,9 +180,8 @@ def prefill_progress_line(p: PrefillProgress) -> str:
 def ahead_line(m: TurnMetrics) -> str:
     """The tokens prefilled while the message was typed: `16`, or `16 + 1,030
     history` after a model switch or a fork."""
-    history = min(m.ahead_history_tokens, m.ahead_tokens)
-    line = fmt_int(m.ahead_tokens - history)
-    return f"{line} + {fmt_int(history)} history" if history else line
+    typed, history = m.typed_ahead_tokens, m.ahead_tokens - m.typed_ahead_tokens
+    return f"{fmt_int(typed)} + {fmt_int(history)} history" if history else fmt_int(typed)
 
 
 def input_breakdown(m: TurnMetrics) -> str:
@@ -194,11 +193,10 @@ def input_breakdown(m: TurnMetrics) -> str:
     else:
         earlier, what = m.reused_tokens, "cached"
     parts = [f"{approx}{fmt_int(earlier)} {what}"] if earlier else []
-    history = min(m.ahead_history_tokens, m.ahead_tokens)
-    if history:
+    if history := m.ahead_tokens - m.typed_ahead_tokens:
         parts.append(f"{approx}{fmt_int(history)} history prefilled ahead")
-    if m.ahead_tokens > history:
-        parts.append(f"{approx}{fmt_int(m.ahead_tokens - history)} typed ahead")
+    if m.typed_ahead_tokens:
+        parts.append(f"{approx}{fmt_int(m.typed_ahead_tokens)} typed ahead")
     return ", ".join(parts)
 
 

@@ -142,6 +142,12 @@ class TurnMetrics:
         return (self.generated_tokens - 1) / (self.decode_ms / 1000.0)
 
     @property
+    def typed_ahead_tokens(self) -> int:
+        """Of `ahead_tokens`, those of the message itself (the rest are
+        `ahead_history_tokens`, the conversation prefilled again)."""
+        return self.ahead_tokens - min(self.ahead_history_tokens, self.ahead_tokens)
+
+    @property
     def reused_tokens(self) -> int:
         """Prompt tokens reused from earlier prompts (persona prefix, conversation):
         what an API's prompt cache would serve. `ahead_tokens` are in

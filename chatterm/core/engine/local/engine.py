@@ -236,11 +236,16 @@ class LocalEngine(Engine):
         llama_cpp.llama_synchronize(llm.ctx)
         self._clear_context()
 
+    def _context_replaced(self) -> None:
+        """What was prepared or prefilled ahead in the context is gone (it was
+        cleared, restored over, trimmed to a persona, or is being prepared)."""
+        self._prepared = None
+        self._ahead.forget()
+
     def _clear_context(self) -> None:
         llm = self.llm
         assert llm is not None
-        self._prepared = None
-        self._ahead.forget()
+        self._context_replaced()
         kv_state.clear(llm)
 
     # -- information -----------------------------------------------------
@@ -371,10 +376,7 @@ class LocalEngine(Engine):
                     reason = kv_state.restore(llm, opened.payload, opened.tokens, opened.verify)
                 finally:
                     opened.close()
-                # The context was replaced (emptied, if the restore failed): what
-                # was prepared or prefilled ahead in it is gone.
-                self._prepared = None
-                self._ahead.forget()
+                self._context_replaced()  # emptied, if the restore failed
                 if reason is None and span:
                     t_shift = time.perf_counter()
                     if kv_shift.shift(llm, keep, span):
@@ -533,7 +535,7 @@ class LocalEngine(Engine):
         with gate.lock:
             gate.abort.set(False)
             gate.preparing = persona.id
-            self._ahead.forget()  # the context is made the persona's: nothing typed ahead stays in it
+            self._context_replaced()  # it is made the persona's (`_prepared` is set again below)
             try:
                 report = self._ensure_persona(persona, report=progress)
             except RuntimeError:
@@ -582,8 +584,7 @@ class LocalEngine(Engine):
             self._anchor = ""
             prefix = self.prefix_tokens(keep) if keep is not None else []
             if prefix and self._live_tokens()[: len(prefix)] == prefix and kv_state.trim(self.llm, len(prefix)):
-                self._prepared = None
-                self._ahead.forget()
+                self._context_replaced()
             else:
                 self._clear_context()
 
