@@ -39,7 +39,6 @@ from textual.app import App, SystemCommand
 from textual.binding import Binding
 from textual.message import Message
 from textual.screen import Screen
-from textual.widgets import Footer
 
 from chatterm.core.config.personas import Persona
 from chatterm.core.engine.conversation import Conversation
@@ -50,6 +49,7 @@ from chatterm.ui.chat_view import ChatView
 from chatterm.ui.copy_actions import copy_code, copy_reply
 from chatterm.ui.engine_lease import EngineLease
 from chatterm.ui.engine_setup import EngineFactory, GpuProbe, MeterFactory, default_gpu_status, energy_meter_factory
+from chatterm.ui.key_footer import KeyFooter
 from chatterm.ui.latency_screen import LatencyScreen, TurnDetailScreen
 from chatterm.ui.notices import notify_plain
 from chatterm.ui.palette import TEXTUAL_HIDDEN, chat_commands
@@ -140,7 +140,7 @@ class ChatApp(App[None]):
     def compose(self):
         yield TitleBar(self._title_choices(), id="title-bar")
         yield self.session
-        yield Footer()
+        yield KeyFooter()
 
     @property
     def chat(self) -> ChatView:

@@ -160,7 +160,7 @@ class ChatSession(Horizontal):
             await self.chat.messages.add_notice(resumed_notice(resume))
             self.chat.show_last_stored(resume.tail)
             self._read_history(resume)
-        elif self.store is not None and self.store.latest_session_id() is not None:
+        elif self.store is not None and self.store.has_sessions():
             # A plain launch starts afresh: say where the earlier conversations are.
             await self.chat.messages.add_notice(EARLIER_SESSIONS)
         else:
@@ -402,7 +402,7 @@ class ChatSession(Horizontal):
             await self._start_over(f"Could not continue session {event.resume.session_id}; new conversation.")
             return
         assert event.resume.continuation is not None
-        self.chat.show_session(event.resume.continuation.turns)
+        self.chat.show_session(event.resume.continuation.turns, event.resume.plan.info.path_turns)
         self._attach_when_ready()
         self.chat.show_ready()
 
@@ -519,6 +519,6 @@ class ChatSession(Horizontal):
         if event.path is not None:
             # The name on a line of its own: a toast wraps a long path anywhere, the name included.
             folder = home_short(event.path.parent)
-            notify_plain(self.app, f"{printable(event.path.name)}\nin {folder}", title="Exported", timeout=10)
+            notify_plain(self.app, f"{printable(event.path.name)}\nin {folder}", title="Exported", timeout=6)
         else:
             notify_plain(self.app, event.error or "export failed", title="Export failed", severity="error")

@@ -300,14 +300,15 @@ class ChatView(Vertical):
         """The dashboard's turn: a resumed session's last stored one (none: no turn yet)."""
         self._dashboard.show_turn(tail[-1].metrics if tail else None, stored=True)
 
-    def show_session(self, turns: list[TurnMetrics] | None = None) -> None:
+    def show_session(self, turns: list[TurnMetrics] | None = None, path_turns: int | None = None) -> None:
         """The session figures on the dashboard (from the conversation, or `turns`
-        before it exists)."""
+        and the `path_turns` shown of them before it exists)."""
         if turns is None:
             if self._conversation is None:
                 return
             turns = self._conversation.turns
-        self._dashboard.show_session(SessionSummary.of(turns), turns)
+            path_turns = sum(1 for msg in self._conversation.history if msg.role == "user")
+        self._dashboard.show_session(SessionSummary.of(turns), turns, len(turns) if path_turns is None else path_turns)
 
     def collect_garbage(self, everything: bool = False) -> None:
         """Collect garbage now unless a turn is on its way (see `gc_policy`)."""
@@ -650,6 +651,7 @@ class ChatView(Vertical):
         view.select(await view.show_path(self.persona_name, path[start:]))
         self.drop_ahead()
         self._show_context()
+        self.show_session()  # the exchanges shown changed, and with them the turns row
 
     def _show_branch(self, reply: AssistantReply, conversation: Conversation) -> None:
         """Give a finished reply its stored turn and its siblings' label."""

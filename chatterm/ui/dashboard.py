@@ -36,6 +36,7 @@ from chatterm.core.metrics.format import ahead_line, cache_label, fmt_int, fmt_l
 from chatterm.core.metrics.timeline import PART_GLYPHS, PARTS, session_token_costs, timeline, token_costs
 from chatterm.core.metrics.turn_metrics import CacheOutcome, SessionSummary, StopReason, TurnMetrics
 from chatterm.core.metrics.whatif import cost_split, switch_tokens
+from chatterm.core.store.records import turns_label
 from chatterm.ui.rows import LABEL_WIDTH, Fitted, Rows
 from chatterm.ui.timeline import STYLES, fmt_share, shown, timeline_bar, token_cost_line
 
@@ -267,10 +268,15 @@ class Dashboard(VerticalScroll):
             pairs.append(("error", m.error))
         self._set("dash-turn", Rows(pairs), live=running)
 
-    def show_session(self, summary: SessionSummary, turns: Sequence[TurnMetrics]) -> None:
+    def show_session(self, summary: SessionSummary, turns: Sequence[TurnMetrics], path_turns: int) -> None:
+        """The session's figures: over every turn computed, `path_turns` of them the exchanges shown."""
         split = cost_split(turns)
+        # Computed turns can outnumber the exchanges shown (regenerated, edited), never the other
+        # way round that matters: a fork or a model switch shows history it did not compute.
+        branched = path_turns < summary.turns
         pairs = [
-            ("turns", fmt_int(summary.turns)),
+            ("turns", f"{turns_label(summary.turns, path_turns)} on other branches" if branched
+             else fmt_int(summary.turns)),
             ("TTFT p50", fmt_ms(summary.ttft_p50_ms)),
             ("TTFT p95", fmt_ms(summary.ttft_p95_ms)),
             ("mean rate", fmt_tok_s(summary.mean_decode_tok_s)),

@@ -42,7 +42,7 @@ from textual.containers import Vertical, VerticalScroll
 from textual.content import Content
 from textual.screen import ModalScreen, Screen
 from textual.widget import Widget
-from textual.widgets import DataTable, Footer, Static, TabbedContent, TabPane, Tabs
+from textual.widgets import DataTable, Static, TabbedContent, TabPane, Tabs
 from textual_plotext import PlotextPlot
 
 from chatterm.core.config.catalog import PriceProfile
@@ -61,6 +61,7 @@ from chatterm.core.metrics.timeline import PART_LABELS, TTFT_PARTS, Timeline, se
 from chatterm.core.metrics.turn_metrics import TurnMetrics
 from chatterm.core.metrics.whatif import cost_split, priced_with, what_if
 from chatterm.core.report.svg_charts import nice_ticks, tick_label
+from chatterm.ui.key_footer import KeyFooter
 from chatterm.ui.timeline import STYLES, fmt_share, per_token, timeline_bar, timeline_legend, token_cost_line
 
 MARKS = {"error": "✕", "stopped": "■"}
@@ -137,7 +138,7 @@ class LatencyScreen(Screen[None]):
             with TabPane("What if", id="tab-costs"):
                 with VerticalScroll():
                     yield Static(self._costs(), id="latency-costs")
-        yield Footer()
+        yield KeyFooter()
 
     def on_mount(self) -> None:
         self._fill_table()

@@ -106,7 +106,8 @@ class PersonaPicker(ModalScreen[str | None]):
     BINDINGS = [Binding("escape", "dismiss_none", "Close")]
     AUTO_FOCUS = "#persona-list"
 
-    _STATE = {"ram": "KV state cached in RAM", "disk": "KV state cached on disk"}
+    _TIER = {"ram": "in RAM", "disk": "on disk"}
+    _STATE = {tier: f"KV state cached {where}" for tier, where in _TIER.items()}
 
     def __init__(self, personas: Sequence[Persona], current: str, cached: Mapping[str, str] | None,
                  returns: Mapping[str, int | None] | None = None):
@@ -126,6 +127,10 @@ class PersonaPicker(ModalScreen[str | None]):
     def _prompt(self, persona: Persona) -> Rows:
         if self._cached is None:
             state = "cache state unknown until the model has loaded"
+        elif persona.id == self._current:
+            # Its prefix is in the model's context now; "cached on disk" read as if it had to be loaded.
+            tier = self._cached.get(persona.id)
+            state = "KV state in use" + (f" (a copy {self._TIER[tier]})" if tier in self._TIER else "")
         else:
             state = self._STATE.get(self._cached.get(persona.id, ""), "not cached (first use prefills)")
         mark = "●" if persona.id == self._current else ""

@@ -13,7 +13,8 @@ import threading
 import pytest
 from pilot_steps import loaded, send, wait_for, wait_for_palette_hit
 from textual.geometry import Region
-from textual.widgets import DataTable, Markdown, OptionList, Static
+from textual.widgets import DataTable, Footer, Markdown, OptionList, Static
+from textual.widgets._footer import FooterKey  # the keys' regions: what fits on screen
 
 from chatterm.core.engine.interface import EngineCapabilities
 from chatterm.core.metrics.format import home_short
@@ -132,7 +133,7 @@ async def test_history_sparklines_are_to_scale_from_zero(build):
                              ttft_ms=ttft, generated_tokens=tokens, decode_ms=1000.0)
                  for i, (ttft, tokens) in enumerate([(189.0, 21), (199.0, 41), (219.0, 31)])]
         dash = app.query_one(Dashboard)
-        dash.show_session(SessionSummary.of(turns), turns)
+        dash.show_session(SessionSummary.of(turns), turns, len(turns))
         await pilot.pause()
         ttft = rendered(dash.query_one("#spark-ttft")).strip()
         rate = rendered(dash.query_one("#spark-rate")).strip()
@@ -202,7 +203,8 @@ async def test_persona_switch_starts_a_new_conversation_and_shows_restore(build)
         assert isinstance(picker, PersonaPicker)
         options = picker.query_one(OptionList)
         texts = [str(options.get_option_at_index(i).prompt) for i in range(options.option_count)]
-        assert any("Assistant" in t and "KV state cached on disk" in t for t in texts)
+        # The current persona's prefix is in the context: in use, not something to load from disk.
+        assert any("Assistant" in t and "KV state in use (a copy on disk)" in t for t in texts)
         assert any("Terse coder" in t and "not cached" in t for t in texts)
         assert any("shop-support" in t and "KV state cached in RAM" in t for t in texts)
         index = next(i for i, t in enumerate(texts) if "terse-coder" in t)
@@ -435,6 +437,22 @@ async def test_small_terminal_hides_the_dashboard_and_f4_toggles_it(build):
         await pilot.resize_terminal(140, 40)
         await pilot.pause(0.05)
         assert not dashboard.display  # the user's choice holds after a resize
+
+
+async def test_every_footer_key_is_on_screen_at_80_columns(build):
+    def keys_in_view(app) -> set[str]:
+        width = app.size.width
+        return {key.description for key in app.query_one(Footer).query(FooterKey)
+                if key.region.width and key.region.right <= width}
+
+    shown = {b.description for b in ChatApp.BINDINGS if b.show}
+    app, _ = build()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await loaded(pilot)
+        assert keys_in_view(app) >= shown
+        await pilot.resize_terminal(120, 40)
+        await wait_for(pilot, lambda: "palette" in keys_in_view(app), what="the palette key at 120 columns")
+        assert keys_in_view(app) >= shown
 
 
 async def test_timeline_bar_fits_the_dashboard_on_one_line_at_80_columns(build):

@@ -36,6 +36,12 @@ def notifications(app) -> list[str]:
     return [n.message for n in app._notifications]
 
 
+def session_row(app, label: str) -> str:
+    """The value of the dashboard's Session row `label`."""
+    lines = rendered(app.query_one("#dash-session")).splitlines()
+    return next(line[len(label):].strip() for line in lines if line.startswith(label + " "))
+
+
 async def idle(pilot) -> None:
     await wait_for(pilot, lambda: pilot.app.chat.phase is TurnPhase.IDLE, what="the reply to finish")
 
@@ -68,6 +74,8 @@ async def test_regenerate_keeps_the_old_reply_and_arrows_switch_between_them(bui
         assert last.branch_text == "‹ 2/2 ›" and "‹ 2/2 ›" in rendered(last)
         assert [r.reply for r in store.turns(sid)] == ["Paris.", "It is Paris."]
         assert [store.turn(sid, i).reply for i in store.siblings(sid, last.turn_id)] == ["Rome.", "It is Paris."]
+        # The dashboard counts the turns computed as the listings do: 2 shown, 1 on another branch.
+        assert session_row(app, "turns") == "2 +1 on other branches"
 
         # ← in the focused conversation: the old reply is back, and it is the history.
         app.query_one("#conversation").focus()
@@ -89,6 +97,7 @@ async def test_regenerate_keeps_the_old_reply_and_arrows_switch_between_them(bui
         await pilot.press("right")
         await wait_for(pilot, lambda: replies(app) == ["Paris.", "It is Paris."], what="the second branch")
         assert len(app.conversation.history) == 4
+        assert session_row(app, "turns") == "2 +2 on other branches"
         # The sessions screen counts the two exchanges shown, and the two turns on the other branch.
         await pilot.press("f3")
         await wait_for(pilot, lambda: isinstance(app.screen, SessionsScreen), what="the sessions screen")

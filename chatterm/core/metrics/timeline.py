@@ -144,21 +144,31 @@ def session_token_costs(turns: Iterable[TurnMetrics]) -> TokenCosts:
     """Total ms over total tokens of the turns where each figure is measurable."""
     prefill_ms = decode_ms = 0.0
     prefill_tokens = decode_tokens = 0
+    prefill_enough = decode_enough = False
     for m in turns:
         if _prefill(m)[0] is not None:
             prefill_ms += m.prefill_ms
             prefill_tokens += m.prefilled_tokens
+        prefill_enough |= m.prefilled_tokens >= MIN_PREFILL_TOKENS
         if _decode(m)[0] is not None:
             decode_ms += m.decode_ms
             decode_tokens += m.generated_tokens - 1
+        decode_enough |= m.generated_tokens >= MIN_DECODE_TOKENS
     return TokenCosts(
         prefill_ms / prefill_tokens if prefill_tokens else None,
         decode_ms / decode_tokens if decode_tokens else None,
-        "" if prefill_tokens else f"no turn prefilled {MIN_PREFILL_TOKENS} or more tokens with a recorded time",
-        "" if decode_tokens else f"no turn generated {MIN_DECODE_TOKENS} or more tokens with a recorded time",
+        "" if prefill_tokens else _session_note(prefill_enough, "prefill", "prefilled", MIN_PREFILL_TOKENS),
+        "" if decode_tokens else _session_note(decode_enough, "decode", "generated", MIN_DECODE_TOKENS),
         prefill_tokens,
         decode_tokens,
     )
+
+
+def _session_note(enough: bool, phase: str, done: str, needs: int) -> str:
+    """Why a session has no figure, worded as a turn's is, so both read `too few` or `n/a` alike."""
+    if enough:
+        return f"no {phase} time recorded in the turns with {needs} or more {done} tokens"
+    return f"too few {done} tokens in any turn to measure (a turn needs {needs})"
 
 
 def bar_cells(tl: Timeline, scale_ms: float, width: int) -> list[tuple[str, int]]:

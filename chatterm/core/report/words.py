@@ -14,7 +14,7 @@ from datetime import datetime, timezone
 from typing import Callable, Sequence
 
 from chatterm.core.metrics.format import counted, fmt_int, usd_number
-from chatterm.core.metrics.timeline import MIN_DECODE_TOKENS, MIN_PREFILL_TOKENS, TokenCosts
+from chatterm.core.metrics.timeline import TokenCosts
 from chatterm.core.metrics.whatif import CostSplit, WhatIf, switch_tokens
 from chatterm.core.report.figures import SessionReport, TurnView
 
@@ -171,14 +171,14 @@ def token_cost_sentences(costs: TokenCosts) -> list[str]:
             f"(over {costs.prefill_tokens} prefilled tokens)."
         )
     else:
-        lines.append(f"Prefill: not measured — {costs.prefill_note} (a turn needs {MIN_PREFILL_TOKENS}).")
+        lines.append(f"Prefill: not measured — {costs.prefill_note}.")
     if costs.decode_ms_per_token is not None:
         lines.append(
             f"Decode: {costs.decode_ms_per_token:.2f} ms per output token "
             f"(over {costs.decode_tokens} decoded tokens)."
         )
     else:
-        lines.append(f"Decode: not measured — {costs.decode_note} (a turn needs {MIN_DECODE_TOKENS}).")
+        lines.append(f"Decode: not measured — {costs.decode_note}.")
     if costs.ratio is not None:
         lines.append(f"An output token took {costs.ratio:.1f}x as long as an input token on this machine.")
     return lines

@@ -412,6 +412,11 @@ class SessionStore:
                 return []
             return listing.session_infos(self._query, self._tree, where, params)
 
+    def has_sessions(self) -> bool:
+        """Whether any session is stored: one row read, so the UI thread may ask (a launch's notice)."""
+        with self._lock:
+            return not self._empty() and bool(self._query("SELECT 1 FROM sessions LIMIT 1"))
+
     def latest_session_id(self) -> int | None:
         """The first session of `sessions()`: the one holding the most recently
         recorded turn (a resume or an export without an id means "where I left

@@ -149,6 +149,15 @@ def test_too_few_tokens_are_said_plainly():
     assert session_token_costs([m]).ratio is None
 
 
+def test_a_session_says_too_few_as_its_turns_do():
+    """The Session section's `in` must not read `n/a` beside a Turn section's `too few`."""
+    short = turn(prefill_ms=30.0, ttft_ms=31.0, prefilled_tokens=3, generated_tokens=1, stop_reason="eos")
+    pooled = session_token_costs([short, short])
+    assert pooled.prefill_note.startswith("too few") and pooled.decode_note.startswith("too few")
+    untimed = turn(prefill_ms=None, ttft_ms=None, prefilled_tokens=40, generated_tokens=1, stop_reason="error")
+    assert session_token_costs([short, untimed]).prefill_note.startswith("no prefill time")
+
+
 # -- money ---------------------------------------------------------------------------
 def _by_hand(records, profile):
     """The what-if total, computed here from token counts and the profile."""

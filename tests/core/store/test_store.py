@@ -116,8 +116,9 @@ def test_every_turn_field_has_a_column_of_the_same_name(tmp_path):
 def test_sessions_listing_newest_first_with_aggregates(tmp_path):
     with SessionStore(tmp_path / "s.db") as store:
         assert store.sessions() == []
-        assert store.latest_session_id() is None
+        assert store.latest_session_id() is None and not store.has_sessions()
         old = new_session(store, "terse-coder", started_at=1000.0)
+        assert store.has_sessions()
         new = new_session(store, "assistant", started_at=2000.0)
         assert store.latest_session_id() == new  # no turn yet: the newest session
         for i, ttft in enumerate([30.0, 10.0, 20.0, None]):
@@ -273,7 +274,7 @@ def test_foreign_sqlite_database_is_refused_and_untouched(tmp_path):
 def test_read_only_store_never_creates_or_writes(tmp_path):
     missing = tmp_path / "none" / "chatterm.db"
     with SessionStore(missing, readonly=True) as store:
-        assert store.sessions() == [] and store.latest_session_id() is None
+        assert store.sessions() == [] and store.latest_session_id() is None and not store.has_sessions()
         with pytest.raises(ChattermError, match="unknown session 1"):
             store.turns(1)
     assert not missing.parent.exists()
