@@ -26,9 +26,11 @@ if TYPE_CHECKING:
     from chatterm.core.store.session_store import SessionStore, TurnRecord
 
 
-def prepare(store: "SessionStore", session_id: int, turn: int) -> list["ChatMessage"]:
-    """The history before `turn`, for its new sibling (see the module contract)."""
-    return history_of(store.prepare_sibling(session_id, turn))
+def prepare(store: "SessionStore", session_id: int, turn: int) -> tuple[list["ChatMessage"], int]:
+    """The history before `turn`, for its new sibling, and the turns on that
+    path (see the module contract)."""
+    path = store.prepare_sibling(session_id, turn)
+    return history_of(path), len(path)
 
 
 def switch(store: "SessionStore", session_id: int, turn: int, delta: int

@@ -306,8 +306,7 @@ class ChatView(Vertical):
         if turns is None:
             if self._conversation is None:
                 return
-            turns = self._conversation.turns
-            path_turns = sum(1 for msg in self._conversation.history if msg.role == "user")
+            turns, path_turns = self._conversation.turns, self._conversation.path_turns
         self._dashboard.show_session(SessionSummary.of(turns), turns, len(turns) if path_turns is None else path_turns)
 
     def collect_garbage(self, everything: bool = False) -> None:
@@ -617,12 +616,12 @@ class ChatView(Vertical):
             return False
         store, session_id = stored
         try:
-            history = branches.prepare(store, session_id, reply.turn_id)
+            history, path_turns = branches.prepare(store, session_id, reply.turn_id)
         except ChattermError as exc:
             notify_plain(self.app, str(exc), severity="error")
             return False
         assert self._conversation is not None
-        self._conversation.history = history
+        self._conversation.history, self._conversation.path_turns = history, path_turns
         self.messages.select(None)
         await self.messages.remove_from(reply.user if edit else reply)
         return True
@@ -644,7 +643,7 @@ class ChatView(Vertical):
             return
         turn, path = switched
         assert self._conversation is not None
-        self._conversation.history = history_of(path)
+        self._conversation.history, self._conversation.path_turns = history_of(path), len(path)
         start = next(i for i, record in enumerate(path) if record.index == turn)
         view = self.messages
         await view.remove_from(reply.user)

@@ -36,7 +36,6 @@ from chatterm.core.metrics.format import ahead_line, cache_label, fmt_int, fmt_l
 from chatterm.core.metrics.timeline import PART_GLYPHS, PARTS, session_token_costs, timeline, token_costs
 from chatterm.core.metrics.turn_metrics import CacheOutcome, SessionSummary, StopReason, TurnMetrics
 from chatterm.core.metrics.whatif import cost_split, switch_tokens
-from chatterm.core.store.records import turns_label
 from chatterm.ui.rows import LABEL_WIDTH, Fitted, Rows
 from chatterm.ui.timeline import STYLES, fmt_share, shown, timeline_bar, token_cost_line
 
@@ -271,11 +270,9 @@ class Dashboard(VerticalScroll):
     def show_session(self, summary: SessionSummary, turns: Sequence[TurnMetrics], path_turns: int) -> None:
         """The session's figures: over every turn computed, `path_turns` of them the exchanges shown."""
         split = cost_split(turns)
-        # Computed turns can outnumber the exchanges shown (regenerated, edited), never the other
-        # way round that matters: a fork or a model switch shows history it did not compute.
-        branched = path_turns < summary.turns
+        other = summary.turns - path_turns  # regenerated or edited away from the path shown
         pairs = [
-            ("turns", f"{turns_label(summary.turns, path_turns)} on other branches" if branched
+            ("turns", f"{fmt_int(path_turns)} (+{fmt_int(other)} on other branches)" if other > 0
              else fmt_int(summary.turns)),
             ("TTFT p50", fmt_ms(summary.ttft_p50_ms)),
             ("TTFT p95", fmt_ms(summary.ttft_p95_ms)),

@@ -18,6 +18,10 @@ class KeyFooter(Footer):
     def __init__(self) -> None:
         super().__init__(compact=True)
 
+    def on_mount(self) -> None:
+        # Before the keys are first composed: a launch in 80 columns composes once.
+        self.set_reactive(Footer.show_command_palette, self.app.size.width >= PALETTE_MIN_WIDTH)
+
     def on_resize(self, event: events.Resize) -> None:
         palette = event.size.width >= PALETTE_MIN_WIDTH
         if palette != self.show_command_palette:

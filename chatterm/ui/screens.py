@@ -127,10 +127,9 @@ class PersonaPicker(ModalScreen[str | None]):
     def _prompt(self, persona: Persona) -> Rows:
         if self._cached is None:
             state = "cache state unknown until the model has loaded"
-        elif persona.id == self._current:
+        elif persona.id == self._current and self._cached.get(persona.id) in self._TIER:
             # Its prefix is in the model's context now; "cached on disk" read as if it had to be loaded.
-            tier = self._cached.get(persona.id)
-            state = "KV state in use" + (f" (a copy {self._TIER[tier]})" if tier in self._TIER else "")
+            state = f"KV state in use (a copy {self._TIER[self._cached[persona.id]]})"
         else:
             state = self._STATE.get(self._cached.get(persona.id, ""), "not cached (first use prefills)")
         mark = "●" if persona.id == self._current else ""

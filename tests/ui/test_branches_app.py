@@ -75,7 +75,7 @@ async def test_regenerate_keeps_the_old_reply_and_arrows_switch_between_them(bui
         assert [r.reply for r in store.turns(sid)] == ["Paris.", "It is Paris."]
         assert [store.turn(sid, i).reply for i in store.siblings(sid, last.turn_id)] == ["Rome.", "It is Paris."]
         # The dashboard counts the turns computed as the listings do: 2 shown, 1 on another branch.
-        assert session_row(app, "turns") == "2 +1 on other branches"
+        assert session_row(app, "turns") == "2 (+1 on other branches)"
 
         # ← in the focused conversation: the old reply is back, and it is the history.
         app.query_one("#conversation").focus()
@@ -97,7 +97,7 @@ async def test_regenerate_keeps_the_old_reply_and_arrows_switch_between_them(bui
         await pilot.press("right")
         await wait_for(pilot, lambda: replies(app) == ["Paris.", "It is Paris."], what="the second branch")
         assert len(app.conversation.history) == 4
-        assert session_row(app, "turns") == "2 +2 on other branches"
+        assert session_row(app, "turns") == "2 (+2 on other branches)"
         # The sessions screen counts the two exchanges shown, and the two turns on the other branch.
         await pilot.press("f3")
         await wait_for(pilot, lambda: isinstance(app.screen, SessionsScreen), what="the sessions screen")
@@ -173,6 +173,24 @@ async def test_empty_edit_and_actions_before_any_turn_are_one_line_and_lose_noth
                        what="the refusal")
         assert prompt.text == "a draft" and not prompt.editing
         assert app.is_running
+
+
+async def test_a_failed_turn_is_on_the_path_not_on_another_branch(build, store):
+    """The store keeps a failed turn on the path (it adds nothing to the model's history):
+    the dashboard counts it as the listings do, not as a branch."""
+    app, engines = build(["One.", "Three."], store=store)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        await send(pilot, "one")
+        engines[0].fail_turn = "context exploded"
+        await send(pilot, "two")
+        await idle(pilot)
+        engines[0].fail_turn = None
+        await send(pilot, "three")
+        await idle(pilot)
+        sid = app.conversation.session_id
+        assert store.session(sid).turns_label == "3"
+        assert session_row(app, "turns") == "3"
 
 
 async def test_regenerate_and_branches_from_the_palette(build, store):

@@ -70,6 +70,7 @@ class Conversation:
         history: list[ChatMessage] | None = None,
         turns: list[TurnMetrics] | None = None,
         energy: EnergyMeter | None = None,
+        path_turns: int | None = None,
     ):
         self.engine = engine
         self.persona = persona
@@ -77,6 +78,9 @@ class Conversation:
         self.session_id = session_id
         self.history: list[ChatMessage] = list(history or [])
         self.turns: list[TurnMetrics] = list(turns or [])
+        self.path_turns = len(self.turns) if path_turns is None else path_turns
+        """The turns on the path shown, as the store counts them (failed ones too; `turns`
+        also holds those on other branches). Whoever sets `history` to a path sets this."""
         self.energy = energy
         self.store_error: str | None = None
         self._moved = session_id is None
@@ -108,6 +112,7 @@ class Conversation:
                 m.energy_cost_usd = energy_cost_usd(wh, self.energy.usd_per_kwh)
         self.history += turn_messages(text, turn.reply, m)
         self.turns.append(m)
+        self.path_turns += 1
         if self.store is None:
             return
         stored = False

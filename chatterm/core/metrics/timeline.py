@@ -145,6 +145,7 @@ def session_token_costs(turns: Iterable[TurnMetrics]) -> TokenCosts:
     prefill_ms = decode_ms = 0.0
     prefill_tokens = decode_tokens = 0
     prefill_enough = decode_enough = False
+    turns = list(turns)
     for m in turns:
         if _prefill(m)[0] is not None:
             prefill_ms += m.prefill_ms
@@ -157,15 +158,17 @@ def session_token_costs(turns: Iterable[TurnMetrics]) -> TokenCosts:
     return TokenCosts(
         prefill_ms / prefill_tokens if prefill_tokens else None,
         decode_ms / decode_tokens if decode_tokens else None,
-        "" if prefill_tokens else _session_note(prefill_enough, "prefill", "prefilled", MIN_PREFILL_TOKENS),
-        "" if decode_tokens else _session_note(decode_enough, "decode", "generated", MIN_DECODE_TOKENS),
+        "" if prefill_tokens else _session_note(turns, prefill_enough, "prefill", "prefilled", MIN_PREFILL_TOKENS),
+        "" if decode_tokens else _session_note(turns, decode_enough, "decode", "generated", MIN_DECODE_TOKENS),
         prefill_tokens,
         decode_tokens,
     )
 
 
-def _session_note(enough: bool, phase: str, done: str, needs: int) -> str:
+def _session_note(turns: list[TurnMetrics], enough: bool, phase: str, done: str, needs: int) -> str:
     """Why a session has no figure, worded as a turn's is, so both read `too few` or `n/a` alike."""
+    if not turns:
+        return "no turn yet"
     if enough:
         return f"no {phase} time recorded in the turns with {needs} or more {done} tokens"
     return f"too few {done} tokens in any turn to measure (a turn needs {needs})"

@@ -75,13 +75,8 @@ class SessionInfo:
     def turns_label(self) -> str:
         """The listings' turn count: "5", or "1 +2" when 2 more turns were
         computed on other branches (regenerations, edits and what followed them)."""
-        return turns_label(self.turns, self.path_turns)
-
-
-def turns_label(turns: int, path_turns: int) -> str:
-    """`5`, or `5 +1` when one of `turns` computed is on another branch than the `path_turns` shown."""
-    other = turns - path_turns
-    return f"{path_turns:,} +{other:,}" if other > 0 else f"{path_turns:,}"
+        other = self.turns - self.path_turns
+        return f"{self.path_turns} +{other}" if other > 0 else str(self.path_turns)
 
 
 def turns_note(sessions: Iterable[SessionInfo]) -> str:

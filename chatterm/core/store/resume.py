@@ -146,4 +146,5 @@ def resume_conversation(
         history=continuation.history,
         turns=continuation.turns,
         energy=energy,
+        path_turns=plan.info.path_turns,
     )

@@ -156,6 +156,7 @@ def test_a_session_says_too_few_as_its_turns_do():
     assert pooled.prefill_note.startswith("too few") and pooled.decode_note.startswith("too few")
     untimed = turn(prefill_ms=None, ttft_ms=None, prefilled_tokens=40, generated_tokens=1, stop_reason="error")
     assert session_token_costs([short, untimed]).prefill_note.startswith("no prefill time")
+    assert session_token_costs(iter([])).prefill_note == "no turn yet"  # n/a, not too few, before any turn
 
 
 # -- money ---------------------------------------------------------------------------
