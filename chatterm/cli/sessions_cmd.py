@@ -17,7 +17,8 @@
   export writes JSONL.
 - `--search TEXT` lists the matching turns instead, newest first (`ID:TURN`,
   the session's title, where the match is and the text around it); --json
-  prints each `SearchHit` as a JSON line. Any text is a valid search.
+  prints each `SearchHit` as a JSON line. Any text is a valid search but
+  an empty one, which is an error.
 - `sessions rename ID TITLE` sets a title; `sessions delete ID` removes the
   session's turns and its KV states, after a y/N question on a terminal, or
   with `--yes` (without a terminal and without --yes it refuses: nothing is
@@ -139,6 +140,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _search(db, args: argparse.Namespace) -> int:
+    if not args.search.strip():
+        raise ChattermError("--search needs a word to look for (it was empty)")
     with SessionStore(db, readonly=True) as store:
         hits = store.search(args.search, limit=args.limit or SEARCH_LIMIT)
     if args.json:

@@ -35,9 +35,10 @@ ACTIONS: tuple[tuple[str, str, str], ...] = (
     ("Latency", "Charts of TTFT, decode rate and cost per turn; what-if pricing (F5)", "latency"),
     ("Models", "The GGUF models on this machine (Ollama, LM Studio, HF cache, folders); switch to one", "models"),
     *(
-        (f"Export session: {label}", f"Write this session as {fmt} to the data folder", f"export('{fmt}')")
-        for fmt, label in (("md", "Markdown report"), ("html", "HTML report with charts"), ("jsonl", "JSONL"),
-                           ("csv", "CSV"))
+        (f"Export session: {label}", f"Write this session as {kind} to the data folder (.{fmt})", f"export('{fmt}')")
+        for fmt, label, kind in (("md", "Markdown report", "a Markdown report"),
+                                 ("html", "HTML report with charts", "an HTML report"),
+                                 ("jsonl", "JSONL", "JSON lines"), ("csv", "CSV", "CSV"))
     ),
     ("Toggle dashboard", "Show or hide the latency dashboard (F4)", "toggle_dashboard"),
     ("Help", "Every key (F1)", "help"),

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from rich.text import Text
-from textual import on, work
+from textual import events, on, work
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.content import Content
@@ -222,15 +222,25 @@ class SessionsScreen(ModalScreen["SessionChoice | None"]):
         if chosen is not None:
             self.dismiss(SessionChoice(*chosen))
 
-    def key_f(self) -> None:
-        chosen = self._chosen_row()
-        if chosen is not None and self.focused is self._table():
+    def _table_key(self, event: events.Key) -> tuple[int, int | None] | None:
+        """The highlighted row, for a letter key pressed in the table, which the
+        key is then spent on: left to bubble, it reached the app's bindings
+        after the screen was dismissed, and `f` forked the conversation behind
+        it too."""
+        if self.focused is not self._table():
+            return None
+        event.stop()
+        return self._chosen_row()
+
+    def key_f(self, event: events.Key) -> None:
+        chosen = self._table_key(event)
+        if chosen is not None:
             self.dismiss(SessionChoice(*chosen, fork=True))
 
     # -- rename, delete ----------------------------------------------------------------------
-    def key_r(self) -> None:
-        chosen = self._chosen_row()
-        if chosen is None or self.focused is not self._table():
+    def key_r(self, event: events.Key) -> None:
+        chosen = self._table_key(event)
+        if chosen is None:
             return
         session_id = chosen[0]
         info = next((s for s in self._sessions if s.id == session_id), None)
@@ -241,9 +251,9 @@ class SessionsScreen(ModalScreen["SessionChoice | None"]):
 
         self.app.push_screen(RenameScreen(session_id, info.title if info else ""), renamed)
 
-    def key_d(self) -> None:
-        chosen = self._chosen_row()
-        if chosen is None or self.focused is not self._table():
+    def key_d(self, event: events.Key) -> None:
+        chosen = self._table_key(event)
+        if chosen is None:
             return
         session_id = chosen[0]
         if session_id == self._current:

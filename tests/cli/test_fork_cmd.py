@@ -58,7 +58,7 @@ def test_fork_of_an_unknown_session_or_turn_is_one_line(tmp_path):
     parent = ask_json(tmp_path, "--persona", "quick", "Hello there.")["session_id"]
     db = tmp_path / "data" / "chatterm.db"
     for spec, words in ((f"{parent + 5}", f"unknown session {parent + 5}"),
-                        (f"{parent}:7", f"session {parent} has no turn 7"),
+                        (f"{parent}:7", f"session {parent} has no turn 7: its turns are 1-1"),
                         ("x:1", "--fork takes ID or ID:TURN")):
         result = chatterm(tmp_path, "ask", "--fork", spec, "hi")
         assert result.returncode == 2, result.stderr

@@ -58,6 +58,11 @@ def test_search_lists_matching_turns(env, capsys):
     assert "No turn" in capsys.readouterr().out
     for text in NASTY[:12]:
         assert main(["sessions", "--search", text]) == 0, text
+    # Nothing to look for is a mistake, not "no match".
+    for text in ("", "   "):
+        assert main(["sessions", "--search", text]) == 2
+        err = capsys.readouterr().err
+        assert "--search needs a word" in err and len(err.strip().splitlines()) == 1
     assert first
 
 

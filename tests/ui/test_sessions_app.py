@@ -196,7 +196,9 @@ async def test_fork_from_a_turn_continues_with_its_history(build, store):
         assert [r.user_text for r in store.turns(parent)] == ["one", "two", "three"]
         fork = app.conversation.session_id
         assert [r.user_text for r in store.turns(fork)] == ["one", "two", "four"]
-        # From the sessions screen: f forks the highlighted session at its current turn.
+        # From the sessions screen: f forks the highlighted session at its current turn,
+        # once: with the conversation focused behind the screen, its own `f` forked too.
+        app.query_one("#conversation").focus()
         await pilot.press("f3")
         await wait_for(pilot, lambda: isinstance(app.screen, SessionsScreen), what="the sessions screen")
         table = app.screen.query_one(DataTable)
@@ -207,6 +209,8 @@ async def test_fork_from_a_turn_continues_with_its_history(build, store):
                        and app.conversation.session_id not in (parent, fork), what="the second fork")
         await wait_for(pilot, lambda: len(app.conversation.history) == 6, what="its history")
         assert users(app) == ["one", "two", "three"]
+        await pilot.pause(0.3)
+        assert len(store.sessions()) == 3
 
 
 async def test_the_sessions_table_fits_its_box_without_scrolling_sideways_at_120_columns(build, store):

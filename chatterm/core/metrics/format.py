@@ -91,7 +91,7 @@ def fmt_local_time(ts: float) -> str:
 
 
 def fmt_tok_s(rate: float | None) -> str:
-    return "– tok/s" if rate is None else f"{rate:,.1f} tok/s"
+    return "–" if rate is None else f"{rate:,.1f} tok/s"  # a bare dash, as every missing value
 
 
 USD_DECIMALS = 6

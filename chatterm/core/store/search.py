@@ -32,6 +32,10 @@ from chatterm.core.store.schema import FTS_TABLE
 
 Query = Callable[[str, tuple], list[tuple]]
 SNIPPET_CHARS = 90
+SNIPPET_LEAD = 12
+"""Characters kept before a match that is further in than twice this: the
+sessions screen's 36-character cell still shows the match after its "you: …"
+(a third of 90 hid it)."""
 
 
 def _indexable(word: str) -> bool:
@@ -95,7 +99,11 @@ def snippet(user_text: str, reply: str, text: str) -> tuple[str, str]:
         for role, body, folded in bodies:
             match = pattern.search(folded)
             if match:
-                start = max(match.start() - SNIPPET_CHARS // 3, 0)
+                lead = match.start()
+                start = 0 if lead <= 2 * SNIPPET_LEAD else lead - SNIPPET_LEAD
+                if start and not body[start - 1].isspace():  # from the start of a word
+                    space = body.find(" ", start, lead)
+                    start = space + 1 if space >= 0 else start
                 cut = one_line(body[start:], SNIPPET_CHARS)
                 return role, ("…" + cut if start else cut)
     # Matched through the tokenizer some other way: the message's start.

@@ -598,9 +598,14 @@ class SessionStore:
         return ChattermError(f"unknown session {session_id} in {self.path}; `chatterm sessions` lists them")
 
     def _unknown_turn(self, session_id: int, turn_index: int) -> ChattermError:
-        return ChattermError(
-            f"session {session_id} has no turn {turn_index}; `chatterm export {session_id}` lists its turns"
-        )
+        """Names the turns there are: a turn's number counts every turn computed,
+        those on other branches included (`sessions` shows "4 +1" for five)."""
+        with self._lock:
+            row = self._query("SELECT count(*), max(turn_index) FROM turns WHERE session_id = ?", (session_id,))
+        count, last = row[0] if row else (0, None)
+        held = f"its turns are 1-{last}" if count and last == count else (
+            f"it has {count} turn{'s' if count != 1 else ''}" + (f", the last numbered {last}" if count else ""))
+        return ChattermError(f"session {session_id} has no turn {turn_index}: {held}")
 
     # -- closing ------------------------------------------------------------
     def close(self) -> None:

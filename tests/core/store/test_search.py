@@ -78,3 +78,8 @@ def test_a_hits_snippet_shows_the_word_that_matched():
     # Inside a word only (a plain scan's LIKE match): still the place it is in.
     role, cut = snippet("x " * 40 + "restart it", "no", "start")
     assert role == "user" and "restart" in cut and cut.startswith("…")
+    # Far into a long message: the match comes early enough for the sessions screen's cell
+    # (36 characters, after "you: "), and the snippet starts on a word.
+    role, cut = snippet("Explain why the sky is blue, and mention Rayleigh scattering briefly.", "no", "Rayleigh")
+    assert cut == "…and mention Rayleigh scattering briefly."
+    assert cut.index("Rayleigh") + len("you: Rayleigh") <= 36

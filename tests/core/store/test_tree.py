@@ -109,7 +109,7 @@ def test_unknown_turns_and_sessions_are_named(tmp_path):
     with SessionStore(tmp_path / "s.db") as store:
         sid = four_turns(store)
         for call in (store.prepare_sibling, store.select_turn, store.turn, store.siblings):
-            with pytest.raises(ChattermError, match=f"session {sid} has no turn 9"):
+            with pytest.raises(ChattermError, match=f"session {sid} has no turn 9: its turns are 1-4$"):
                 call(sid, 9)
             with pytest.raises(ChattermError, match="unknown session 77"):
                 call(77, 1)
