@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 from rich.text import Text
-from textual import on, work
+from textual import events, on, work
 from textual.binding import Binding
 from textual.containers import Vertical
 from textual.content import Content
@@ -46,6 +46,7 @@ from chatterm.core.discovery.fit import Memory
 from chatterm.core.discovery.row_text import PICKER_COLUMNS, memory_label, picker_cells, picker_detail
 from chatterm.core.metrics.format import printable
 from chatterm.errors import describe
+from chatterm.ui.table_room import fit_table
 
 if TYPE_CHECKING:
     from chatterm.core.config.catalog import ModelCatalog, ModelSpec
@@ -54,6 +55,10 @@ if TYPE_CHECKING:
     from chatterm.ui.app import ChatApp
     from chatterm.ui.engine_lease import EngineLease
     from chatterm.ui.engine_setup import EngineFactory
+
+BOX_ROWS = 16
+"""The models box's rows besides the table: border, padding, title, status,
+a detail of up to four lines, the progress bar and a two-line hint."""
 
 log = logging.getLogger(__name__)
 
@@ -138,6 +143,9 @@ class ModelPicker(ModalScreen["ModelSwitch | None"]):
     def on_mount(self) -> None:
         self.query_one(DataTable).add_columns(*PICKER_COLUMNS)
         self._scan()
+
+    def on_resize(self, event: events.Resize) -> None:
+        fit_table(self.query_one(DataTable), event.size.height, BOX_ROWS)
 
     @work(thread=True, exclusive=True, exit_on_error=False)
     def _scan(self) -> None:

@@ -37,6 +37,7 @@ from textual.widgets import Button, DataTable, Input, Static
 from chatterm.core.metrics.format import fmt_local_time, fmt_usd, printable
 from chatterm.core.store.records import turns_note
 from chatterm.ui.notices import notify_plain
+from chatterm.ui.table_room import fit_table
 from chatterm.ui.worker_errors import reported
 
 if TYPE_CHECKING:
@@ -46,6 +47,9 @@ if TYPE_CHECKING:
 SEARCH_DELAY_S = 0.15
 """A search starts this long after the last change to the box (typing is not searched per key)."""
 
+BOX_ROWS = 15
+"""The sessions box's rows besides the table: border, padding, title, search
+box, a note of up to two lines and the hint."""
 TITLE_CELL = 36
 """Cells of the title / last-exchange column: the other columns stay in view from
 120 columns (narrower, the table scrolls sideways)."""
@@ -82,7 +86,9 @@ class SessionsScreen(ModalScreen["SessionChoice | None"]):
         Binding("slash", "search", "Search", show=False),
     ]
     AUTO_FOCUS = "#sessions-table"
-    COLUMNS = ("id", "title · last exchange", "persona", "model", "turns", "active", "cost")
+    # The turns beside the title: at 80 columns the rest scrolls sideways, and the
+    # note under the table explains a "5 +1" that must be in view.
+    COLUMNS = ("id", "title · last exchange", "turns", "persona", "model", "active", "cost")
     HIT_COLUMNS = ("id", "title · match", "turn")
 
     @dataclass
@@ -128,6 +134,9 @@ class SessionsScreen(ModalScreen["SessionChoice | None"]):
     def on_mount(self) -> None:
         self._show_sessions()
 
+    def on_resize(self, event: events.Resize) -> None:
+        fit_table(self._table(), event.size.height, BOX_ROWS)
+
     # -- what the table shows ----------------------------------------------------------
     def _table(self) -> DataTable:
         return self.query_one("#sessions-table", DataTable)
@@ -143,9 +152,9 @@ class SessionsScreen(ModalScreen["SessionChoice | None"]):
             table.add_row(
                 Text(f"{info.id}{marker}"),
                 _two_lines(info.title or "(untitled)", info.preview),
+                Text(info.turns_label, justify="right"),
                 Text(printable(info.persona_id)),
                 Text(printable(info.model_id)),
-                Text(info.turns_label, justify="right"),
                 Text(fmt_local_time(info.active_at or info.started_at)),
                 Text(fmt_usd(info.cost_usd), justify="right"),
                 key=str(info.id),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 from pilot_steps import loaded, send, wait_for, wait_for_palette_hit
+from textual.geometry import Region
 from textual.widgets import DataTable, Input, OptionList
 
 from chatterm.core.store.session_store import SessionStore
@@ -270,3 +271,29 @@ def test_the_resume_notice_counts_the_exchanges_shown_and_names_the_other_branch
     store.record_turn(sid, "Name a color.", "Blue.", metrics)  # regenerated: one exchange shown
     assert resumed_notice(read_resume(store, workspace, sid, None)) == (
         f"Resumed session {sid} (1 turn, 1 more on other branches).")
+
+
+async def test_the_sessions_screen_keeps_its_hint_and_the_turns_column_in_view_at_80x24(build, store):
+    from chatterm.core.metrics.turn_metrics import TurnMetrics
+
+    metrics = TurnMetrics(engine="local", model_id="smollm2-135m", persona_id="assistant", submitted_at=1.0)
+    for n in range(8):
+        sid = store.create_session(model_id="smollm2-135m", model_identity="x", engine="local", device="CPU",
+                                   persona_id="assistant")
+        store.record_turn(sid, f"Question {n}", "An answer.", metrics)
+    store.prepare_sibling(sid, 1)
+    store.record_turn(sid, "Question 7", "Another answer.", metrics)  # "1 +1", explained by the note
+    app, _ = build(store=store)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await loaded(pilot)
+        await pilot.press("f3")
+        await wait_for(pilot, lambda: isinstance(app.screen, SessionsScreen), what="the sessions screen")
+        await pilot.pause()
+        screen = app.screen
+        table = screen.query_one(DataTable)
+        for part in (screen.query_one(".modal-hint"), screen.query_one("#sessions-note"), table):
+            assert part.region.height and part.region.bottom <= 23, (part, part.region)  # above the footer
+        width, height = table.scrollable_content_region.size
+        shown = "\n".join(strip.text for strip in table.render_lines(Region(0, 0, width, height)))
+        assert "turns" in shown and "1 +1" in shown
+        assert "Turns 1 +1" in str(screen.query_one("#sessions-note").render())
