@@ -216,7 +216,7 @@ class ChatView(Vertical):
         # border stays in its column where the terminal counts an emoji sequence
         # wider or narrower than rich does (docs/tui.md, "Wide characters").
         with Vertical(id=BOX_ID):
-            yield PromptArea(id="prompt", placeholder="Message — Enter sends, Ctrl+J new line, F1 help")
+            yield PromptArea(id="prompt")
 
     def on_mount(self) -> None:
         self._dash_timer = self.set_interval(1 / self.DASHBOARD_HZ, self._dashboard_tick, pause=True)

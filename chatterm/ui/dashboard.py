@@ -36,6 +36,7 @@ from chatterm.core.metrics.format import ahead_line, cache_label, fmt_int, fmt_l
 from chatterm.core.metrics.timeline import PART_GLYPHS, PARTS, session_token_costs, timeline, token_costs
 from chatterm.core.metrics.turn_metrics import CacheOutcome, SessionSummary, StopReason, TurnMetrics
 from chatterm.core.metrics.whatif import cost_split, switch_tokens
+from chatterm.ui.fit_text import first_fitting
 from chatterm.ui.rows import LABEL_WIDTH, Fitted, Rows
 from chatterm.ui.timeline import STYLES, fmt_share, shown, timeline_bar, token_cost_line
 
@@ -116,8 +117,9 @@ class ZeroSparkline(Sparkline):
 
 CONTEXT_WARNING = 0.8
 """The share of the context at which the headline warns that it is filling."""
-HINT_FOCUSED = "▶ dashboard · ↑↓ PgUp PgDn Home End scroll · Tab leaves"
-HINT_MORE = "↓ more below · Tab to here, then ↓ or PgDn"
+HINT_FOCUSED = ("▶ dashboard · ↑↓ PgUp PgDn Home End scroll · Tab leaves", "▶ dashboard · ↑↓ PgUp PgDn · Tab leaves")
+HINT_MORE = ("↓ more below · Tab to here, then ↓ or PgDn", "↓ more below · Tab, then ↓ PgDn")
+"""Each longest first: the panel is 38 cells wide at 80 columns (F4)."""
 
 
 class Dashboard(VerticalScroll):
@@ -194,9 +196,9 @@ class Dashboard(VerticalScroll):
     def _update_hint(self) -> None:
         for hint in self.query("#dash-hint").results(Static):  # none while the app closes
             if self.has_focus:
-                text = HINT_FOCUSED
+                text = first_fitting(HINT_FOCUSED, hint.content_size.width)
             elif self.scroll_y < self.max_scroll_y:
-                text = HINT_MORE
+                text = first_fitting(HINT_MORE, hint.content_size.width)
             else:
                 text = ""
             hint.update(Content(text), layout=False)

@@ -24,10 +24,16 @@ from textual.message import Message
 from textual.widget import Widget
 from textual.widgets import TextArea
 
+from chatterm.ui.fit_text import first_fitting
+
 NEWLINE_KEYS = ("ctrl+j", "shift+enter", "alt+enter")
 
 BOX_ID = "prompt-box"
 """The container that draws the prompt's border (ui/chat_view.py)."""
+
+
+PLACEHOLDERS = ("Message — Enter sends, Ctrl+J new line, F1 help", "Message — Enter sends, F1 help")
+"""Longest first: the prompt is 33 cells wide at 80 columns with the dashboard shown."""
 
 
 class PromptArea(TextArea):
@@ -51,9 +57,13 @@ class PromptArea(TextArea):
         kwargs.setdefault("show_line_numbers", False)
         kwargs.setdefault("highlight_cursor_line", False)
         kwargs.setdefault("compact", True)
+        kwargs.setdefault("placeholder", PLACEHOLDERS[0])
         super().__init__(**kwargs)
         self.editing = False
         """The prompt holds an earlier message being edited (the chat sets it)."""
+
+    def on_resize(self) -> None:
+        self.placeholder = first_fitting(PLACEHOLDERS, self.content_size.width)
 
     def refresh(self, *regions: Region, repaint: bool = True, layout: bool = False, recompose: bool = False):
         # Whatever of this area is redrawn, the rest of its box's rows is redrawn

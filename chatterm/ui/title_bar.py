@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from rich.cells import cell_len
 from textual.content import Content
 from textual.widget import Widget
+
+from chatterm.ui.fit_text import first_fitting
 
 
 class TitleBar(Widget):
@@ -24,5 +25,4 @@ class TitleBar(Widget):
         self.refresh()
 
     def render(self) -> Content:
-        width = self.content_size.width
-        return Content(next((text for text in self._choices if cell_len(text) <= width), self._choices[-1]))
+        return Content(first_fitting(self._choices, self.content_size.width))

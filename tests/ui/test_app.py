@@ -25,6 +25,7 @@ from chatterm.errors import ChattermError
 from chatterm.ui.app import ChatApp
 from chatterm.ui.chat_view import TurnPhase
 from chatterm.ui.dashboard import BAR_WIDTH, Dashboard
+from chatterm.ui.prompt import PLACEHOLDERS
 from chatterm.ui.rows import LABEL_WIDTH
 from chatterm.ui.screens import HELP_KEYS, HelpScreen, PersonaPicker
 from chatterm.ui.sessions_screen import SessionsScreen
@@ -427,13 +428,17 @@ async def test_small_terminal_hides_the_dashboard_and_f4_toggles_it(build):
         assert prompt.region.width >= 70 and app.query_one("#prompt-box").region.height >= 3
         assert prompt.region.height >= 1
         assert app.query_one("#conversation").region.height >= 10
+        assert prompt.placeholder == PLACEHOLDERS[0]
         await pilot.press("f4")
         await pilot.pause(0.05)
         assert dashboard.display and dashboard.region.width > 0
         assert prompt.region.width > 20
+        # The narrower prompt says the shorter thing whole, rather than cut.
+        assert prompt.placeholder == PLACEHOLDERS[1] and len(PLACEHOLDERS[1]) <= prompt.content_size.width
         await pilot.press("f4")
         await pilot.pause(0.05)
         assert not dashboard.display
+        assert prompt.placeholder == PLACEHOLDERS[0]
         await pilot.resize_terminal(140, 40)
         await pilot.pause(0.05)
         assert not dashboard.display  # the user's choice holds after a resize
