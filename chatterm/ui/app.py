@@ -28,6 +28,7 @@ Contract:
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass
 from functools import partial
 from inspect import isawaitable
@@ -53,6 +54,7 @@ from chatterm.ui.key_footer import KeyFooter
 from chatterm.ui.latency_screen import LatencyScreen, TurnDetailScreen
 from chatterm.ui.notices import notify_plain
 from chatterm.ui.palette import TEXTUAL_HIDDEN, chat_commands
+from chatterm.ui.prompt import PromptArea
 from chatterm.ui.resume import Resume
 from chatterm.ui.screens import HelpScreen, PersonaPicker
 from chatterm.ui.theme_memory import ThemeMemory
@@ -64,6 +66,8 @@ if TYPE_CHECKING:
     from chatterm.core.store.session_store import SessionStore
     from chatterm.core.workspace import Workspace
 
+QUIT_AGAIN_S = 3.0
+"""With a message typed and not sent, Ctrl+Q says so, and quits when pressed again within this."""
 DASHBOARD_MIN_WIDTH = 100
 """Below this many columns the dashboard is hidden unless the user shows it (F4)."""
 
@@ -132,6 +136,8 @@ class ChatApp(App[None]):
         """The chat's state as the title bar shows it last (ChatView.StatusChanged)."""
         self._theme_memory: ThemeMemory | None = None
         self._load_thread: threading.Thread | None = None
+        self._quit_asked = -QUIT_AGAIN_S
+        """When Ctrl+Q last stopped to say a typed message would be lost (monotonic s)."""
         for theme_obj in (themes.themes.values() if themes else ()):
             self.register_theme(theme_obj)
         self.theme = theme
@@ -223,6 +229,13 @@ class ChatApp(App[None]):
         self.chat.stop()
 
     async def action_quit(self) -> None:
+        unsent = self.chat.query_one(PromptArea).text.strip()
+        now = time.monotonic()
+        if unsent and now - self._quit_asked > QUIT_AGAIN_S:
+            self._quit_asked = now
+            notify_plain(self, f"The message you are typing ({len(unsent):,} characters) is not kept: "
+                               "Ctrl+Q again quits.", severity="warning", timeout=QUIT_AGAIN_S)
+            return
         self.chat.cancel()
         self.exit()
 

@@ -42,7 +42,7 @@ HELP_KEYS: tuple[tuple[str, str], ...] = (
     ("Shift+↑ ↓", "select a turn: ← → branch, e edit, f fork, y / c copy, x expand"),
     ("Ctrl+P", "command palette: personas, models, themes, sessions, exports"),
     ("Tab / Shift+Tab", "focus prompt → dashboard → conversation (arrows, PgUp)"),
-    ("Ctrl+Q", "quit (also mid-reply and while the model loads)"),
+    ("Ctrl+Q", "quit (at any time; twice with a message typed)"),
 )
 """Every key the app answers to; docs/tui.md has the same table, in more words.
 Each description fits two lines at 80x24, so the whole list fits there."""

@@ -702,6 +702,19 @@ async def test_quit_mid_reply_cancels_and_closes_the_engine(build):
     assert m.stop_reason == "cancelled" and m.generated_tokens == 2
 
 
+async def test_quit_with_a_message_typed_says_so_then_quits_on_the_second_press(build):
+    app, _ = build()
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        app.query_one("#prompt").insert("half typed text")
+        await pilot.press("ctrl+q")
+        await pilot.pause(0.05)
+        assert app.is_running
+        assert any("(15 characters) is not kept: Ctrl+Q again quits" in n.message for n in app._notifications)
+        await pilot.press("ctrl+q")
+    assert not app.is_running
+
+
 async def test_quit_while_the_model_loads(build):
     import threading
 

@@ -59,6 +59,16 @@ class Tmux:
                 raise AssertionError(f"timed out waiting for {what}; screen:\n{screen}")
             time.sleep(0.1)
 
+    def quit(self) -> str:
+        """Ctrl+Q, again if the app says a typed message would be lost; the
+        screen once the process has ended."""
+        self.run("send-keys", "-t", self.target, "C-q")
+        screen = self.wait_for(lambda s: "CHATTERM-EXIT=" in s or "Ctrl+Q again quits" in s, 30, "the app to quit")
+        if "CHATTERM-EXIT=" not in screen:
+            self.run("send-keys", "-t", self.target, "C-q")
+            screen = self.wait_for(lambda s: "CHATTERM-EXIT=" in s, 30, "the app to quit")
+        return screen
+
     def kill(self) -> None:
         subprocess.run(self._tmux("kill-server"), capture_output=True)
 
@@ -114,8 +124,7 @@ def test_launch_answers_a_question_in_tmux(tmp_path):
             120,
             "the reply and its footer",
         )
-        tmux.run("send-keys", "-t", tmux.target, "C-q")
-        tmux.wait_for(lambda s: "CHATTERM-EXIT=" in s, 30, "the app to quit")
+        tmux.quit()
         assert "CHATTERM-EXIT=0" in tmux.screen()
         assert " icrnl" in stty(pane_tty)  # the terminal's own settings are back
     finally:
@@ -168,9 +177,8 @@ def test_quit_while_the_model_loads_ends_the_process_at_once(tmp_path):
     try:
         tmux.run("new-session", "-d", "-s", tmux.target, "-x", "120", "-y", "40", command)
         tmux.wait_for(lambda s: "loading model" in title(s), 60, "the load to start")
-        tmux.run("send-keys", "-t", tmux.target, "C-q")
         # Waiting for the load would take two minutes: the process ends long before.
-        screen = tmux.wait_for(lambda s: "CHATTERM-EXIT=" in s, 30, "the app to quit")
+        screen = tmux.quit()
         # The terminal is given back as it was: the sequences that restore it
         # reach it although the load has pointed fd 2 at /dev/null.
         modes = tmux.run("display", "-p", "-t", tmux.target, "#{alternate_on} #{cursor_flag}").split()
