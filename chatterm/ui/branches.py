@@ -5,9 +5,9 @@ Contract:
   or an edited message is a sibling of the turn it replaces, and the model's
   history is the current path. These functions ask the store and return what
   the chat needs; they touch no widget and no engine.
-- `prepare(store, session_id, turn)`: the history to send for a sibling of
-  `turn` (regenerate: the same user text again; edit: a new one); the store's
-  next recorded turn of the session becomes that sibling.
+- `prepare(store, session_id, turn)`: the path before a sibling of `turn`
+  (regenerate: the same user text again; edit: a new one), whose history is
+  sent; the store's next recorded turn of the session becomes that sibling.
 - `switch(store, session_id, turn, delta)`: make the sibling `delta` places
   from `turn` current; returns it and the new path, or None when there is no
   sibling that way.
@@ -19,18 +19,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from chatterm.core.store.resume import history_of
-
 if TYPE_CHECKING:
-    from chatterm.core.engine.interface import ChatMessage
     from chatterm.core.store.session_store import SessionStore, TurnRecord
 
 
-def prepare(store: "SessionStore", session_id: int, turn: int) -> tuple[list["ChatMessage"], int]:
-    """The history before `turn`, for its new sibling, and the turns on that
-    path (see the module contract)."""
-    path = store.prepare_sibling(session_id, turn)
-    return history_of(path), len(path)
+def prepare(store: "SessionStore", session_id: int, turn: int) -> list["TurnRecord"]:
+    """The path before `turn`, for its new sibling (see the module contract)."""
+    return store.prepare_sibling(session_id, turn)
 
 
 def switch(store: "SessionStore", session_id: int, turn: int, delta: int

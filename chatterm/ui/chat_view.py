@@ -300,14 +300,14 @@ class ChatView(Vertical):
         """The dashboard's turn: a resumed session's last stored one (none: no turn yet)."""
         self._dashboard.show_turn(tail[-1].metrics if tail else None, stored=True)
 
-    def show_session(self, turns: list[TurnMetrics] | None = None, path_turns: int | None = None) -> None:
+    def show_session(self, turns: list[TurnMetrics] | None = None, path_turns: int = 0) -> None:
         """The session figures on the dashboard (from the conversation, or `turns`
         and the `path_turns` shown of them before it exists)."""
         if turns is None:
             if self._conversation is None:
                 return
             turns, path_turns = self._conversation.turns, self._conversation.path_turns
-        self._dashboard.show_session(SessionSummary.of(turns), turns, len(turns) if path_turns is None else path_turns)
+        self._dashboard.show_session(SessionSummary.of(turns), turns, path_turns)
 
     def collect_garbage(self, everything: bool = False) -> None:
         """Collect garbage now unless a turn is on its way (see `gc_policy`)."""
@@ -616,15 +616,19 @@ class ChatView(Vertical):
             return False
         store, session_id = stored
         try:
-            history, path_turns = branches.prepare(store, session_id, reply.turn_id)
+            path = branches.prepare(store, session_id, reply.turn_id)
         except ChattermError as exc:
             notify_plain(self.app, str(exc), severity="error")
             return False
-        assert self._conversation is not None
-        self._conversation.history, self._conversation.path_turns = history, path_turns
+        self._follow(path)
         self.messages.select(None)
         await self.messages.remove_from(reply.user if edit else reply)
         return True
+
+    def _follow(self, path: list["TurnRecord"]) -> None:
+        """The conversation goes on from the end of the stored `path`: its history and its count."""
+        assert self._conversation is not None
+        self._conversation.history, self._conversation.path_turns = history_of(path), len(path)
 
     async def switch_branch(self, delta: int) -> None:
         """Show the selected reply's previous (-1) or next (+1) sibling and the path under it."""
@@ -642,8 +646,7 @@ class ChatView(Vertical):
             notify_plain(self.app, f"No {'earlier' if delta < 0 else 'later'} branch here.")
             return
         turn, path = switched
-        assert self._conversation is not None
-        self._conversation.history, self._conversation.path_turns = history_of(path), len(path)
+        self._follow(path)
         start = next(i for i, record in enumerate(path) if record.index == turn)
         view = self.messages
         await view.remove_from(reply.user)

@@ -52,6 +52,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator, TypeVar
 
+from chatterm.core.metrics.format import counted
 from chatterm.core.metrics.turn_metrics import TURN_FIELDS, TurnMetrics
 from chatterm.core.store import listing, opening, tree
 from chatterm.core.store import search as text_search
@@ -603,8 +604,12 @@ class SessionStore:
         with self._lock:
             row = self._query("SELECT count(*), max(turn_index) FROM turns WHERE session_id = ?", (session_id,))
         count, last = row[0] if row else (0, None)
-        held = f"its turns are 1-{last}" if count and last == count else (
-            f"it has {count} turn{'s' if count != 1 else ''}" + (f", the last numbered {last}" if count else ""))
+        if not count:
+            held = "it has no turns"
+        elif last == count:
+            held = f"its turns are 1-{last}"
+        else:
+            held = f"it has {counted(count, 'turn')}, the last numbered {last}"
         return ChattermError(f"session {session_id} has no turn {turn_index}: {held}")
 
     # -- closing ------------------------------------------------------------
