@@ -77,7 +77,7 @@ from chatterm.ui import branches, gc_policy
 from chatterm.ui.engine_lease import EngineClosing, EngineLease
 from chatterm.ui.notices import notify_plain
 from chatterm.ui.prompt import BOX_ID, PromptArea
-from chatterm.ui.transcript import AssistantReply, ConversationView, OlderTurns, UserMessage, branch_label
+from chatterm.ui.transcript import AssistantReply, ConversationView, OlderTurns, UserMessage
 from chatterm.ui.worker_errors import reported
 
 if TYPE_CHECKING:
@@ -199,6 +199,11 @@ class ChatView(Vertical):
         """Deltas the worker produced that are not on screen yet."""
         self._reply: AssistantReply | None = None
         self._turn: "Turn | None" = None
+        self._path_shown: list[TurnMetrics] | None = None
+        """The metrics of the stored path the conversation goes on from, set
+        where it was chosen (a resume, ← →, a regenerate or edit) and dropped when
+        the next turn starts: until then the context figure is that path's, not
+        the last turn computed (which may be on another branch)."""
         self._budget = FrameBudget()
         self._flush_timer: "Timer | None" = None
         self._store_error_shown: str | None = None
@@ -291,6 +296,7 @@ class ChatView(Vertical):
             self.attach(conversation)
         await view.add_notice(notice)
         self.show_last_stored(tail)
+        self._path_shown = [r.metrics for r in tail]
         self._show_context()
         self.show_session()
         self.set_status("ready" if self._conversation is not None else "loading…")
@@ -389,6 +395,7 @@ class ChatView(Vertical):
         self.messages.select(None)  # a new turn: the actions apply to the last one again
         self._reply = await self.messages.add_reply(self.persona_name, streaming=True, user=user)
         self._turn = None
+        self._path_shown = None
         self._phase = TurnPhase.STREAMING
         self.set_status(
             "waiting for the persona's prompt…"
@@ -629,6 +636,7 @@ class ChatView(Vertical):
         """The conversation goes on from the end of the stored `path`: its history and its count."""
         assert self._conversation is not None
         self._conversation.history, self._conversation.path_turns = history_of(path), len(path)
+        self._path_shown = [r.metrics for r in path]
 
     async def switch_branch(self, delta: int) -> None:
         """Show the selected reply's previous (-1) or next (+1) sibling and the path under it."""
@@ -665,13 +673,12 @@ class ChatView(Vertical):
         except ChattermError:
             return  # the store error was shown already; the reply just has no branch actions
         if record is not None:
-            reply.turn_id = record.index
-            reply.set_branch(branch_label(record))
+            reply.set_turn(record)
 
     # -- the context figure ----------------------------------------------------------------
     def _show_context(self) -> None:
         """The dashboard's context figure, for the conversation on screen."""
-        self._dashboard.show_context(context_tokens(self._conversation, self._turn))
+        self._dashboard.show_context(context_tokens(self._conversation, self._turn, self._path_shown))
 
     # -- type-ahead ----------------------------------------------------------------------
     @on(PromptArea.Changed)
@@ -776,15 +783,18 @@ class ChatView(Vertical):
             self.drop_ahead()
 
 
-def context_tokens(conversation: Conversation | None, turn: "Turn | None") -> int | None:
+def context_tokens(
+    conversation: Conversation | None, turn: "Turn | None", path: Sequence[TurnMetrics] | None = None
+) -> int | None:
     """Tokens `conversation` holds in the context: the running turn's prompt and
-    what it generated so far, else the last turn's, else the persona's prompt
-    alone (None where the engine has not measured it, or no conversation)."""
+    what it generated so far, else the last turn's on `path` (the stored path it
+    goes on from; None: the last turn computed), else the persona's prompt alone
+    (None where the engine has not measured it, or no conversation)."""
     if conversation is None:
         return None
     if turn is not None and turn.metrics.prompt_tokens:
         return turn.metrics.prompt_tokens + turn.metrics.generated_tokens
-    for m in reversed(conversation.turns):
+    for m in reversed(conversation.turns if path is None else path):
         if m.prompt_tokens:  # a turn that failed before its prompt left nothing
             return m.prompt_tokens + m.generated_tokens
     return conversation.engine.persona_tokens(conversation.persona)

@@ -12,8 +12,11 @@ Contract:
 - Under each reply, a footer line from `core.format.footer_line`.
 - A resumed session mounts its last turns only; older ones are paged in from
   the store as the user scrolls up (`ConversationView`).
-- A reply knows its stored turn (`turn_id`) and its message (`user`); one with
-  siblings shows `‹ 2/3 ›` after its name. The view keeps a selected turn
+- A reply knows its stored turn (`turn_id`) and its message (`user`). Its
+  title line names the turn as the store numbers it (`turn 5`: the number the
+  sessions screen, forks and `ask --fork ID:TURN` use, which counts every
+  computed turn, so it can run ahead of the exchanges shown) and, with
+  siblings, its place among them (`‹ 2/3 ›`). The view keeps a selected turn
   (Shift+↑ ↓ while it has the focus; none means the last) that the turn
   actions apply to (`current_reply`), can drop everything from a turn down
   (`remove_from`), mount a branch's turns (`show_path`) and page in until a
@@ -183,10 +186,12 @@ class AssistantReply(Widget):
         self._branch = ""
         """`‹ 2/3 ›` when the reply has siblings (`branch_label`), else empty."""
 
-    def set_branch(self, label: str) -> None:
-        """Show the reply's place among its siblings in its title line."""
-        if label != self._branch:
-            self._branch = label
+    def set_turn(self, record: "TurnRecord") -> None:
+        """Make the reply stored turn `record`: its number and its place among
+        its siblings go into the title line."""
+        branch = branch_label(record)
+        if (record.index, branch) != (self.turn_id, self._branch):
+            self.turn_id, self._branch = record.index, branch
             self._changed()
 
     @property
@@ -264,8 +269,11 @@ class AssistantReply(Widget):
     def _title_lines(self, width: int) -> list[Strip]:
         style = self.get_component_rich_style("reply--who")
         title = Text(self._title, style=style)
+        meta = self.get_component_rich_style("reply--meta")
+        if self.turn_id is not None:
+            title.append(f" · turn {self.turn_id}", style=meta)
         if self._branch:
-            title.append(f"  {self._branch}", style=self.get_component_rich_style("reply--meta"))
+            title.append(f"  {self._branch}", style=meta)
         return self._text_lines(title, width, pad=0)
 
     def _footer_lines(self, width: int) -> list[Strip]:
@@ -556,7 +564,6 @@ def _record_widgets(title: str, records: Sequence["TurnRecord"]) -> list[Widget]
         user = UserMessage(record.user_text)
         reply = AssistantReply(title, record.reply, record.metrics)
         reply.user = user
-        reply.turn_id = record.index
-        reply.set_branch(branch_label(record))
+        reply.set_turn(record)
         widgets += (user, reply)
     return widgets

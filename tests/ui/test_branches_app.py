@@ -36,10 +36,19 @@ def notifications(app) -> list[str]:
     return [n.message for n in app._notifications]
 
 
-def session_row(app, label: str) -> str:
-    """The value of the dashboard's Session row `label`."""
-    lines = rendered(app.query_one("#dash-session")).splitlines()
+def dashboard_row(app, section: str, label: str) -> str:
+    """The value of the dashboard's row `label` in `section` (a widget id)."""
+    lines = [line.strip() for line in rendered(app.query_one(f"#{section}")).splitlines()]
     return next(line[len(label):].strip() for line in lines if line.startswith(label + " "))
+
+
+def session_row(app, label: str) -> str:
+    return dashboard_row(app, "dash-session", label)
+
+
+def context_used(app) -> int:
+    """The dashboard's context figure: tokens held, before the " / n_ctx"."""
+    return int(dashboard_row(app, "dash-now", "context").split(" /")[0].replace(",", ""))
 
 
 async def idle(pilot) -> None:
@@ -72,6 +81,8 @@ async def test_regenerate_keeps_the_old_reply_and_arrows_switch_between_them(bui
         assert not any("likely match" in n for n in notifications(app))  # it samples anew
         last = app.query(AssistantReply).last()
         assert last.branch_text == "‹ 2/2 ›" and "‹ 2/2 ›" in rendered(last)
+        # Its title names the store's turn number, the one F3 and forks use: 3, with 2 shown.
+        assert last.turn_id == 3 and "turn 3" in last.title_text
         assert [r.reply for r in store.turns(sid)] == ["Paris.", "It is Paris."]
         assert [store.turn(sid, i).reply for i in store.siblings(sid, last.turn_id)] == ["Rome.", "It is Paris."]
         # The dashboard counts the turns computed as the listings do: 2 shown, 1 on another branch.
@@ -82,6 +93,12 @@ async def test_regenerate_keeps_the_old_reply_and_arrows_switch_between_them(bui
         await pilot.press("left")
         await wait_for(pilot, lambda: replies(app) == ["Paris.", "Rome."], what="the first branch")
         assert app.query(AssistantReply).last().branch_text == "‹ 1/2 ›"
+        assert "turn 2" in app.query(AssistantReply).last().title_text
+        # The context figure is the branch shown, not the turn computed last (on the other one).
+        shown, other = store.turn(sid, 2).metrics, store.turn(sid, 3).metrics
+        assert shown.generated_tokens != other.generated_tokens
+        await wait_for(pilot, lambda: context_used(app) == shown.prompt_tokens + shown.generated_tokens,
+                       what="the context of the branch shown")
         assert [m.content for m in app.conversation.history][-2:] == ["And of Italy?", "Rome."]
         await pilot.press("left")  # no earlier branch: one line, nothing changes
         await wait_for(pilot, lambda: any("No earlier branch" in n for n in notifications(app)),
