@@ -48,6 +48,14 @@ def test_a_fork_resumes_with_no_history_prefill(tmp_path):
     ).fetchone() == (3,)
     listing = chatterm(tmp_path, "sessions")
     assert f"(fork of session {parent}, turn 2)" in listing.stdout
+    # The fork's cost holds the two turns it copied; the listing says how much, so a
+    # sum over sessions can count them once.
+    infos = {i["id"]: i for i in map(json.loads, chatterm(tmp_path, "sessions", "--json").stdout.splitlines())}
+    copied = sum(c for (c,) in sqlite3.connect(db).execute(
+        "SELECT cost_usd FROM turns WHERE session_id = ? AND turn_index <= 2", (parent,)))
+    assert copied > 0 and infos[parent]["inherited_cost_usd"] == 0
+    assert abs(infos[fork]["inherited_cost_usd"] - copied) < 1e-12
+    assert infos[fork]["cost_usd"] > infos[fork]["inherited_cost_usd"]
 
 
 def test_fork_of_an_unknown_session_or_turn_is_one_line(tmp_path):

@@ -66,9 +66,10 @@ def _fork(forked_from: int | None, forked_turn: int | None) -> tuple[int, int] |
 
 def session_infos(query: Query, tree: bool, where: str, params: tuple) -> list[SessionInfo]:
     current, active, extra = session_sql(tree)
+    inherited = "COALESCE(SUM(CASE WHEN t.inherited THEN t.cost_usd END), 0.0)" if tree else "0.0"
     rows = query(
         "SELECT s.id, s.started_at, s.model_id, s.model_identity, s.engine, s.device, "
-        "s.persona_id, COUNT(t.id), COALESCE(SUM(t.cost_usd), 0.0) "
+        f"s.persona_id, COUNT(t.id), COALESCE(SUM(t.cost_usd), 0.0), {inherited} "
         f"FROM sessions s LEFT JOIN turns t ON t.session_id = s.id {where} "
         f"GROUP BY s.id ORDER BY {active} DESC, s.id DESC",
         params,
@@ -100,6 +101,7 @@ def session_infos(query: Query, tree: bool, where: str, params: tuple) -> list[S
             path_turns=row[7] if on_path is None else on_path,
             ttft_p50_ms=percentile(ttfts.get(row[0], []), 50),
             cost_usd=row[8],
+            inherited_cost_usd=row[9],
             title=title or default_title(first, forked, parent_title),
             preview=preview_of(user, reply),
             active_at=active_at,

@@ -59,7 +59,8 @@ class SessionInfo:
     """Every computed turn, on any branch (a fork's inherited turns included)."""
     ttft_p50_ms: float | None
     cost_usd: float
-    """Sum of the turns' API-equivalent cost."""
+    """Sum of the turns' API-equivalent cost (a fork's inherited turns included:
+    they are its history; see `inherited_cost_usd`)."""
     title: str = ""
     """The title given, else the first user message cut (empty: no turn yet)."""
     path_turns: int = 0
@@ -70,6 +71,9 @@ class SessionInfo:
     """Unix time (s) of the last turn recorded, else of the start: the listing's order."""
     forked_from: tuple[int, int] | None = None
     """(session id, turn index) this session was forked from."""
+    inherited_cost_usd: float = 0.0
+    """The part of `cost_usd` a fork copied with its parent's turns: spent in
+    the parent, so a sum over sessions takes `cost_usd - inherited_cost_usd`."""
 
     @property
     def turns_label(self) -> str:
