@@ -633,9 +633,10 @@ class ChatView(Vertical):
         return True
 
     def _follow(self, path: list["TurnRecord"]) -> None:
-        """The conversation goes on from the end of the stored `path`: its history and its count."""
+        """The conversation goes on from the end of the stored `path`: its history, its count, its leaf."""
         assert self._conversation is not None
         self._conversation.history, self._conversation.path_turns = history_of(path), len(path)
+        self._conversation.leaf = path[-1].index if path else 0
         self._path_shown = [r.metrics for r in path]
 
     async def switch_branch(self, delta: int) -> None:

@@ -37,7 +37,7 @@ class TurnStore(Protocol):
     ) -> None: ...
 
     def record_turn(
-        self, session_id: int, user_text: str, reply: str, metrics: TurnMetrics
+        self, session_id: int, user_text: str, reply: str, metrics: TurnMetrics, after: int | None = None
     ) -> int | None: ...
 
     def take_write_notice(self) -> str | None: ...
@@ -71,6 +71,7 @@ class Conversation:
         turns: list[TurnMetrics] | None = None,
         energy: EnergyMeter | None = None,
         path_turns: int | None = None,
+        leaf: int | None = None,
     ):
         self.engine = engine
         self.persona = persona
@@ -81,6 +82,11 @@ class Conversation:
         self.path_turns = len(self.turns) if path_turns is None else path_turns
         """The turns on the path shown, as the store counts them (failed ones too; `turns`
         also holds those on other branches). Whoever sets `history` to a path sets this."""
+        self.leaf = leaf
+        """The stored turn `history` ends at (0: none; None: the store's current
+        leaf), which the next turn is recorded under: a turn another process adds
+        to the session meanwhile is not in this history, so it must not become
+        this one's parent. Whoever sets `history` to a path sets this too."""
         self.energy = energy
         self.store_error: str | None = None
         self._moved = session_id is None
@@ -128,7 +134,9 @@ class Conversation:
                 self.store.move_session(self.session_id, **self._model_fields())
                 self._moved = True
             if self.session_id is not None:  # None: the database refused the write
-                self.store.record_turn(self.session_id, text, turn.reply, m)
+                index = self.store.record_turn(self.session_id, text, turn.reply, m, after=self.leaf)
+                if index is not None:
+                    self.leaf = index
                 stored = True
         except Exception as exc:  # noqa: BLE001 - chat goes on; the UI shows store_error
             log.debug("could not store turn", exc_info=True)

@@ -119,12 +119,15 @@ class Continuation:
     """The newest turns that could fit the context, as messages for the model."""
     turns: list[TurnMetrics]
     """Every turn's metrics, oldest first (the session figures)."""
+    leaf: int = 0
+    """The turn the history ends at (0: none), the next turn's parent."""
 
 
 def read_continuation(store: SessionStore, plan: SessionPlan) -> Continuation:
     """Read the history and metrics of a planned session (bounded, see the contract)."""
     records = store.turns_page(plan.session_id, None, max_history_turns(plan.spec))
-    return Continuation(history_of(records), store.turn_metrics(plan.session_id))
+    return Continuation(history_of(records), store.turn_metrics(plan.session_id),
+                        records[-1].index if records else 0)
 
 
 def resume_conversation(
@@ -147,4 +150,5 @@ def resume_conversation(
         turns=continuation.turns,
         energy=energy,
         path_turns=plan.info.path_turns,
+        leaf=continuation.leaf,
     )

@@ -198,11 +198,16 @@ class SessionStore:
 
         self._write(f"could not record session {session_id}'s new model", move)
 
-    def record_turn(self, session_id: int, user_text: str, reply: str, metrics: TurnMetrics) -> int | None:
+    def record_turn(
+        self, session_id: int, user_text: str, reply: str, metrics: TurnMetrics, after: int | None = None
+    ) -> int | None:
         """Commit one turn (all its metrics) and return its index in the session;
         None when the database refused the write (see `write_error`). The turn
-        goes under the current leaf, or where `prepare_sibling` said, and
-        becomes the current leaf."""
+        goes where `prepare_sibling` said, else under turn `after` (the turn the
+        caller's history ends at; 0: none, a first turn), else under the current
+        leaf, and becomes the current leaf. With `after`, a turn another process
+        recorded in the session meanwhile stays out of this one's history: the
+        new turn becomes its sibling, a branch, instead of its child."""
         data = metrics.to_dict()
 
         def insert(conn: sqlite3.Connection) -> int:
@@ -216,6 +221,11 @@ class SessionStore:
                 (session_id,),
             ).fetchone()[0]
             pending = self._pending.get(session_id)
+            if pending is None and after is not None:
+                pending = after or _NEW_ROOT
+                if after and not conn.execute("SELECT 1 FROM turns WHERE session_id = ? AND turn_index = ?",
+                                              (session_id, after)).fetchone():
+                    pending = None  # not a turn of this session: the current leaf, as without it
             parent = row[0] if pending is None else (None if pending == _NEW_ROOT else pending)
             branch = tree.branch_of_new(_reader(conn), session_id, parent, index)
             now = time.time()

@@ -313,3 +313,26 @@ def test_ask_session_resumes_the_conversation_state(tmp_path):
     listing = chatterm(tmp_path, "cache", "ls").stdout
     assert f"session {session}" in listing
     assert PromptCache(tmp_path / "cache" / "kv").entries()  # files are in the usual folder
+
+
+def test_a_turn_another_process_records_meanwhile_stays_out_of_this_history(ws, store, tmp_path):
+    """`ask --session` adds a turn to a session this process carries on (the TUI
+    open beside a script): this process's next turn was prompted without it, so
+    it is stored beside it, a branch, and the path shown stays what the model saw."""
+    persona = ws.personas.get("quick")
+    sid = stored_conversation(ws, store, persona, "What is a list in Python?").session_id
+    engine = make_engine(ws)
+    try:
+        resumed = resume_conversation(plan_resume(store, ws, sid), store, engine)
+        other = chatterm(tmp_path, "ask", "--session", str(sid), "--json", "And a tuple?")
+        assert other.returncode == 0, other.stderr
+        say(resumed, "And a set?")
+        say(resumed, "And a dict?")
+    finally:
+        engine.close()
+    path = store.turns(sid)
+    assert [r.user_text for r in path] == ["What is a list in Python?", "And a set?", "And a dict?"]
+    elsewhere = store.turn(sid, 2)
+    assert elsewhere.user_text == "And a tuple?" and elsewhere.parent == 1
+    assert path[1].index == 3 and path[1].parent == 1 and path[1].sibling_label == "2/2"
+    assert path[2].parent == 3 and resumed.leaf == path[2].index
