@@ -343,7 +343,11 @@ class ChatSession(Horizontal):
         notice = resumed_notice(resume) if back is None else f"{back}: {turns_phrase(resume)}."
         await self._start_over(notice, resume, prepare=True)
         if turn is not None and await self.chat.messages.reveal(turn):
-            self.chat.messages.focus()  # a search hit, selected: its turn keys (e, f, y) act at once
+            # A search hit, selected. The focus stays in the prompt: in the
+            # conversation, the first letters typed ran its turn keys (an `e`
+            # started an edit of the hit).
+            notify_plain(self.app, f"Turn {turn} selected: Ctrl+R regenerates it; Tab, then e edits, "
+                                   "f forks, y copies.")
         return True
 
     async def _start_over(self, notice: str, resume: Resume | None = None, *, prepare: bool = False) -> None:

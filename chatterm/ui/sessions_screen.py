@@ -308,8 +308,17 @@ class SessionsScreen(ModalScreen["SessionChoice | None"]):
         query = self.query_one("#sessions-search", Input).value
         if query.strip():
             self._search(query)
-        else:
-            self._show_sessions()
+            return
+        # After a rename or a delete the highlight stays where the user was (the
+        # row after a deleted one): back on the first row, the next `d` or `f`
+        # took another session than the one in mind.
+        table = self._table()
+        row = table.cursor_row
+        key = table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value if table.row_count else None
+        self._show_sessions()
+        keys = [str(info.id) for info in self._sessions]
+        if keys:
+            table.move_cursor(row=keys.index(key) if key in keys else min(row, len(keys) - 1))
 
     def action_close(self) -> None:
         search = self.query_one("#sessions-search", Input)

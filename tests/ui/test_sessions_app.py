@@ -137,6 +137,8 @@ async def test_sessions_screen_title_preview_search_rename_delete(build, store):
         await pilot.press("enter")
         await wait_for(pilot, lambda: cells(table, 1)[1].startswith("Otters\n"), what="the new title")
         assert store.session(older).title == "Otters"
+        # The highlight stays on the renamed row: the next key acts on it, not on the first row.
+        assert table.cursor_row == 1
 
         # Search: any characters are safe; a hit opens its session at its turn.
         search = screen.query_one(Input)
@@ -156,8 +158,12 @@ async def test_sessions_screen_title_preview_search_rename_delete(build, store):
                        what="the hit's session")
         reply = app.query(AssistantReply).last()
         assert reply.has_class("-selected") and reply.turn_id == 1
-        await wait_for(pilot, lambda: app.focused is app.query_one("#conversation"),
-                       what="the hit's turn keys (the conversation focused)")
+        # What is typed next is a message: in the focused conversation an `e` edited the hit.
+        await wait_for(pilot, lambda: isinstance(app.focused, PromptArea), what="the prompt's focus")
+        assert any("Turn 1 selected" in n for n in notifications(app))
+        await pilot.press("e")
+        assert app.query_one(PromptArea).text == "e" and not app.query_one(PromptArea).editing
+        app.query_one(PromptArea).clear()
 
         # Delete the other session after the confirmation.
         await pilot.press("f3")
