@@ -158,6 +158,12 @@ class TurnMetrics:
         return max(self.cached_tokens - self.ahead_tokens, 0)
 
     @property
+    def early_tokens(self) -> int:
+        """Prompt tokens prefilled for this turn before it was sent (typed ahead,
+        or at the persona switch): in `cached_tokens`, not in `reused_tokens`."""
+        return max(self.cached_tokens - self.reused_tokens, 0)
+
+    @property
     def cost_usd(self) -> float:
         return usd(self.cost_input_usd + self.cost_cached_input_usd + self.cost_output_usd)
 
@@ -227,6 +233,9 @@ class SessionSummary:
     mean_decode_tok_s: float | None = None
     prompt_tokens: int = 0
     cached_tokens: int = 0
+    """In the context before the turn (`TurnMetrics.cached_tokens`): `reused_tokens`
+    and what was prefilled for the turn before it was sent."""
+    reused_tokens: int = 0
     prefilled_tokens: int = 0
     generated_tokens: int = 0
     cost_usd: float = 0.0
@@ -248,6 +257,7 @@ class SessionSummary:
             mean_decode_tok_s=sum(rates) / len(rates) if rates else None,
             prompt_tokens=sum(t.prompt_tokens for t in turns),
             cached_tokens=sum(t.cached_tokens for t in turns),
+            reused_tokens=sum(t.reused_tokens for t in turns),
             prefilled_tokens=sum(t.prefilled_tokens for t in turns),
             generated_tokens=sum(t.generated_tokens for t in turns),
             cost_usd=sum(t.cost_usd for t in turns),

@@ -84,9 +84,13 @@ def time_row(v: TurnView, escape: Callable[[str], str], bar: str) -> list[str]:
     ]
 
 
-TURN_HEADER = ["#", "TTFT ms", "restore ms", "prefill ms", "decode tok/s", "prompt", "cached", "prefilled",
-               "generated", "cache", "stop", "cost USD"]
-TURN_TEXT_COLUMNS = frozenset({9, 10})
+TURN_HEADER = ["#", "TTFT ms", "restore ms", "prefill ms", "decode tok/s", "prompt", "cached", "before Enter",
+               "prefilled", "generated", "cache", "stop", "cost USD"]
+"""The prompt is cached + before Enter + prefilled: "cached" is what was reused
+from earlier prompts (what the cost prices as cached input, as the dashboard's
+"cached" row), "before Enter" what was prefilled for this turn before it was
+sent (typed ahead, or at the persona switch), "prefilled" what the turn did."""
+TURN_TEXT_COLUMNS = frozenset({10, 11})
 """Columns of `TURN_HEADER` that hold text (left-aligned); the others are numbers."""
 MESSAGE_HEADER = ["#", "user", "reply"]
 
@@ -97,7 +101,8 @@ def turn_row(v: TurnView, escape: Callable[[str, int | None], str]) -> list[str]
     m, rec = v.record.metrics, v.record
     return [
         str(rec.index), num(m.ttft_ms), num(m.restore_ms), num(m.prefill_ms), num(m.decode_tok_s),
-        str(m.prompt_tokens), str(m.cached_tokens), str(m.prefilled_tokens), str(m.generated_tokens),
+        str(m.prompt_tokens), str(m.reused_tokens), str(m.early_tokens), str(m.prefilled_tokens),
+        str(m.generated_tokens),
         escape(m.cache_outcome or "", None), escape(m.stop_reason or "", None), usd(m.cost_usd),
     ]
 
@@ -117,7 +122,7 @@ def turn_notes(v: TurnView, escape: Callable[[str, int | None], str]) -> list[st
     if m.cache_detail:
         notes.append(f"Turn {index}: cache: {escape(m.cache_detail, None)}")
     if at_switch := switch_tokens(m):
-        notes.append(f"Turn {index}: {fmt_int(at_switch)} of its cached tokens were prefilled at the switch, "
+        notes.append(f"Turn {index}: {fmt_int(at_switch)} of its prompt tokens were prefilled at the switch, "
                      "for this turn (priced as uncached input)")
     if m.restore_at_switch and m.restore_ms:
         notes.append(f"Turn {index}: its {num(m.restore_ms)} ms restore was done before the turn was sent, "
@@ -151,7 +156,8 @@ def summary_rows(r: SessionReport) -> list[tuple[str, str]]:
         ("Turns", str(s.turns)),
         ("TTFT p50 / p95 / max (ms)", " / ".join(num(v) for v in (s.ttft_p50_ms, s.ttft_p95_ms, s.ttft_max_ms))),
         ("Mean decode rate (tok/s)", num(s.mean_decode_tok_s)),
-        ("Prompt tokens (cached / prefilled)", f"{s.prompt_tokens} ({s.cached_tokens} / {s.prefilled_tokens})"),
+        ("Prompt tokens (cached / before Enter / prefilled)",
+         f"{s.prompt_tokens} ({s.reused_tokens} / {s.cached_tokens - s.reused_tokens} / {s.prefilled_tokens})"),
         ("Generated tokens", str(s.generated_tokens)),
         ("Cost (USD, API-equivalent)", usd(s.cost_usd)),
         ("Cache savings: prefill time (s)", f"{s.saved_prefill_s:.3f}"),

@@ -27,6 +27,7 @@ from chatterm.core.metrics.turn_metrics import TURN_FIELDS, TurnMetrics
 from chatterm.core.report import export
 from chatterm.core.report.escape import md_block, md_escape
 from chatterm.core.report.export import ROW_FIELDS, TEXT_FIELDS
+from chatterm.core.report.words import TURN_HEADER
 from chatterm.core.store.session_store import SessionStore
 from chatterm.core.system import atomic
 from chatterm.errors import ChattermError
@@ -80,7 +81,8 @@ def build_sample(db: Path) -> tuple[int, int]:
         store.record_turn(first, "=cmd|' /C calc'!A0", NASTY_REPLY, priced(TurnMetrics(
             **base, submitted_at=1_700_000_010.0, cache_outcome="restored", restore_ms=9.5,
             restore_at_switch=True, wait_ms=15.0, prefill_ms=120.5,
-            prompt_tokens=230, cached_tokens=200, prefilled_tokens=30, generated_tokens=41,
+            prompt_tokens=230, cached_tokens=200, ahead_tokens=24, ahead_ms=30.0, prefilled_tokens=30,
+            generated_tokens=41,
             ttft_ms=140.0, decode_ms=500.0, total_ms=660.0, stop_reason="cancelled",
             saved_prefill_ms=500.0, dropped_turns=1,
         )))
@@ -206,7 +208,7 @@ def test_markdown_renders_model_text_literally(sample):
         return table
 
     turns = table_at("| # | TTFT ms |")
-    assert len(turns) == 2 + 3 and all(len(_cells(line)) == 12 for line in turns)
+    assert len(turns) == 2 + 3 and all(len(_cells(line)) == len(TURN_HEADER) == 13 for line in turns)
     # The messages are whole, each in a fenced block that renders it as written:
     # the reply's lines kept, its controls made visible, nothing in it markup.
     nasty = text[text.index("**Turn 2: reply**"):text.index("**Turn 3: you**")]

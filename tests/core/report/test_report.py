@@ -165,10 +165,11 @@ def _by_hand(records, profile):
     total = saved = 0.0
     for r in records:
         m = r.metrics
-        total += ((m.prompt_tokens - m.cached_tokens) * profile.input_per_m
-                  + m.cached_tokens * profile.cached_input_per_m
+        reused = m.cached_tokens - m.ahead_tokens  # typed ahead: the turn's own text, priced as uncached
+        total += ((m.prompt_tokens - reused) * profile.input_per_m
+                  + reused * profile.cached_input_per_m
                   + m.generated_tokens * profile.output_per_m) / 1e6
-        saved += m.cached_tokens * (profile.input_per_m - profile.cached_input_per_m) / 1e6
+        saved += reused * (profile.input_per_m - profile.cached_input_per_m) / 1e6
     return total, saved
 
 
@@ -177,8 +178,8 @@ def test_cost_split_and_what_if_against_the_price_profiles(sample):
     records = exported[0][1]
     metrics = [r.metrics for r in records]
     split = cost_split(metrics)
-    assert split.uncached_tokens == sum(m.prompt_tokens - m.cached_tokens for m in metrics)
-    assert split.cached_tokens == 620 and split.output_tokens == 50
+    assert split.uncached_tokens == sum(m.prompt_tokens - m.cached_tokens + m.ahead_tokens for m in metrics)
+    assert split.cached_tokens == 620 - 24 and split.output_tokens == 50  # 24 typed ahead in turn 2
     assert split.total_usd == pytest.approx(sum(m.cost_usd for m in metrics))
     assert split.input_token_share == pytest.approx(670 / 720)
     rows = what_if(metrics, PRICES)
