@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from chatterm.cli.common import require_positive, workspace
-from chatterm.core.metrics.format import fmt_ms, fmt_tok_s
+from chatterm.core.metrics.format import counted, fmt_ms, fmt_tok_s
 from chatterm.errors import ChattermError
 
 if TYPE_CHECKING:  # rich is imported when the benchmark runs
@@ -87,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
     # Measured with the default model on a 2-core CPU: 2.5 min, 5.5 with
     # --resume (its history prefill dominates). A larger model takes longer.
     took = "5-6 minutes" if args.resume else "2-3 minutes"
-    err.print(f"chatterm bench: {args.runs} runs per series; at 5, about {took} with the default model "
+    err.print(f"chatterm bench: {counted(args.runs, 'run')} per series; at 5, about {took} with the default model "
               "on 2 CPU cores, longer with a larger one. Ctrl+C stops it.", markup=False, highlight=False)
     started = time.monotonic()
 

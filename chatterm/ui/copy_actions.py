@@ -71,7 +71,10 @@ def copy_reply(app: "App", reply: "AssistantReply | None") -> None:
 
 def copy_code_block(app: "App", reply: "AssistantReply | None", number: int) -> None:
     """Copy the reply's code block `number` (1-based)."""
-    blocks = code_blocks(reply.source) if reply is not None else []
+    if reply is None or not reply.source.strip():
+        notify_plain(app, "No reply to copy from yet.")
+        return
+    blocks = code_blocks(reply.source)
     if not blocks:
         notify_plain(app, "This reply has no code block.")
         return

@@ -255,7 +255,7 @@ class Dashboard(VerticalScroll):
             ("prompt", fmt_int(m.prompt_tokens)),
             # Reused from earlier prompts, as the cost and the what-if count them;
             # what was prefilled while typing is a row of its own.
-            *([("at switch", fmt_int(switch_tokens(m)))] if m.cache_outcome == CacheOutcome.SWITCH
+            *([("persona", fmt_int(switch_tokens(m)))] if m.cache_outcome == CacheOutcome.SWITCH
               else [("cached", fmt_int(m.reused_tokens))]),
             *([("typed ahead", ahead_line(m))] if m.ahead_tokens else []),
             ("prefilled", fmt_int(m.prefilled_tokens)),

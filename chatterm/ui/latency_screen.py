@@ -254,7 +254,7 @@ class LatencyScreen(Screen[None]):
         share = split.input_token_share, split.input_cost_share
         note = f"input share: {fmt_share(share[0])} of tokens, {fmt_share(share[1])} of cost"
         if split.switch_tokens:
-            note += f"{SEP}uncached includes {fmt_int(split.switch_tokens)} prefilled at the switch"
+            note += f"{SEP}uncached includes {fmt_int(split.switch_tokens)} prefilled with the persona"
         share_note = Text(note, style="dim")
         rows = what_if(self._turns, self._prices)
         own = priced_with(self._turns)

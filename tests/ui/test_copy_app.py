@@ -30,6 +30,8 @@ async def test_copy_the_reply_and_a_code_block(build):
         await loaded(pilot)
         await pilot.press("f9")
         await wait_for(pilot, lambda: "No reply to copy yet." in notifications(app), what="the refusal")
+        await pilot.press("f10")  # nothing to look for a code block in: not "this reply has none"
+        await wait_for(pilot, lambda: "No reply to copy from yet." in notifications(app), what="the refusal")
         await send(pilot, "first")
         await pilot.press("f9")
         # The reply as shown: the escape sequence is inert text, never a live one.

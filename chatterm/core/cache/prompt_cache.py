@@ -500,10 +500,13 @@ class PromptCache:
             if entry.slot in expect and shared < len(entry.tokens) and shared < limit:
                 # Not a fault: the state is of another version of the
                 # conversation (an edit, another branch, a fork of one).
-                misses.append(
-                    f"{label}: holds another version of the conversation (an edit, a branch or a fork): "
-                    f"shares {shared:,} of its {len(entry.tokens):,} tokens with this prompt"
-                )
+                why = ("holds another version of the conversation (an edit, a branch or a fork): "
+                       f"shares {shared:,} of its {len(entry.tokens):,} tokens with this prompt")
+                in_ram = f"{entry.slot.label} ({RAM}): {why}"
+                if entry.tier == DISK and in_ram in misses:  # the same state in both tiers: one line
+                    misses[misses.index(in_ram)] = f"{entry.slot.label} ({RAM}, {DISK}): {why}"
+                else:
+                    misses.append(f"{label}: {why}")
             if entry.chain is not None:
                 present = self.blocks.present(entry.chain, blocks_on_disk if entry.tier == DISK else None)
                 if present < shared:

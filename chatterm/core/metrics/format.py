@@ -8,7 +8,8 @@ Contract:
 - `input_breakdown(metrics)` is the one wording of the prompt tokens that were
   not prefilled after Enter: `1,612 cached`, `40 typed ahead` (and, after a
   model switch or a fork, `1,020 history prefilled ahead`), or, on the first
-  turn after a persona switch, `54 prefilled at the switch` (billed as
+  turn after a persona was loaded (at launch or a switch), `54 prefilled with
+  the persona` (billed as
   uncached input: the user waited for that prefill).
 - Dollars have one precision rule (`usd_number`, `fmt_usd`): six decimals,
   whatever the amount, so that two turns' costs (often tens of millionths of a
@@ -125,7 +126,7 @@ def cache_label(m: TurnMetrics) -> str:
             return "prefix in memory"
         case CacheOutcome.SWITCH:
             if m.wait_ms >= NOTICED_WAIT_MS:  # Enter came during that prefill
-                return f"persona prefilled at the switch, waited {fmt_ms(m.wait_ms)}"
+                return f"persona prefilled first, waited {fmt_ms(m.wait_ms)}"
             return "persona prefilled before the turn"
         case CacheOutcome.COLD:
             return f"cold prefill {fmt_ms(m.prefill_ms)}"
@@ -189,7 +190,7 @@ def input_breakdown(m: TurnMetrics) -> str:
     `1,612 cached, 40 typed ahead`; "" when there were none."""
     approx = "~" if m.tokens_estimated else ""
     if m.cache_outcome == CacheOutcome.SWITCH:
-        earlier, what = switch_tokens(m), "prefilled at the switch"
+        earlier, what = switch_tokens(m), "prefilled with the persona"
     else:
         earlier, what = m.reused_tokens, "cached"
     parts = [f"{approx}{fmt_int(earlier)} {what}"] if earlier else []

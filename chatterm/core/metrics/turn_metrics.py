@@ -154,7 +154,7 @@ class TurnMetrics:
         `cached_tokens` too, but they are this turn's own new text, prefilled
         early: an API would charge them as uncached input."""
         if self.cache_outcome == CacheOutcome.SWITCH:
-            return 0  # prefilled at the switch for this very turn: new work, not reuse
+            return 0  # prefilled with the persona for this very turn: new work, not reuse
         return max(self.cached_tokens - self.ahead_tokens, 0)
 
     @property

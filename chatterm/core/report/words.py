@@ -122,7 +122,7 @@ def turn_notes(v: TurnView, escape: Callable[[str, int | None], str]) -> list[st
     if m.cache_detail:
         notes.append(f"Turn {index}: cache: {escape(m.cache_detail, None)}")
     if at_switch := switch_tokens(m):
-        notes.append(f"Turn {index}: {fmt_int(at_switch)} of its prompt tokens were prefilled at the switch, "
+        notes.append(f"Turn {index}: {fmt_int(at_switch)} of its prompt tokens were prefilled with the persona, "
                      "for this turn (priced as uncached input)")
     if m.restore_at_switch and m.restore_ms:
         notes.append(f"Turn {index}: its {num(m.restore_ms)} ms restore was done before the turn was sent, "
@@ -211,8 +211,8 @@ def split_sentence(split: CostSplit) -> str:
         f"{pct(split.input_cost_share)} of the cost."
     )
     if split.switch_tokens:
-        sentence += (f" Uncached input includes {fmt_int(split.switch_tokens)} tokens prefilled at the switch: "
-                     "a persona's prompt, prefilled for the first turn after switching to it.")
+        sentence += (f" Uncached input includes {fmt_int(split.switch_tokens)} tokens prefilled with the persona: "
+                     "its prompt, prefilled for the first turn after it was loaded (at launch or a switch).")
     return sentence
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Callable, Iterable
 
-from chatterm.core.metrics.turn_metrics import percentile
+from chatterm.core.metrics.turn_metrics import percentile, usd
 from chatterm.core.store.records import SessionInfo, default_title, preview_of
 
 Query = Callable[[str, tuple], list[tuple]]
@@ -100,8 +100,8 @@ def session_infos(query: Query, tree: bool, where: str, params: tuple) -> list[S
             turns=row[7],
             path_turns=row[7] if on_path is None else on_path,
             ttft_p50_ms=percentile(ttfts.get(row[0], []), 50),
-            cost_usd=row[8],
-            inherited_cost_usd=row[9],
+            cost_usd=usd(row[8]),  # a SQL sum: 0.008538999999999998 for 0.008539
+            inherited_cost_usd=usd(row[9]),
             title=title or default_title(first, forked, parent_title),
             preview=preview_of(user, reply),
             active_at=active_at,

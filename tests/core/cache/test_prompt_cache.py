@@ -101,6 +101,16 @@ def test_every_miss_has_a_reason(tmp_path):
     assert [(c.entry.slot, c.shared) for c in found.candidates] == [(Slot.session(6), 10)]
 
 
+def test_another_version_in_ram_and_on_disk_is_one_reason(tmp_path):
+    cache = PromptCache(tmp_path / "kv")
+    cache.put("m", Slot.session(6), tokens(20), payload(6, 1 << 20), COMPAT)  # in RAM, then on disk
+    cache.flush()
+    found = cache.lookup("m", COMPAT, tokens(10) + [77] * 20, expect=[Slot.session(6)])
+    other = [m for m in found.misses if "another version" in m]
+    assert other == ["session 6 (ram, disk): holds another version of the conversation (an edit, a branch "
+                     "or a fork): shares 10 of its 20 tokens with this prompt"], found.misses
+
+
 def test_disk_payload_is_checked_and_a_replaced_file_is_a_miss(tmp_path):
     cache = PromptCache(tmp_path / "kv")
     cache.save("m", SESSION, tokens(30), payload(7), COMPAT)

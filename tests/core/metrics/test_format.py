@@ -63,7 +63,7 @@ def test_a_prefix_prefilled_at_switch_time_is_not_called_this_turns_cold_prefill
     assert line.endswith("persona prefilled before the turn") and "cold prefill" not in line
     # Enter during that prefill: the label does not hide the wait.
     waited = footer_line(replace(m, wait_ms=19_100.0))
-    assert waited.endswith("persona prefilled at the switch, waited 19.1 s")
+    assert waited.endswith("persona prefilled first, waited 19.1 s")
 
 
 def test_a_turn_stopped_while_waiting_claims_no_prefill():
@@ -99,23 +99,23 @@ def test_the_footer_and_the_reports_follow_the_rule():
     assert [row[2] for row in rows] == ["0.000026", "0.000027", "0.000040", "0.000093"]
 
 
-def test_a_switch_turn_says_its_tokens_were_prefilled_at_the_switch_everywhere():
-    # 67 prompt tokens, 54 of them the persona prefilled at the switch for this
+def test_a_switch_turn_says_its_tokens_were_prefilled_with_the_persona_everywhere():
+    # 67 prompt tokens, 54 of them the persona prefilled when it was loaded, for this
     # turn: billed as uncached input, so no wording may call them cached.
     price = PriceProfile(id="p", input_per_m=2.0, cached_input_per_m=0.5, output_per_m=8.0)
     m = metrics(ttft_ms=400.0, prompt_tokens=67, cached_tokens=54, prefilled_tokens=13, generated_tokens=3,
                 cache_outcome="switch", wait_ms=300.0, stop_reason="eos")
     apply_cost(m, price)
     assert m.cost_input_usd == 67 * 2.0e-6 and m.cost_cached_input_usd == 0
-    assert input_breakdown(m) == "54 prefilled at the switch"
+    assert input_breakdown(m) == "54 prefilled with the persona"
     line = footer_line(m)
-    assert "13 in (54 prefilled at the switch)" in line and "cached" not in line
+    assert "13 in (54 prefilled with the persona)" in line and "cached" not in line
     split = cost_split([m])
     assert (split.uncached_tokens, split.cached_tokens, split.switch_tokens) == (67, 0, 54)
-    assert "includes 54 tokens prefilled at the switch" in words.split_sentence(split)
+    assert "includes 54 tokens prefilled with the persona" in words.split_sentence(split)
     # Typed ahead during such a turn: both are said.
     ahead = replace(m, cached_tokens=64, ahead_tokens=10, prefilled_tokens=3)
-    assert input_breakdown(ahead) == "54 prefilled at the switch, 10 typed ahead"
+    assert input_breakdown(ahead) == "54 prefilled with the persona, 10 typed ahead"
     # After a model switch the history was prefilled again while typing: not typed ahead.
     rebuilt = replace(m, cache_outcome="memory", cached_tokens=1100, ahead_tokens=1046, ahead_history_tokens=1030)
     assert input_breakdown(rebuilt) == "54 cached, 1,030 history prefilled ahead, 16 typed ahead"
