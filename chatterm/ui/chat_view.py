@@ -259,6 +259,7 @@ class ChatView(Vertical):
         if self._phase is TurnPhase.NO_MODEL:
             self._phase = TurnPhase.IDLE
         self._show_context()
+        self.prefill_history()
         if self._send_when_ready and self._phase is TurnPhase.IDLE:
             self._send_when_ready = False
             prompt = self.query_one(PromptArea)
@@ -352,6 +353,7 @@ class ChatView(Vertical):
         """The prefix is ready, or preparing it failed (the dashboard says which)."""
         self._prefix_pending = False
         self.show_ready()
+        self.prefill_history()
 
     def show_ready(self) -> None:
         """Say "ready" when Enter would send at once: idle, no prefix pending."""
@@ -661,6 +663,7 @@ class ChatView(Vertical):
         await view.remove_from(reply.user)
         view.select(await view.show_path(self.persona_name, path[start:]))
         self.drop_ahead()
+        self.prefill_history()
         self._show_context()
         self.show_session()  # the exchanges shown changed, and with them the turns row
 
@@ -705,6 +708,23 @@ class ChatView(Vertical):
             and engine is not None
             and engine.capabilities.prefill_ahead
         )
+
+    def prefill_history(self) -> None:
+        """With nothing typed yet, make the context hold what the next prompt
+        has before the message: a resumed session's stored state is restored, a
+        history no state holds (after a model switch, a fork, a branch switch)
+        is prefilled, so the first Enter pays for its message only. The engine
+        does nothing while the persona's prefix is being prepared (this runs
+        again when it is done), and a turn stops it within one batch."""
+        if self._prefix_pending or self._ahead_running or not self._can_prefill_ahead():
+            return
+        if self.query_one(PromptArea).text.strip():
+            self._start_ahead()
+            return
+        self._ahead_running = True
+        self._ahead_last = ""
+        assert self._conversation is not None
+        self._prefill_ahead(self._conversation, "")
 
     def _start_ahead(self) -> None:
         self._ahead_timer = None

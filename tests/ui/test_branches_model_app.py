@@ -119,6 +119,41 @@ async def test_edit_at_turn_two_of_four_reuses_exactly_the_prefix_before_it(gree
                 questions[0], first[1].content, edited, path[-1].reply]
 
 
+async def test_after_a_branch_switch_the_history_is_prefilled_before_anything_is_typed(greedy_workspace):
+    with SessionStore(greedy_workspace.db_path) as store:
+        app = make_app(greedy_workspace, persona_id="greedy", store=store, gpu_status=lambda: None)
+        async with app.run_test(size=SIZE) as pilot:
+            await prepared(pilot)
+            chat = app.chat
+            idle = lambda: not chat._ahead_running  # noqa: E731
+            await send(pilot, "Name a river in Europe.")
+            await send(pilot, "Name a mountain in Asia.")
+            # Edit the second message: the context then holds the edited branch.
+            app.query_one("#conversation").focus()
+            await pilot.press("e")
+            prompt = app.query_one("#prompt")
+            assert prompt.text == "Name a mountain in Asia."
+            prompt.clear()
+            prompt.insert("Name a lake in Africa and say how deep it is.")
+            await pilot.press("enter")
+            await turns(pilot, 3)
+            # ← back to the first version: its history goes in while nothing is typed.
+            app.query_one("#conversation").focus()
+            await pilot.press("left")
+            await wait_for(pilot, lambda: app.conversation.history[-2].content == "Name a mountain in Asia.",
+                           what="the first branch")
+            await wait_for(pilot, idle, timeout=60, what="the idle prefill")
+            prompt.focus()
+            prompt.insert("And a desert?")
+            await pilot.press("enter")  # before the type-ahead delay: the message itself is not ahead
+            await turns(pilot, 4)
+            m = app.conversation.turns[-1]
+    # The first version's message and reply (after the edit point) were prefilled
+    # before Enter, all of it history; Enter prefilled the new message only.
+    assert m.ahead_history_tokens == m.ahead_tokens > 10, m
+    assert m.prefilled_tokens < 16, m
+
+
 async def test_switching_back_to_a_persona_resumes_its_conversation_from_the_cache(greedy_workspace):
     with SessionStore(greedy_workspace.db_path) as store:
         app = make_app(greedy_workspace, persona_id="greedy", store=store, gpu_status=lambda: None)

@@ -99,6 +99,23 @@ def test_history_prefilled_again_while_typing_is_not_counted_as_typed_ahead(engi
     assert message.prefilled_tokens - 1 <= typed <= message.prefilled_tokens
 
 
+def test_with_nothing_typed_the_history_is_prefilled_and_enter_pays_for_the_message(engine, persona):
+    # The app does this at idle after a model switch, a fork or a branch switch:
+    # an empty draft prefills what the prompt holds before the message.
+    history = first_turn(engine, persona)
+    in_context = send(engine, persona, MESSAGE, history)[0].metrics
+    engine.reset_context()
+    engine.prepare_persona(persona)
+    report = engine.prefill_ahead(persona, history, "")
+    assert report is not None and report.ready > 0
+    m = send(engine, persona, MESSAGE, history)[0].metrics
+    assert m.prompt_tokens == in_context.prompt_tokens
+    # Enter prefilled the message, as with the history in the context, give or
+    # take the few template tokens the empty message's prompt ended with.
+    assert m.prefilled_tokens <= in_context.prefilled_tokens + 4
+    assert m.ahead_history_tokens == m.ahead_tokens > 0  # all of it the history: nothing was typed
+
+
 def test_a_draft_that_changes_completely_still_gives_the_right_prompt(engine, persona):
     engine.reset_context()
     engine.prepare_persona(persona)

@@ -677,12 +677,18 @@ class LocalEngine(Engine):
         template closing tokens included, so Enter leaves one token to decode.
         When the user types on, the draft's last tokens may change ("hel" +
         "lo" is one token) and the closing tokens move: the next call keeps the
-        longest common prefix and re-prefills only the few tokens after it."""
+        longest common prefix and re-prefills only the few tokens after it.
+        An empty draft (nothing typed yet) gives the history alone, up to where
+        a message would open, found with a one-letter stand-in as a turn's
+        credit is split: none of it is then counted as the message typed ahead."""
         try:
-            full = self.fit_prompt(persona, history, draft, persona.sampling.max_tokens).tokens
+            fitted = self.fit_prompt(persona, history, draft or "x", persona.sampling.max_tokens)
         except ChattermError:
             return [], 0  # the persona alone fills the context: nothing to do ahead
-        return full[:-1], len(full)
+        if not draft:
+            end = self._fitter.history_end(persona, history, fitted)
+            return fitted.tokens[:end], end
+        return fitted.tokens[:-1], len(fitted.tokens)
 
     def drop_ahead(self) -> None:
         if self._ahead.drop():
