@@ -112,7 +112,8 @@ async def test_sessions_screen_title_preview_search_rename_delete(build, store):
         titles = cells(table, 1)
         title, preview = titles[0].splitlines()
         assert title == "What do beavers build?"
-        assert preview.startswith("What do beavers build? → Echo: What") and len(preview) <= TITLE_CELL
+        # One exchange, untitled: the title is its message, the preview its reply only.
+        assert preview.startswith("→ Echo: What do beavers build?") and len(preview) <= TITLE_CELL
         assert titles[1].splitlines()[0] == "Tell me about [bold]otters[/] please"  # literal
 
         # Deleting the session in use is refused before any question.

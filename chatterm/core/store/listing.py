@@ -95,15 +95,18 @@ def session_infos(query: Query, tree: bool, where: str, params: tuple) -> list[S
     for row in rows:
         title, forked_from, forked_turn, parent_title, first, user, reply, active_at, on_path = described[row[0]]
         forked = _fork(forked_from, forked_turn)
+        path = row[7] if on_path is None else on_path
         infos.append(SessionInfo(
             *row[:7],
             turns=row[7],
-            path_turns=row[7] if on_path is None else on_path,
+            path_turns=path,
             ttft_p50_ms=percentile(ttfts.get(row[0], []), 50),
             cost_usd=usd(row[8]),  # a SQL sum: 0.008538999999999998 for 0.008539
             inherited_cost_usd=usd(row[9]),
             title=title or default_title(first, forked, parent_title),
-            preview=preview_of(user, reply),
+            # An untitled session's title is its first message: with one
+            # exchange, the preview would say it twice on one line.
+            preview=preview_of(user, reply, titled_by_it=not title and forked is None and path == 1 and user == first),
             active_at=active_at,
             forked_from=forked,
         ))

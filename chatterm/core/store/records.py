@@ -66,7 +66,8 @@ class SessionInfo:
     path_turns: int = 0
     """The turns on the current path: the exchanges the conversation shows."""
     preview: str = ""
-    """The current exchange, "user text → reply", on one line and cut."""
+    """The current exchange, "user text → reply", on one line and cut; "→ reply"
+    where the message is the title already (an untitled session of one exchange)."""
     active_at: float = 0.0
     """Unix time (s) of the last turn recorded, else of the start: the listing's order."""
     forked_from: tuple[int, int] | None = None
@@ -170,8 +171,9 @@ def default_title(
     return f"{one_line(text, TITLE_CHARS - len(origin) - 1)} {origin}".lstrip()
 
 
-def preview_of(user_text: str | None, reply: str | None) -> str:
-    """The one-line preview of an exchange (empty: no turn yet)."""
+def preview_of(user_text: str | None, reply: str | None, titled_by_it: bool = False) -> str:
+    """The one-line preview of an exchange (empty: no turn yet); `titled_by_it`:
+    the message is the session's title already, and only the reply is shown."""
     if user_text is None:
         return ""
-    return one_line(f"{user_text} → {reply or ''}", PREVIEW_CHARS)
+    return one_line(f"→ {reply or ''}" if titled_by_it else f"{user_text} → {reply or ''}", PREVIEW_CHARS)
