@@ -1,6 +1,7 @@
 """`chatterm models`: the GGUFs already on this machine (the models models.toml
 defines, the default one among them, then Ollama, LM Studio, the Hugging Face
-cache and models.toml's `model_folders`), one row a model.
+cache and models.toml's `model_folders`), one row a model (one block a model
+in a terminal narrower than the table; piped, always one aligned row).
 
 Each row: the id `--model` takes, architecture, parameters, quantization,
 file size, trained context, chat template, KV bytes per token, whether it
@@ -17,6 +18,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
+import sys
 from pathlib import Path
 
 from chatterm.cli.common import catalog
@@ -77,5 +80,28 @@ def run(args: argparse.Namespace) -> int:
 
 def _print_table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
-    for line in (header, *rows):
-        print("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip())
+    lines = [
+        "  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip() for line in (header, *rows)
+    ]
+    width = shutil.get_terminal_size().columns
+    if sys.stdout.isatty() and max(map(len, lines)) > width:
+        _print_stanzas(header, rows, width)  # a terminal too narrow: each row wrapped mid-cell otherwise
+        return
+    print("\n".join(lines))  # piped: one line a model, columns aligned, for grep and awk
+
+
+def _print_stanzas(header: tuple[str, ...], rows: list[tuple[str, ...]], width: int) -> None:
+    """One model per block: its id; its facts as `column value`, as many to a
+    line as fit; where it was found, whole (a path to copy)."""
+    for n, row in enumerate(rows):
+        if n:
+            print()
+        print(row[0])
+        line = ""
+        for fact in (f"{h} {c}" for h, c in zip(header[1:-1], row[1:-1], strict=True)):
+            if line and len(line) + 3 + len(fact) > width - 2:
+                print(f"  {line}")
+                line = ""
+            line = f"{line} · {fact}" if line else fact
+        print(f"  {line}")
+        print(f"  {header[-1]} {row[-1]}")

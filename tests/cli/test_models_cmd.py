@@ -107,3 +107,41 @@ def test_verbose_says_where_it_looked(tmp_path, layout):  # noqa: F811
     data = json.loads(run(tmp_path, layout, "models", "--json").stdout)
     stores = {s["path"]: s for s in data["stores"]}
     assert stores[f"{layout.home}/.ollama/models"]["scanned"] is True
+
+
+def test_in_a_terminal_too_narrow_for_the_table_each_model_is_a_block(tmp_path, layout):  # noqa: F811
+    import fcntl
+    import os
+    import pty
+    import struct
+    import termios
+
+    layout.seed_cache(tmp_path / "cache")
+    env = subprocess_env(tmp_path, HOME=str(layout.home))
+    for name in STORE_ENV_VARS:
+        env.pop(name, None)
+    env.pop("COLUMNS", None)
+    primary, secondary = pty.openpty()
+    fcntl.ioctl(secondary, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))  # 80x24
+    with subprocess.Popen([*CHATTERM, "models"], stdout=secondary, stderr=subprocess.PIPE, env=env,
+                          cwd=tmp_path) as proc:
+        os.close(secondary)
+        out = b""
+        while True:
+            try:
+                chunk = os.read(primary, 65536)
+            except OSError:  # the child closed its side
+                break
+            if not chunk:
+                break
+            out += chunk
+        assert proc.wait(timeout=300) == 0, proc.stderr.read()
+    os.close(primary)
+    lines = out.decode().replace("\r\n", "\n").splitlines()
+    blocks = [i for i, line in enumerate(lines) if line.startswith("smollm2-135m")]
+    assert blocks, lines
+    for i in blocks:
+        # Its facts paired on lines that fit; where it was found on a line of its own.
+        facts = lines[i + 1 : lines.index("", i) if "" in lines[i:] else None]
+        assert facts[0].startswith("  arch ") and any(f.startswith("  found in ") for f in facts), facts
+        assert all(len(f) <= 80 for f in facts if not f.startswith("  found in ")), facts
