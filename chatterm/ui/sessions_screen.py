@@ -34,7 +34,7 @@ from textual.message import Message
 from textual.screen import ModalScreen
 from textual.widgets import Button, DataTable, Input, Static
 
-from chatterm.core.metrics.format import fmt_local_time, fmt_usd, printable
+from chatterm.core.metrics.format import fmt_recent_time, fmt_usd, printable
 from chatterm.core.store.records import turns_note
 from chatterm.ui.notices import notify_plain
 from chatterm.ui.table_room import fit_table
@@ -86,9 +86,10 @@ class SessionsScreen(ModalScreen["SessionChoice | None"]):
         Binding("slash", "search", "Search", show=False),
     ]
     AUTO_FOCUS = "#sessions-table"
-    # The turns beside the title: at 80 columns the rest scrolls sideways, and the
-    # note under the table explains a "5 +1" that must be in view.
-    COLUMNS = ("id", "title · last exchange", "turns", "persona", "model", "active", "cost")
+    # At 80 columns the last ones scroll sideways: the turns (which the note under
+    # the table explains), the last activity and the cost stay in view, the
+    # persona and model ids go first.
+    COLUMNS = ("id", "title · last exchange", "turns", "active", "cost", "persona", "model")
     HIT_COLUMNS = ("id", "title · match", "turn")
 
     @dataclass
@@ -153,10 +154,10 @@ class SessionsScreen(ModalScreen["SessionChoice | None"]):
                 Text(f"{info.id}{marker}"),
                 _two_lines(info.title or "(untitled)", info.preview),
                 Text(info.turns_label, justify="right"),
+                Text(fmt_recent_time(info.active_at or info.started_at)),  # narrow: the cost stays in view at 80
+                Text(fmt_usd(info.cost_usd), justify="right"),
                 Text(printable(info.persona_id)),
                 Text(printable(info.model_id)),
-                Text(fmt_local_time(info.active_at or info.started_at)),
-                Text(fmt_usd(info.cost_usd), justify="right"),
                 key=str(info.id),
                 height=2,
             )

@@ -141,7 +141,9 @@ async def scenario(tmp_path: Path, reply: str, name: str, error: str, user: str,
             # cells themselves: the literal text, no style that could carry a link.
             table = app.screen.query_one(DataTable)
             rows = [table.get_row_at(i) for i in range(table.row_count)]
-            persona_cell, model_cell = rows[-1][3], rows[-1][4]  # the stored session: the oldest
+            columns = SessionsScreen.COLUMNS
+            # The stored session: the oldest.
+            persona_cell, model_cell = rows[-1][columns.index("persona")], rows[-1][columns.index("model")]
             assert (persona_cell.plain, model_cell.plain) == (printable(ids[0]), printable(ids[1]))
             assert not persona_cell.spans and not model_cell.spans and not persona_cell.style
             assert app.is_running

@@ -91,6 +91,17 @@ def fmt_local_time(ts: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M", time.localtime(ts))
 
 
+def fmt_recent_time(ts: float, now: float | None = None) -> str:
+    """A Unix time as short as it can be read unambiguously: `14:02` today,
+    `Dec 5 14:02` this year, `2025-12-05` before (narrow tables)."""
+    when, today = time.localtime(ts), time.localtime(time.time() if now is None else now)
+    if when.tm_year != today.tm_year:
+        return time.strftime("%Y-%m-%d", when)
+    if when.tm_yday != today.tm_yday:
+        return f"{time.strftime('%b', when)} {when.tm_mday} {time.strftime('%H:%M', when)}"
+    return time.strftime("%H:%M", when)
+
+
 def fmt_tok_s(rate: float | None) -> str:
     return "–" if rate is None else f"{rate:,.1f} tok/s"  # a bare dash, as every missing value
 

@@ -1,6 +1,7 @@
 """chatterm.core.metrics.format: the footer line and literal-safe text."""
 
 import re
+import time
 from dataclasses import replace
 
 from chatterm.core.config.catalog import PriceProfile
@@ -8,6 +9,7 @@ from chatterm.core.metrics.cost import apply_cost
 from chatterm.core.metrics.format import (
     ahead_line,
     fmt_ms,
+    fmt_recent_time,
     fmt_usd,
     footer_line,
     input_breakdown,
@@ -132,3 +134,12 @@ def test_a_persona_prefix_restore_names_the_tier_it_came_from():
     assert prefix_outcome_label(CacheOutcome.RESTORED, 5.0, 2365, "ram") == "restored from RAM in 5 ms (2,365 tokens)"
     assert prefix_outcome_label(CacheOutcome.RESTORED, 31.0, 2365, "disk").startswith("restored from disk in 31 ms")
     assert prefix_outcome_label(CacheOutcome.COLD, 27_100.0, 2368).startswith("prefilled cold in 27.1 s")
+
+
+def test_recent_times_are_as_short_as_they_can_be_read():
+    now = time.mktime((2026, 12, 7, 15, 30, 0, 0, 0, -1))
+    at = lambda *ymdhm: time.mktime((*ymdhm, 0, 0, 0, -1))  # noqa: E731
+    assert fmt_recent_time(at(2026, 12, 7, 9, 5), now) == "09:05"
+    assert fmt_recent_time(at(2026, 12, 6, 23, 59), now) == "Dec 6 23:59"
+    assert fmt_recent_time(at(2026, 1, 2, 8, 0), now) == "Jan 2 08:00"
+    assert fmt_recent_time(at(2025, 12, 7, 9, 5), now) == "2025-12-07"
