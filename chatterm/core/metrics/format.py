@@ -164,6 +164,8 @@ def prefix_outcome_label(outcome: CacheOutcome, ms: float, tokens: int, tier: st
         what += " from RAM" if tier == "ram" else f" from {tier}"
     if outcome == CacheOutcome.SERVER:
         return what
+    if outcome == CacheOutcome.MEMORY:
+        return f"{what} ({fmt_int(tokens)} tokens)"  # nothing was done: no time to give
     return f"{what} in {fmt_ms(ms)} ({fmt_int(tokens)} tokens)"
 
 

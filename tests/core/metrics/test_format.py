@@ -134,6 +134,8 @@ def test_a_persona_prefix_restore_names_the_tier_it_came_from():
     assert prefix_outcome_label(CacheOutcome.RESTORED, 5.0, 2365, "ram") == "restored from RAM in 5 ms (2,365 tokens)"
     assert prefix_outcome_label(CacheOutcome.RESTORED, 31.0, 2365, "disk").startswith("restored from disk in 31 ms")
     assert prefix_outcome_label(CacheOutcome.COLD, 27_100.0, 2368).startswith("prefilled cold in 27.1 s")
+    # Already in the context: nothing was done, so no "in 0 ms".
+    assert prefix_outcome_label(CacheOutcome.MEMORY, 0.2, 54) == "already in memory (54 tokens)"
 
 
 def test_recent_times_are_as_short_as_they_can_be_read():
