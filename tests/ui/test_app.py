@@ -629,7 +629,7 @@ async def test_sessions_screen_opens_a_past_session_and_continues_it(build, work
         assert isinstance(screen, SessionsScreen)
         table = screen.query_one(DataTable)
         assert table.row_count == 1
-        assert str(table.get_row_at(0)[3]) == "terse-coder"
+        assert str(table.get_row_at(0)[SessionsScreen.COLUMNS.index("persona")]) == "terse-coder"
         await pilot.press("enter")
         await wait_for(pilot, lambda: app.conversation.session_id == sid, what="the resumed session")
         users = [rendered(u) for u in app.query(UserMessage)]

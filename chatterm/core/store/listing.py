@@ -66,10 +66,9 @@ def _fork(forked_from: int | None, forked_turn: int | None) -> tuple[int, int] |
 
 def session_infos(query: Query, tree: bool, where: str, params: tuple) -> list[SessionInfo]:
     current, active, extra = session_sql(tree)
-    inherited = "COALESCE(SUM(CASE WHEN t.inherited THEN t.cost_usd END), 0.0)" if tree else "0.0"
     rows = query(
         "SELECT s.id, s.started_at, s.model_id, s.model_identity, s.engine, s.device, "
-        f"s.persona_id, COUNT(t.id), COALESCE(SUM(t.cost_usd), 0.0), {inherited} "
+        "s.persona_id, COUNT(t.id), COALESCE(SUM(t.cost_usd), 0.0) "
         f"FROM sessions s LEFT JOIN turns t ON t.session_id = s.id {where} "
         f"GROUP BY s.id ORDER BY {active} DESC, s.id DESC",
         params,
@@ -81,6 +80,13 @@ def session_infos(query: Query, tree: bool, where: str, params: tuple) -> list[S
         params,
     ):
         ttfts.setdefault(sid, []).append(ttft)
+    # Apart, over forks only: read in the query above, `inherited` (not in the
+    # covering index turns_summary) made it read every turn row, texts included.
+    inherited: dict[int, float] = dict(query(
+        "SELECT s.id, SUM(t.cost_usd) FROM sessions s JOIN turns t ON t.session_id = s.id "
+        f"{where}{' AND' if where else 'WHERE'} s.forked_from IS NOT NULL AND t.inherited GROUP BY s.id",
+        params,
+    )) if tree else {}
     described = {
         r[0]: r[1:]
         for r in query(
@@ -102,7 +108,7 @@ def session_infos(query: Query, tree: bool, where: str, params: tuple) -> list[S
             path_turns=path,
             ttft_p50_ms=percentile(ttfts.get(row[0], []), 50),
             cost_usd=usd(row[8]),  # a SQL sum: 0.008538999999999998 for 0.008539
-            inherited_cost_usd=usd(row[9]),
+            inherited_cost_usd=usd(inherited.get(row[0]) or 0.0),
             title=title or default_title(first, forked, parent_title),
             # An untitled session's title is its first message: with one
             # exchange, the preview would say it twice on one line.
