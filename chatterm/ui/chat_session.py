@@ -346,8 +346,8 @@ class ChatSession(Horizontal):
             # A search hit, selected. The focus stays in the prompt: in the
             # conversation, the first letters typed ran its turn keys (an `e`
             # started an edit of the hit).
-            notify_plain(self.app, f"Turn {turn} selected: Ctrl+R regenerates it; Tab, then e edits, "
-                                   "f forks, y copies.")
+            notify_plain(self.app, f"Turn {turn} selected: F9 copies it; in the conversation (Shift+Tab), "
+                                   "e edits it and f forks there.")
         return True
 
     async def _start_over(self, notice: str, resume: Resume | None = None, *, prepare: bool = False) -> None:

@@ -290,22 +290,23 @@ class ChatView(Vertical):
         await view.clear()
         self._reply = None
         await view.show_records(self.persona_name, tail, older)
+        self.show_last_stored(tail)
         self._conversation = None
         if self._phase is TurnPhase.IDLE:
             self._phase = TurnPhase.NO_MODEL
         if conversation is not None:
             self.attach(conversation)
         await view.add_notice(notice)
-        self.show_last_stored(tail)
-        self._path_shown = [r.metrics for r in tail]
         self._show_context()
         self.show_session()
         self.set_status("ready" if self._conversation is not None else "loading…")
         self.call_after_refresh(self.collect_garbage, True)
 
     def show_last_stored(self, tail: Sequence["TurnRecord"]) -> None:
-        """The dashboard's turn: a resumed session's last stored one (none: no turn yet)."""
+        """The dashboard's turn: a resumed session's last stored one (none: no turn
+        yet); the context figure follows the path `tail` ends."""
         self._dashboard.show_turn(tail[-1].metrics if tail else None, stored=True)
+        self._path_shown = [r.metrics for r in tail]
 
     def show_session(self, turns: list[TurnMetrics] | None = None, path_turns: int = 0) -> None:
         """The session figures on the dashboard (from the conversation, or `turns`

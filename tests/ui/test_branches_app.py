@@ -61,6 +61,26 @@ def store(workspace):
         yield store
 
 
+async def test_a_resumed_launch_shows_the_context_of_the_branch_it_continues(build, store):
+    app, _ = build(["Paris.", "Rome.", "It is Paris."], store=store)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        await send(pilot, "Capital of France?")
+        await send(pilot, "And of Italy?")
+        await pilot.press("ctrl+r")
+        await wait_for(pilot, lambda: len(app.conversation.turns) == 3, what="the regenerated turn")
+        await idle(pilot)
+        sid = app.conversation.session_id
+    store.select_turn(sid, 2)  # the first version is the branch the session goes on from
+    shown, other = store.turn(sid, 2).metrics, store.turn(sid, 3).metrics
+    assert shown.generated_tokens != other.generated_tokens
+    app, _ = build(["Rome, still."], store=store, resume=sid)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        await wait_for(pilot, lambda: context_used(app) == shown.prompt_tokens + shown.generated_tokens,
+                       what="the context of the branch continued, not of the turn computed last")
+
+
 async def test_regenerate_keeps_the_old_reply_and_arrows_switch_between_them(build, store):
     app, engines = build(["Paris.", "Rome.", "It is Paris.", "Lyon is second."], store=store)
     async with app.run_test(size=SIZE) as pilot:

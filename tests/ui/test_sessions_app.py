@@ -165,6 +165,9 @@ async def test_sessions_screen_title_preview_search_rename_delete(build, store):
         await pilot.press("e")
         assert app.query_one(PromptArea).text == "e" and not app.query_one(PromptArea).editing
         app.query_one(PromptArea).clear()
+        # The notice's way to the turn keys: Shift+Tab, with the hit still selected.
+        await pilot.press("shift+tab")
+        assert app.focused is app.query_one("#conversation") and reply.has_class("-selected")
 
         # Delete the other session after the confirmation.
         await pilot.press("f3")
