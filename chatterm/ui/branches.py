@@ -11,7 +11,9 @@ Contract:
 - `switch(store, session_id, turn, delta)`: make the sibling `delta` places
   from `turn` current; returns it and the new path, or None when there is no
   sibling that way.
-- `newest(store, session_id)`: the current leaf (the turn just recorded).
+- `recorded(store, session_id, leaf)`: the turn a conversation just recorded
+  (`Conversation.leaf`; not the store's current leaf, which another process
+  may have moved since).
 - Store errors arrive as `ChattermError` with one line, for the caller to show.
 """
 
@@ -39,7 +41,6 @@ def switch(store: "SessionStore", session_id: int, turn: int, delta: int
     return siblings[position], store.select_turn(session_id, siblings[position])
 
 
-def newest(store: "SessionStore", session_id: int) -> "TurnRecord | None":
-    """The current path's last turn."""
-    page = store.turns_page(session_id, None, 1)
-    return page[-1] if page else None
+def recorded(store: "SessionStore", session_id: int, leaf: int | None) -> "TurnRecord | None":
+    """The turn `leaf` (None or 0: nothing recorded)."""
+    return store.turn(session_id, leaf) if leaf else None

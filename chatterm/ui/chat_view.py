@@ -183,6 +183,8 @@ class ChatView(Vertical):
         """Prefill the draft while it is typed (settings `[tui] type_ahead`, `--no-type-ahead`)."""
         self._ahead_timer: "Timer | None" = None
         self._ahead_running = False
+        self._ahead_again = False
+        """A prefill was asked for while one ran: `_ahead_done` starts it."""
         self._ahead_last = ""
         """The draft the last type-ahead prefill was given."""
         self.persona_name = persona_name
@@ -674,7 +676,7 @@ class ChatView(Vertical):
         if store is None or session_id is None or conversation.store_error:
             return
         try:
-            record = branches.newest(store, session_id)  # type: ignore[arg-type]
+            record = branches.recorded(store, session_id, conversation.leaf)  # type: ignore[arg-type]
         except ChattermError:
             return  # the store error was shown already; the reply just has no branch actions
         if record is not None:
@@ -717,23 +719,25 @@ class ChatView(Vertical):
         is prefilled, so the first Enter pays for its message only. The engine
         does nothing while the persona's prefix is being prepared (this runs
         again when it is done), and a turn stops it within one batch."""
-        if self._prefix_pending or self._ahead_running or not self._can_prefill_ahead():
-            return
-        if self.query_one(PromptArea).text.strip():
-            self._start_ahead()
-            return
-        self._ahead_running = True
-        self._ahead_last = ""
-        assert self._conversation is not None
-        self._prefill_ahead(self._conversation, "")
+        self._run_ahead(idle=True)
 
     def _start_ahead(self) -> None:
         self._ahead_timer = None
-        if self._ahead_running or not self._can_prefill_ahead():
-            return  # a running prefill looks at the draft again when it is done
-        draft = self.query_one(PromptArea).text
-        if not draft.strip():
+        self._run_ahead(idle=False)
+
+    def _run_ahead(self, *, idle: bool) -> None:
+        """Prefill the draft ahead; `idle`: an empty one too (the history alone)."""
+        if self._ahead_running:
+            # Asked for again meanwhile (a branch switch, a prefix made ready, more
+            # typing): done when the running prefill ends, for what is then current.
+            self._ahead_again = True
             return
+        if not self._can_prefill_ahead() or (idle and self._prefix_pending):
+            return
+        draft = self.query_one(PromptArea).text
+        if not draft.strip() and not idle:
+            return
+        draft = draft if draft.strip() else ""
         self._ahead_running = True
         self._ahead_last = draft
         conversation = self._conversation
@@ -767,13 +771,17 @@ class ChatView(Vertical):
     def _ahead_done(self, event: AheadDone) -> None:
         event.stop()
         self._ahead_running = False
-        if self.query_one(PromptArea).text != event.draft and self._ahead_timer is None:
+        if self._ahead_again:
+            self._ahead_again = False
+            self.prefill_history()
+        elif self.query_one(PromptArea).text != event.draft and self._ahead_timer is None:
             self._ahead_timer = self.set_timer(self.AHEAD_DELAY_S, self._start_ahead)
 
     def drop_ahead(self) -> None:
         """Forget the type-ahead prefill (persona switch, new conversation, Esc)."""
         self._stop_ahead_timer()
         self._ahead_last = ""
+        self._ahead_again = False
         engine = self._lease.engine
         if engine is not None:
             engine.drop_ahead()

@@ -5,14 +5,18 @@ the old reply or message is kept as a sibling in the store, the new one is curre
 
 from __future__ import annotations
 
+import time
+
 import pytest
+from fake_engine import FakeEngine
 from pilot_steps import loaded, send, wait_for, wait_for_palette_hit
 from textual.geometry import Region
 from textual.widgets import DataTable
 
-from chatterm.core.engine.interface import ChatMessage
+from chatterm.core.engine.interface import ChatMessage, EngineCapabilities
 from chatterm.core.store.session_store import SessionStore
 from chatterm.ui.chat_view import TurnPhase
+from chatterm.ui.launch import make_app
 from chatterm.ui.sessions_screen import SessionsScreen
 from chatterm.ui.transcript import AssistantReply, UserMessage
 
@@ -247,3 +251,45 @@ async def test_regenerate_and_branches_from_the_palette(build, store):
         await wait_for_palette_hit(pilot, "Previous branch")
         await pilot.press("enter")
         await wait_for(pilot, lambda: replies(app) == ["A."], what="the first branch")
+
+
+class SlowTypeAhead(FakeEngine):
+    """A FakeEngine that prefills ahead, each call taking a while: what it was asked."""
+
+    capabilities = EngineCapabilities(prefill_ahead=True)
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.ahead: list[tuple[list[str], str]] = []
+
+    def prefill_ahead(self, persona, history, draft, progress=None):
+        self.ahead.append(([m.content for m in history], draft))
+        time.sleep(0.3)
+        return None
+
+
+async def test_two_branch_switches_within_one_idle_prefill_prefill_the_branch_shown(workspace, store):
+    engines: list[SlowTypeAhead] = []
+
+    def factory(spec):
+        engines.append(SlowTypeAhead(spec, workspace.catalog.price(spec.price_profile),
+                                     ["Paris.", "Rome.", "It is Rome.", "Rome it is."]))
+        return engines[-1]
+
+    app = make_app(workspace, engine_factory=factory, store=store, gpu_status=lambda: None)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        await send(pilot, "Capital of France?")
+        await send(pilot, "And of Italy?")
+        for _ in range(2):
+            await pilot.press("ctrl+r")
+            await wait_for(pilot, lambda: app.chat.phase is TurnPhase.IDLE and not app.chat._ahead_running,
+                           what="the regenerated turn")
+        assert app.query(AssistantReply).last().branch_text == "‹ 3/3 ›"
+        app.query_one("#conversation").focus()
+        await pilot.press("left", "left")  # both within one 0.3 s prefill
+        await wait_for(pilot, lambda: app.query(AssistantReply).last().branch_text == "‹ 1/3 ›",
+                       what="the first branch")
+        await wait_for(pilot, lambda: not app.chat._ahead_running and engines[0].ahead[-1][0][-1] == "Rome.",
+                       timeout=10, what="an idle prefill of the branch shown")
+        assert engines[0].ahead[-1] == (["Capital of France?", "Paris.", "And of Italy?", "Rome."], "")
