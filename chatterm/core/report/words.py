@@ -126,7 +126,7 @@ def turn_notes(v: TurnView, escape: Callable[[str, int | None], str]) -> list[st
                      "for this turn (priced as uncached input)")
     if m.restore_at_switch and m.restore_ms:
         notes.append(f"Turn {index}: its {num(m.restore_ms)} ms restore was done before the turn was sent, "
-                     "at the persona switch or while the message was typed (not part of its TTFT)")
+                     "at the persona switch or ahead of the message (not part of its TTFT)")
     if m.cut_turns:
         how = (f"shifted out of the KV state ({fmt_int(m.shifted_tokens)} tokens, {num(m.shift_ms)} ms)"
                if m.shifted_tokens else "the kept turns prefilled again")

@@ -137,7 +137,7 @@ def test_a_turn_that_goes_on_from_what_type_ahead_restored_reports_that_restore(
     assert classify(started, prepared(CacheOutcome.RESTORED), PERSONA) == Outcome(
         CacheOutcome.RESTORED, 35.0, restore_at_switch=True)
     assert started.label(941) == ("reused 940 of 941 tokens (conversation, session 4, "
-                                  "restored from disk while the message was typed)")
+                                  "restored from disk before the message was sent)")
     assert started.misses == ["persona x (disk): evicted"]
     # A turn that started elsewhere (the context was replaced, or trimmed below
     # the restored state) reports what it did itself.

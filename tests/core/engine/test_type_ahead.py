@@ -196,7 +196,7 @@ def test_a_resumed_conversation_is_restored_while_typing_not_prefilled_again(eng
     assert report is not None and report.ready == report.total - 1
     m = send(engine, persona, MESSAGE, history)[0].metrics
     assert m.cache_outcome == "restored" and m.restore_at_switch, m.cache_detail
-    assert "session 77, restored from disk while the message was typed" in m.cache_detail
+    assert "session 77, restored from disk before the message was sent" in m.cache_detail
     assert m.prefilled_tokens == 1
     assert m.ahead_history_tokens == 0
     # Typed ahead: the message only, after the restored conversation.
@@ -223,7 +223,7 @@ def test_a_persona_switch_after_a_restore_while_typing_is_reported_as_the_switch
     assert engine.prefill_ahead(other, [], MESSAGE) is not None  # typed ahead there too
     m = send(engine, other, MESSAGE)[0].metrics
     # Its prefix made ready at the switch, not the first persona's conversation.
-    assert "while the message was typed" not in m.cache_detail
+    assert "before the message was sent" not in m.cache_detail
     assert m.cache_outcome in ("restored", "switch") and m.ahead_tokens > 0
     assert m.cache_outcome == "switch" or m.restore_at_switch
 
@@ -245,4 +245,4 @@ def test_a_restore_that_fails_while_typing_leaves_the_turn_to_start_over(engine,
     monkeypatch.setattr(local_engine.kv_state, "restore", real)
     m = send(engine, persona, MESSAGE, history)[0].metrics
     assert m.ahead_tokens == 0 and m.ahead_history_tokens == 0
-    assert "while the message was typed" not in m.cache_detail
+    assert "before the message was sent" not in m.cache_detail

@@ -651,7 +651,10 @@ class LocalEngine(Engine):
             # of the prompt than the context does (a resumed conversation, whose
             # state is restored instead of prefilled again while the user types).
             expect = [Slot.session(self._session)] if self._session is not None else []
-            reuse = self._reuse(target, True, expect, len(prefix))
+            # The history alone (nothing typed) needs no logits: its restore may
+            # cover it whole (`_reuse` leaves a prompt's last token to decode),
+            # which a token past it that matches nothing allows.
+            reuse = self._reuse(target if draft else [*target, -1], True, expect, len(prefix))
             live = self._live_tokens()
             if live[: len(prefix)] != prefix:
                 return None  # a restore failed and emptied the context: the turn starts over

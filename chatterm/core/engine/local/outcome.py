@@ -70,7 +70,7 @@ class Reuse:
         share = f"reused {self.tokens:,} of {prompt_tokens:,} tokens"
         shifted = f", {self.shifted:,} oldest tokens shifted out" if self.shifted else ""
         tier = "RAM" if self.source == "ram" else self.source
-        source = f"restored from {tier}" + (" while the message was typed" if self.ahead else "")
+        source = f"restored from {tier}" + (" before the message was sent" if self.ahead else "")
         if self.restored and self.slot is not None and self.slot.kind == "session":
             return f"{share} (conversation, session {self.slot.key}, {source}{shifted})"
         if self.restored:
