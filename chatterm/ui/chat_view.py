@@ -34,7 +34,11 @@ Contract:
   change (`AHEAD_DELAY_S`, one prefill at a time), at once after a paste; the
   dashboard shows how much of the draft's prompt is ready. Enter needs
   nothing from it: the engine's turn
-  preempts a prefill in progress and reuses whatever matches. Esc in an empty
+  preempts a prefill in progress and reuses whatever matches. With nothing
+  typed, the same prefill runs with an empty draft whenever the conversation
+  changes at idle (`prefill_history`: attached, its prefix ready, ← →): the
+  history goes in before the first key. A request made while one runs is
+  done after it (`_ahead_again`). Esc in an empty
   prompt, a persona switch or a new conversation drop it (`drop_ahead`). Off
   when `type_ahead` is False or the engine cannot (served models).
 - Turn actions (ui/branches.py asks the store): `regenerate` resends the last

@@ -160,7 +160,8 @@ class TurnMetrics:
     @property
     def early_tokens(self) -> int:
         """Prompt tokens prefilled for this turn before it was sent (typed ahead,
-        or at the persona switch): in `cached_tokens`, not in `reused_tokens`."""
+        its history prefilled ahead, or with the persona when it was loaded): in
+        `cached_tokens`, not in `reused_tokens`."""
         return max(self.cached_tokens - self.reused_tokens, 0)
 
     @property
@@ -242,6 +243,12 @@ class SessionSummary:
     saved_prefill_s: float = 0.0
     saved_usd: float = 0.0
     energy_wh: float | None = None
+
+    @property
+    def early_tokens(self) -> int:
+        """Of `cached_tokens`, those prefilled for their turn before it was sent
+        (`TurnMetrics.early_tokens`)."""
+        return self.cached_tokens - self.reused_tokens
 
     @classmethod
     def of(cls, turns: Iterable[TurnMetrics]) -> "SessionSummary":

@@ -5,8 +5,9 @@ Contract:
   in the dollars stored with each turn (the profile the session was priced at),
   with the input share of both. Uncached input = prompt - reused tokens, as in
   `chatterm.core.metrics.cost`; `switch_tokens` says how much of it was
-  prefilled at a persona switch (in the context before Enter, but prefilled for
-  that turn: `chatterm.core.metrics.format.input_breakdown` words it the same way).
+  prefilled with the persona when it was loaded (in the context before
+  Enter, but prefilled for that turn:
+  `chatterm.core.metrics.format.input_breakdown` words it the same way).
 - `what_if(turns, prices)`: the same turns priced with every profile given
   (normally `ModelCatalog.prices`: the bundled models.toml plus the user's, so a
   profile added there adds a column), through `chatterm.core.metrics.cost.apply_cost`, the
@@ -40,7 +41,8 @@ class CostSplit:
     cached_usd: float
     output_usd: float
     switch_tokens: int = 0
-    """Of `uncached_tokens`: those prefilled at a persona switch, before the turn."""
+    """Of `uncached_tokens`: those prefilled with the persona when it was loaded
+    (at launch or a switch), before the turn."""
 
     @property
     def input_tokens(self) -> int:
@@ -70,7 +72,8 @@ def _uncached(m: TurnMetrics) -> int:
 
 
 def switch_tokens(m: TurnMetrics) -> int:
-    """The prompt tokens of `m` prefilled at a persona switch just before it (0 for other turns)."""
+    """The prompt tokens of `m` prefilled with the persona when it was loaded, just
+    before it (at launch or a switch; 0 for other turns)."""
     if m.cache_outcome != CacheOutcome.SWITCH:
         return 0
     return max(m.cached_tokens - m.ahead_tokens, 0)

@@ -157,7 +157,7 @@ def summary_rows(r: SessionReport) -> list[tuple[str, str]]:
         ("TTFT p50 / p95 / max (ms)", " / ".join(num(v) for v in (s.ttft_p50_ms, s.ttft_p95_ms, s.ttft_max_ms))),
         ("Mean decode rate (tok/s)", num(s.mean_decode_tok_s)),
         ("Prompt tokens (cached / before Enter / prefilled)",
-         f"{s.prompt_tokens} ({s.reused_tokens} / {s.cached_tokens - s.reused_tokens} / {s.prefilled_tokens})"),
+         f"{s.prompt_tokens} ({s.reused_tokens} / {s.early_tokens} / {s.prefilled_tokens})"),
         ("Generated tokens", str(s.generated_tokens)),
         ("Cost (USD, API-equivalent)", usd(s.cost_usd)),
         ("Cache savings: prefill time (s)", f"{s.saved_prefill_s:.3f}"),

@@ -57,6 +57,23 @@ def test_regenerate_keeps_the_old_reply_and_makes_the_new_one_current(tmp_path):
         assert turns_note([plain, info]).startswith("Turns 4 +1: 4 on the branch shown, 1 more on other branches")
 
 
+def test_a_turn_goes_under_the_turn_its_history_ends_at(tmp_path):
+    with SessionStore(tmp_path / "s.db") as store:
+        sid = four_turns(store)
+        # after=2: a sibling of turn 3 (another process moved the leaf past 2).
+        assert store.record_turn(sid, "q", "a", full_metrics(), after=2) == 5
+        assert shape(store.turns(sid)) == [(1, None, "", "main"), (2, 1, "", "main"), (5, 2, "2/2", "b5")]
+        # after=0: a new first turn; an `after` that is no turn of the session: the current leaf.
+        assert store.record_turn(sid, "q", "a", full_metrics(), after=0) == 6
+        assert store.turn(sid, 6).parent is None
+        assert store.record_turn(sid, "q", "a", full_metrics(), after=99) == 7
+        assert store.turn(sid, 7).parent == 6
+        # A prepared sibling wins over `after`.
+        store.prepare_sibling(sid, 2)
+        assert store.record_turn(sid, "q", "a", full_metrics(), after=7) == 8
+        assert store.turn(sid, 8).parent == 1
+
+
 def test_an_edit_at_turn_2_of_4_branches_there_and_the_history_is_the_new_path(tmp_path):
     with SessionStore(tmp_path / "s.db") as store:
         sid = four_turns(store)
