@@ -492,6 +492,16 @@ class ConversationView(VerticalScroll):
         reply.add_class("-selected")
         if reply.user is not None:
             reply.user.add_class("-selected")
+        self.call_after_refresh(self._bring_into_view, reply)
+
+    def _bring_into_view(self, reply: AssistantReply) -> None:
+        """Scroll the selected turn to the top, once laid out. While the turns fit
+        the view, the anchor keeps them at its bottom (a negative scroll_y);
+        releasing it there froze that offset, and turns mounted next (the path
+        under a branch switched to) sat below the view, out of reach until a
+        resize. So the anchor is let go only once there is something to scroll."""
+        if reply is not self._selected or not reply.is_attached or self.max_scroll_y <= 0:
+            return
         self.release_anchor()
         self.scroll_to_widget(reply.user or reply, animate=False, top=True)
 

@@ -293,3 +293,32 @@ async def test_two_branch_switches_within_one_idle_prefill_prefill_the_branch_sh
         await wait_for(pilot, lambda: not app.chat._ahead_running and engines[0].ahead[-1][0][-1] == "Rome.",
                        timeout=10, what="an idle prefill of the branch shown")
         assert engines[0].ahead[-1] == (["Capital of France?", "Paris.", "And of Italy?", "Rome."], "")
+
+
+async def test_the_path_under_a_branch_switched_to_is_in_view(build, store):
+    # Few turns: they sit at the bottom of the view. Selecting one used to let go
+    # of that placement, and the path mounted by ← then lay below the view, out
+    # of reach until a resize.
+    app, _ = build(["one.", "two.", "three.", "three again.", "two, edited."], store=store)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        for text in ("Hi there", "Tell me a fruit", "Another one"):
+            await send(pilot, text)
+        await pilot.press("ctrl+r")
+        await wait_for(pilot, lambda: len(app.conversation.turns) == 4, what="the regenerated turn")
+        await idle(pilot)
+        view = app.query_one("#conversation")
+        view.focus()
+        await pilot.press("shift+up", "shift+up", "e")
+        prompt = app.query_one("#prompt")
+        prompt.clear()
+        prompt.insert("Tell me a vegetable")
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: len(app.conversation.turns) == 5, what="the edited turn")
+        await idle(pilot)
+        view.focus()
+        await pilot.press("shift+up", "left")
+        await wait_for(pilot, lambda: replies(app) == ["one.", "two.", "three again."], what="the first branch")
+        await pilot.pause(0.2)
+        last = app.query(AssistantReply).last()
+        assert view.region.contains_region(last.region), (view.region, last.region)
