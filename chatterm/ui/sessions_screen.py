@@ -215,6 +215,13 @@ class SessionsScreen(ModalScreen["SessionChoice | None"]):
     def _query_submitted(self) -> None:
         self._table().focus()
 
+    def key_down(self, event: events.Key) -> None:
+        """↓ in the search box goes to the list, as Enter does: the first row
+        looks highlighted, and an Enter there opened nothing."""
+        if self.focused is self.query_one("#sessions-search", Input):
+            event.stop()
+            self._table().focus()
+
     @work(thread=True, exclusive=True, group="session-search", exit_on_error=False)
     def _search(self, query: str) -> None:
         with reported(self, lambda error: self.Changed(error, error=True), "search"):

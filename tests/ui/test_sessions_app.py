@@ -153,7 +153,8 @@ async def test_sessions_screen_title_preview_search_rename_delete(build, store):
         await wait_for(pilot, lambda: screen._hits == [], what="no hits")
         search.value = "otters"
         await wait_for(pilot, lambda: bool(screen._hits), what="the hits")
-        table.focus()
+        await pilot.press("down")  # from the search box to the hits, as Enter does
+        assert app.focused is table
         await pilot.press("enter")
         await wait_for(pilot, lambda: app.conversation is not None and app.conversation.session_id == older,
                        what="the hit's session")

@@ -16,6 +16,7 @@ Contract:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Protocol
 
@@ -23,6 +24,7 @@ from chatterm.core.config.personas import Persona
 from chatterm.core.engine.interface import ChatMessage, Engine, Turn
 from chatterm.core.metrics.cost import energy_cost_usd
 from chatterm.core.metrics.turn_metrics import SessionSummary, StopReason, TurnMetrics
+from chatterm.errors import ChattermError
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +43,8 @@ class TurnStore(Protocol):
     ) -> int | None: ...
 
     def take_write_notice(self) -> str | None: ...
+
+    def turn_metrics(self, session_id: int) -> list[TurnMetrics]: ...
 
 
 class EnergyMeter(Protocol):
@@ -137,6 +141,12 @@ class Conversation:
                 index = self.store.record_turn(self.session_id, text, turn.reply, m, after=self.leaf)
                 if index is not None:
                     self.leaf = index
+                    if index != len(self.turns):
+                        # Another process recorded turns in the session meanwhile
+                        # (indexes count every computed turn): the session figures
+                        # take them in, as the listings and exports do.
+                        with contextlib.suppress(ChattermError):  # the turn is stored: figures can wait
+                            self.turns = self.store.turn_metrics(self.session_id)
                 stored = True
         except Exception as exc:  # noqa: BLE001 - chat goes on; the UI shows store_error
             log.debug("could not store turn", exc_info=True)

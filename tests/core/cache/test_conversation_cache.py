@@ -336,3 +336,5 @@ def test_a_turn_another_process_records_meanwhile_stays_out_of_this_history(ws, 
     assert elsewhere.user_text == "And a tuple?" and elsewhere.parent == 1
     assert path[1].index == 3 and path[1].parent == 1 and path[1].sibling_label == "2/2"
     assert path[2].parent == 3 and resumed.leaf == path[2].index
+    # Its session figures count the other process's turn too, as the listings do.
+    assert len(resumed.turns) == store.session(sid).turns == 4
