@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+import textwrap
 
 from rich import box
 from rich.console import Console
@@ -134,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
     if len(shown) < len(sessions):
         lines.append(f"({len(sessions) - len(shown)} older sessions not shown)")
     if note := turns_note(shown):
-        lines.append(note)
+        lines += textwrap.wrap(note, width)  # the terminal would break it mid-word
     sys.stdout.write("\n".join(lines) + "\n")
     return 0
 
@@ -152,6 +153,9 @@ def _search(db, args: argparse.Namespace) -> int:
         console.print(Text(f"No turn in {db} matches {printable(args.search)!r}."))
         return 0
     width = max(Console().width, 40)
+    # Said once: a bare "2:15" beside a listing's times read as a clock time.
+    console.print(Text("SESSION:TURN  title, then the match (chatterm ask --fork SESSION:TURN forks there)",
+                       style="dim"))
     for hit in hits:
         place = f"{hit.session_id}:{hit.turn_index}"
         console.print(Text(place, style="bold"), Text(printable(hit.title)), overflow="ignore", crop=False)

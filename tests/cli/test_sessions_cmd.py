@@ -49,7 +49,8 @@ def test_search_lists_matching_turns(env, capsys):
     first, second = sample(env)
     assert main(["sessions", "--search", "pelican"]) == 0
     out = capsys.readouterr().out
-    assert out.splitlines()[0].startswith(f"{second}:1 ")
+    assert out.splitlines()[0].startswith("SESSION:TURN ")  # what "2:1" means, once
+    assert out.splitlines()[1].startswith(f"{second}:1 ")
     assert "[bold]pelican[/]" in out and "\x1b" not in out  # literal, control characters inert
     assert main(["sessions", "--search", "bird", "--json"]) == 0
     (hit,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
