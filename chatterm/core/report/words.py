@@ -89,7 +89,8 @@ TURN_HEADER = ["#", "TTFT ms", "restore ms", "prefill ms", "decode tok/s", "prom
 """The prompt is cached + before Enter + prefilled: "cached" is what was reused
 from earlier prompts (what the cost prices as cached input, as the dashboard's
 "cached" row), "before Enter" what was prefilled for this turn before it was
-sent (typed ahead, or at the persona switch), "prefilled" what the turn did."""
+sent (`TurnMetrics.early_tokens`: typed ahead, its history prefilled ahead,
+or the persona's prompt when it was loaded), "prefilled" what the turn did."""
 TURN_TEXT_COLUMNS = frozenset({10, 11})
 """Columns of `TURN_HEADER` that hold text (left-aligned); the others are numbers."""
 MESSAGE_HEADER = ["#", "user", "reply"]
