@@ -347,7 +347,7 @@ class ChatSession(Horizontal):
             # conversation, the first letters typed ran its turn keys (an `e`
             # started an edit of the hit).
             notify_plain(self.app, f"Turn {turn} selected: F9 copies it; in the conversation (Shift+Tab), "
-                                   "e edits it and f forks there.")
+                                   "r regenerates it, e edits it and f forks there.")
         return True
 
     async def _start_over(self, notice: str, resume: Resume | None = None, *, prepare: bool = False) -> None:

@@ -41,9 +41,9 @@ Contract:
   done after it (`_ahead_again`). Esc in an empty
   prompt, a persona switch or a new conversation drop it (`drop_ahead`). Off
   when `type_ahead` is False or the engine cannot (served models).
-- Turn actions (ui/branches.py asks the store): `regenerate` resends the last
-  message after the history before it, its old reply removed from the screen
-  (kept in the store as a sibling); `edit_message` puts the selected turn's
+- Turn actions (ui/branches.py asks the store): `regenerate` resends the selected
+  (else the last) turn's message after the history before it, its old reply and
+  the turns under it removed from the screen (kept in the store as a sibling); `edit_message` puts the selected turn's
   message in the prompt (↑ in an empty prompt: the last one), and Enter then
   removes that turn and what follows from the screen and sends the new text as
   its sibling; `switch_branch` shows a reply's sibling and the path under it.
@@ -573,9 +573,9 @@ class ChatView(Vertical):
         return conversation.store, conversation.session_id  # type: ignore[return-value]
 
     async def regenerate(self) -> None:
-        """Ask for the last reply again: the old one stays, as a sibling, and the new one is current."""
-        replies = self.messages.query(AssistantReply)
-        reply = replies.last() if replies else None
+        """Ask for the selected (else the last) reply again: the old one stays,
+        as a sibling with the turns under it, and the new one is current."""
+        reply = self.messages.current_reply()
         if self._stored("regenerate") is None or reply is None:
             return
         if reply.turn_id is None or reply.user is None:

@@ -367,6 +367,7 @@ class ConversationView(VerticalScroll):
         Binding("left", "app.branch(-1)", "Previous branch", show=False),
         Binding("right", "app.branch(1)", "Next branch", show=False),
         Binding("e", "app.edit_message", "Edit message", show=False),
+        Binding("r", "app.regenerate", "Regenerate reply", show=False),
         Binding("f", "app.fork", "Fork here", show=False),
         Binding("y", "app.copy_reply", "Copy reply", show=False),
         Binding("c", "app.copy_code", "Copy code", show=False),

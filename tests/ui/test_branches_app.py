@@ -182,6 +182,32 @@ async def test_edit_an_earlier_message_branches_there(build, store):
         assert replies(app) == ["One.", "Two.", "Three."]
 
 
+async def test_r_regenerates_the_selected_earlier_reply_and_keeps_the_turns_under_it(build, store):
+    app, engines = build(["One.", "Two.", "Three.", "Two again."], store=store)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        for text in ("first", "second", "third"):
+            await send(pilot, text)
+        sid = app.conversation.session_id
+        conversation = app.query_one("#conversation")
+        conversation.focus()
+        await pilot.press("shift+up", "shift+up")  # turn 2 is selected
+        await pilot.press("r")
+        await wait_for(pilot, lambda: len(app.conversation.turns) == 4, what="the regenerated turn")
+        await idle(pilot)
+        # The same message again, after the history before it: not the last turn's.
+        assert engines[0].received[-1][1:] == ([ChatMessage("user", "first"), ChatMessage("assistant", "One.")],
+                                               "second")
+        assert users(app) == ["first", "second"] and replies(app) == ["One.", "Two again."]
+        assert app.query(AssistantReply).last().branch_text == "‹ 2/2 ›"
+        assert [m.content for m in app.conversation.history] == ["first", "One.", "second", "Two again."]
+        assert len(store.turns(sid)) == 2  # the current path
+        conversation.focus()
+        await pilot.press("left")
+        await wait_for(pilot, lambda: users(app) == ["first", "second", "third"], what="the old branch")
+        assert replies(app) == ["One.", "Two.", "Three."]
+
+
 async def test_empty_edit_and_actions_before_any_turn_are_one_line_and_lose_nothing(build, store):
     app, engines = build(["Hello."], store=store)
     async with app.run_test(size=SIZE) as pilot:
