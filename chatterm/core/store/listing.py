@@ -25,12 +25,25 @@ _CUT = 400
 """Characters of a text read for a title or a preview (both are cut shorter)."""
 
 
+_ANCESTOR_TITLE = (
+    # Up the forked_from links while the session reached has no title of its
+    # own: a fork of an untitled fork goes by the name given further up. A
+    # fork's id is always above its parent's, so the walk ends; the depth cap
+    # is for a database edited by hand.
+    "(WITH RECURSIVE up(parent, title, depth) AS ("
+    "SELECT p.forked_from, p.title, 1 FROM sessions p WHERE p.id = s.forked_from UNION ALL "
+    "SELECT p.forked_from, p.title, up.depth + 1 FROM up JOIN sessions p ON p.id = up.parent "
+    "WHERE up.title IS NULL AND up.depth < 64) "
+    "SELECT title FROM up WHERE title IS NOT NULL LIMIT 1)"
+)
+
+
 def session_sql(tree: bool) -> tuple[str, str, str]:
     """SQL over `s` for the current leaf, the last activity, and (title,
-    forked_from, forked_turn, the title given to the session it was forked from)."""
+    forked_from, forked_turn, the title given to the nearest session up its
+    fork line that has one)."""
     if tree:
-        return ("s.current_index", "s.active_at",
-                "s.title, s.forked_from, s.forked_turn, (SELECT p.title FROM sessions p WHERE p.id = s.forked_from)")
+        return ("s.current_index", "s.active_at", f"s.title, s.forked_from, s.forked_turn, {_ANCESTOR_TITLE}")
     return (
         "(SELECT MAX(turn_index) FROM turns WHERE session_id = s.id)",
         "COALESCE((SELECT MAX(recorded_at) FROM turns WHERE session_id = s.id), s.started_at)",

@@ -175,6 +175,21 @@ def test_fork_copies_the_path_as_inherited_turns(tmp_path):
         assert copied == 3 and store.turns(default_fork)[-1].user_text == "question 3b"
 
 
+def test_a_fork_of_an_untitled_fork_goes_by_the_name_given_further_up(tmp_path):
+    with SessionStore(tmp_path / "s.db") as store:
+        sid = four_turns(store)
+        store.rename_session(sid, "Rivers chat")
+        child, _ = store.fork_session(sid, 3)
+        grandchild, _ = store.fork_session(child, 2)
+        assert store.session(child).title == f"Rivers chat (fork of session {sid}, turn 3)"
+        assert store.session(grandchild).title == f"Rivers chat (fork of session {child}, turn 2)"
+        # The nearest name wins, and without any the fork's first message stands.
+        store.rename_session(child, "Tributaries")
+        assert store.session(grandchild).title == f"Tributaries (fork of session {child}, turn 2)"
+        store.delete_session(child)
+        assert store.session(grandchild).title == f"question 1 (fork of session {child}, turn 2)"
+
+
 def test_rename_and_titles(tmp_path):
     with SessionStore(tmp_path / "s.db") as store:
         sid = new_session(store)
