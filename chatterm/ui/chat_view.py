@@ -696,6 +696,13 @@ class ChatView(Vertical):
     def _draft_changed(self, event: PromptArea.Changed) -> None:
         draft = event.text_area.text
         grew = len(draft) - len(self._ahead_last)
+        if not draft.strip() and self._ahead_last:
+            # The draft prefilled ahead was deleted: the row stops counting it,
+            # and the context goes back to the history alone.
+            self._stop_ahead_timer()
+            self._dashboard.show_type_ahead(None, None)
+            self.prefill_history()
+            return
         if not self._can_prefill_ahead() or not draft.strip() or draft == self._ahead_last:
             return
         if grew >= self.PASTE_CHARS:

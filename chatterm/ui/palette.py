@@ -25,7 +25,7 @@ ACTIONS: tuple[tuple[str, str, str], ...] = (
     ("Persona picker", "List personas and their cache state (F2)", "personas"),
     ("Sessions", "Open a past session to continue it (F3)", "sessions"),
     ("New conversation", "Start over with the same persona (Ctrl+N)", "new_conversation"),
-    ("Regenerate reply", "Ask for the selected (else the last) reply again; the old one stays as a branch (Ctrl+R, r)", "regenerate"),
+    ("Regenerate reply", "Ask for the selected (else the last) reply again, as a branch (Ctrl+R, r)", "regenerate"),
     ("Edit message", "Edit the selected (else your last) message and resend it as a branch (e, ↑)", "edit_message"),
     ("Previous branch", "Show the selected reply's previous alternative (←)", "branch(-1)"),
     ("Next branch", "Show the selected reply's next alternative (→)", "branch(1)"),

@@ -1,6 +1,7 @@
 """Type-ahead in the real app on the real default model (Pilot): a message typed in
 bursts, with a backspace into an earlier word, gives the plain send's prompt and
-reply; Enter and Ctrl+Q during a long background prefill are not held up by it."""
+reply; Enter and Ctrl+Q during a long background prefill are not held up by it;
+a draft deleted leaves neither its tokens in the context nor its count on the row."""
 
 from __future__ import annotations
 
@@ -93,3 +94,30 @@ async def test_enter_and_quit_during_a_long_background_prefill(greedy_workspace)
         await wait_for(pilot, lambda: app.chat._ahead_running, timeout=30, what="the second prefill")
         await pilot.press("ctrl+q")
     assert not app.is_running
+
+
+async def test_a_deleted_draft_leaves_neither_the_context_nor_the_row(greedy_workspace):
+    app = make_app(greedy_workspace, persona_id="greedy", gpu_status=lambda: None)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await prepared(pilot)
+        engine = app.session.lease.engine
+        prompt = app.query_one("#prompt")
+        prompt.focus()
+        await type_text(pilot, "Hi")
+        await pilot.press("enter")
+        await finished_turn(pilot)
+        row = app.query_one("#dash-ahead")
+        after_turn = engine.context_used()  # the first exchange
+        prompt.insert(MESSAGE)  # a paste: prefilled at once
+        await wait_for(pilot, lambda: engine.context_used() > after_turn + 5 and not app.chat._ahead_running,
+                       timeout=60, what="the draft prefilled ahead")
+        drafted = engine.context_used()
+        assert row.display and "tokens ready" in str(row.render())
+        for _ in MESSAGE:
+            await pilot.press("backspace")
+        # The context goes back to the history alone (the exchange and the
+        # template's few tokens closing it), and the row no longer counts the draft.
+        await wait_for(pilot, lambda: engine.context_used() <= after_turn + 3 and not app.chat._ahead_running,
+                       timeout=60, what="the draft's tokens trimmed")
+        assert engine.context_used() < drafted
+        assert not row.display
