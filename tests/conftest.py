@@ -1,9 +1,11 @@
 """Shared fixtures: every test runs with chatterm's folders in its own tmp_path,
-and the real default model is loaded once per module where engine tests need it."""
+and the real default model is loaded once per module where engine tests need it;
+`run_in_terminal` runs a command on a pseudo-terminal of a given size."""
 
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -56,6 +58,34 @@ def subprocess_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     env.pop("CHATTERM_DB", None)
     env.update(extra)
     return env
+
+
+def run_in_terminal(argv: list[str], env: dict[str, str], cwd: Path, columns: int = 80, rows: int = 24) -> str:
+    """Run a command with its stdout on a pseudo-terminal of `columns` x `rows`
+    (what a user's terminal shows it, not what a pipe gets); its output, with
+    plain line ends. Fails on a non-zero exit."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    env = {k: v for k, v in env.items() if k not in ("COLUMNS", "LINES")}
+    primary, secondary = pty.openpty()
+    fcntl.ioctl(secondary, termios.TIOCSWINSZ, struct.pack("HHHH", rows, columns, 0, 0))
+    with subprocess.Popen(argv, stdout=secondary, stderr=subprocess.PIPE, env=env, cwd=cwd) as proc:
+        os.close(secondary)
+        out = b""
+        while True:
+            try:
+                chunk = os.read(primary, 65536)
+            except OSError:  # the child closed its side
+                break
+            if not chunk:
+                break
+            out += chunk
+        assert proc.wait(timeout=300) == 0, proc.stderr.read()
+    os.close(primary)
+    return out.decode().replace("\r\n", "\n")
 
 
 def export_text(store, session_ids, fmt, prices=None) -> str:

@@ -5,7 +5,8 @@
   model, the block tier: bytes per token, blocks, bytes, and the bytes of
   blocks that several entries share (stored once). Whole-state files (an
   older chatterm's, or a model whose states are kept whole) are counted in
-  the caption.
+  the caption. In a terminal sizes and times are short (`1.2 MB`, `14:02`);
+  piped, bytes are exact and times whole.
 - `clear` removes all entries, one persona's (`clear PERSONA`), one kind
   (`--kind persona|session`) or one conversation's (`--session N`).
 - `verify` checks every file: a state file's header, size, payload sha256 and
@@ -25,7 +26,8 @@ from rich.text import Text
 
 from chatterm.cli.common import workspace
 from chatterm.core.cache.prompt_cache import KINDS, PromptCache
-from chatterm.core.metrics.format import counted
+from chatterm.core.discovery.row_text import fmt_bytes
+from chatterm.core.metrics.format import counted, fmt_recent_time
 from chatterm.errors import ChattermError
 
 
@@ -56,23 +58,28 @@ def run_ls(args: argparse.Namespace) -> int:
     cache = _cache(args)
     entries = cache.entries()
     console = Console()
-    if not console.is_terminal:  # piped: no terminal width to fit, so never cut a name
+    # A terminal gets sizes and times to read at a glance, to fit 80 columns;
+    # piped, exact bytes and whole timestamps, and no width to fit a name to.
+    on_terminal = console.is_terminal
+    if not on_terminal:
         console = Console(width=200)
+    size = fmt_bytes if on_terminal else (lambda n: f"{n:,}")
+    when = fmt_recent_time if on_terminal else (lambda ts: dt.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S"))
     if not entries:
         console.print(f"No cached states in {cache.folder}", markup=False, highlight=False)
         return 0
     table = Table(title=f"Prompt cache · {cache.folder}")
     for column in ("kind", "model", "tokens", "bytes", "tier", "last used", "status"):
         table.add_column(column, justify="right" if column in ("tokens", "bytes") else "left",
-                         no_wrap=column in ("kind", "model", "tokens", "bytes"))
+                         no_wrap=column in ("model", "tokens", "bytes", "tier", "last used"))
     for e in entries:
         table.add_row(
             e.slot.label,
             Text(e.model_id),  # a model id from a file: literal, not rich markup
             f"{len(e.tokens):,}",
-            f"{e.nbytes:,}",
+            size(e.nbytes),
             e.tier,
-            dt.datetime.fromtimestamp(e.last_used).strftime("%Y-%m-%d %H:%M:%S"),
+            when(e.last_used),
             e.problem or "ok",
         )
     usage = cache.usage()
@@ -91,8 +98,8 @@ def run_ls(args: argparse.Namespace) -> int:
         for column in ("model", "bytes/token", "blocks", "bytes", "shared bytes", "entries"):
             blocks.add_column(column, justify="left" if column == "model" else "right", no_wrap=True)
         for u in usage:
-            blocks.add_row(Text(u.model_id), f"{u.bytes_per_token:,}", f"{u.blocks:,}", f"{u.bytes:,}",
-                           f"{u.shared_bytes:,}", f"{u.chains:,}")
+            blocks.add_row(Text(u.model_id), f"{u.bytes_per_token:,}", f"{u.blocks:,}", size(u.bytes),
+                           size(u.shared_bytes), f"{u.chains:,}")
         console.print(blocks)
     return 0
 

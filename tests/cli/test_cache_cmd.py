@@ -7,7 +7,9 @@ import re
 from fake_states import fake_state
 
 from chatterm.core.cache.prompt_cache import PromptCache, Slot
+from chatterm.core.discovery.row_text import fmt_bytes
 from tests.cli.test_cli_core import chatterm
+from tests.conftest import CHATTERM, run_in_terminal, subprocess_env
 
 COMPAT = {"model_sha256": "ab" * 32}
 
@@ -30,6 +32,17 @@ def test_ls_shows_kind_tokens_bytes_and_tier(tmp_path):
     size = (tmp_path / "cache" / "kv" / "smollm2-135m" / "session-7.kvstate").stat().st_size
     assert session[2:6] == ["smollm2-135m", "900", f"{size:,}", "disk"]
     assert session[7] == "ok"
+
+
+def test_ls_in_an_80_column_terminal_fits_with_short_sizes_and_times(tmp_path):
+    seed(tmp_path)
+    out = run_in_terminal([*CHATTERM, "cache", "ls"], subprocess_env(tmp_path), tmp_path)
+    lines = [re.sub(r"\x1b\[[0-9;]*m", "", line) for line in out.splitlines()]
+    assert lines and all(len(line) <= 80 for line in lines), lines
+    size = (tmp_path / "cache" / "kv" / "smollm2-135m" / "session-7.kvstate").stat().st_size
+    row = next(line for line in lines if "session 7" in line)
+    # The size as a reader takes it in; saved just now, so today's time alone.
+    assert re.search(rf"│ {re.escape(fmt_bytes(size))} │ disk │ \d\d:\d\d ", row), row
 
 
 def test_clear_takes_either_kind_one_persona_or_one_session(tmp_path):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 
-from tests.conftest import CHATTERM, subprocess_env
+from tests.conftest import CHATTERM, run_in_terminal, subprocess_env
 from tests.core.discovery.layouts import STORE_ENV_VARS, gemma_file, layout  # noqa: F401 - session fixtures
 
 
@@ -110,34 +110,12 @@ def test_verbose_says_where_it_looked(tmp_path, layout):  # noqa: F811
 
 
 def test_in_a_terminal_too_narrow_for_the_table_each_model_is_a_block(tmp_path, layout):  # noqa: F811
-    import fcntl
-    import os
-    import pty
-    import struct
-    import termios
-
     layout.seed_cache(tmp_path / "cache")
     env = subprocess_env(tmp_path, HOME=str(layout.home))
     for name in STORE_ENV_VARS:
         env.pop(name, None)
-    env.pop("COLUMNS", None)
-    primary, secondary = pty.openpty()
-    fcntl.ioctl(secondary, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))  # 80x24
-    with subprocess.Popen([*CHATTERM, "models"], stdout=secondary, stderr=subprocess.PIPE, env=env,
-                          cwd=tmp_path) as proc:
-        os.close(secondary)
-        out = b""
-        while True:
-            try:
-                chunk = os.read(primary, 65536)
-            except OSError:  # the child closed its side
-                break
-            if not chunk:
-                break
-            out += chunk
-        assert proc.wait(timeout=300) == 0, proc.stderr.read()
-    os.close(primary)
-    lines = out.decode().replace("\r\n", "\n").splitlines()
+    out = run_in_terminal([*CHATTERM, "models"], env, tmp_path)  # 80x24
+    lines = out.splitlines()
     blocks = [i for i, line in enumerate(lines) if line.startswith("smollm2-135m")]
     assert blocks, lines
     for i in blocks:
