@@ -215,11 +215,13 @@ class ChatSession(Horizontal):
         self.device_info = event.device
         self.gpu = event.gpu
         self.energy = event.energy
+        # The prefix is pending before the conversation is attached: attaching
+        # prefills the history, which waits for the prefix (and runs when it is done).
+        self.chat.prefix_started()
         self._attach_when_ready()
         self.chat.show_load_progress(None)
         for note in event.device.notes:
             notify_plain(self.app, note, severity="warning", timeout=8)
-        self.chat.prefix_started()
         self._show_model()
         self.persona_state = "preparing…"
         self._show_persona()

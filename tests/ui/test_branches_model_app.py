@@ -2,7 +2,8 @@
 a regenerated reply prefills at most 2 tokens, the old reply is kept and the new
 one is current; an edit at turn 2 of 4 reuses exactly the prefix up to turn 2's
 message, and the history sent to the model is the new path; switching back to a
-persona resumes its conversation from the cache (no history prefill)."""
+persona resumes its conversation from the cache (no history prefill); a resumed
+launch whose conversation no state holds prefills its history before Enter."""
 
 from __future__ import annotations
 
@@ -152,6 +153,31 @@ async def test_after_a_branch_switch_the_history_is_prefilled_before_anything_is
     # before Enter, as history; the new message was prefilled by Enter, or typed
     # ahead where the type-ahead delay ran out before Enter arrived.
     assert m.ahead_history_tokens > 10, m
+    assert m.prefilled_tokens + m.typed_ahead_tokens < 16, m
+
+
+async def test_a_resumed_launch_prefills_the_history_no_state_holds_before_anything_is_typed(greedy_workspace):
+    with SessionStore(greedy_workspace.db_path) as store:
+        app = make_app(greedy_workspace, persona_id="greedy", store=store, gpu_status=lambda: None)
+        async with app.run_test(size=SIZE) as pilot:
+            await prepared(pilot)
+            await send(pilot, "Name a river in Europe.")
+            await send(pilot, "Name a mountain in Asia.")
+            sid = app.conversation.session_id
+        # No stored state holds the conversation (another machine, a cleared cache).
+        greedy_workspace.kv_cache().clear(kind="session")
+        app = make_app(greedy_workspace, persona_id="greedy", store=store, resume=sid, gpu_status=lambda: None)
+        async with app.run_test(size=SIZE) as pilot:
+            await prepared(pilot)
+            await wait_for(pilot, lambda: app.conversation is not None and app.chat._ahead_running is False
+                           and app.session.lease.engine.context_used() > 40, timeout=60, what="the idle prefill")
+            prompt = app.query_one("#prompt")
+            prompt.focus()
+            prompt.insert("And a desert?")
+            await pilot.press("enter")  # before the type-ahead delay: the message itself is not ahead
+            await turns(pilot, 3)
+            m = app.conversation.turns[-1]
+    assert m.ahead_history_tokens > 20, m
     assert m.prefilled_tokens + m.typed_ahead_tokens < 16, m
 
 
