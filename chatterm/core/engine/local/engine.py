@@ -106,6 +106,7 @@ from chatterm.core.engine.local.outcome import (
     classify,
     saved_prefill_ms,
     started_from,
+    switch_label,
 )
 from chatterm.core.engine.local.prompt_fit import Fitted, PromptFitter
 from chatterm.core.engine.local.type_ahead import AheadCredit, TypeAhead
@@ -812,7 +813,11 @@ class LocalEngine(Engine):
         outcome = classify(started, prepared, persona.fingerprint, m.ahead_tokens)
         m.cache_outcome, m.restore_ms, m.restore_at_switch = (
             outcome.label, outcome.restore_ms, outcome.restore_at_switch)
-        details = [started.label(prompt_tokens), "" if pp.helps else pp.reason, *started.misses]
+        # A switch turn's context is the prefix prefilled for it: "reused ... (live
+        # context)" would contradict its reused count of 0 in every report.
+        share = (switch_label(started.tokens, prompt_tokens, m.ahead_tokens)
+                 if outcome.label == CacheOutcome.SWITCH else started.label(prompt_tokens))
+        details = [share, "" if pp.helps else pp.reason, *started.misses]
         m.cache_detail = "; ".join(d for d in details if d)
         return credit
 

@@ -80,6 +80,14 @@ class Reuse:
         return "nothing reused"
 
 
+def switch_label(in_context: int, prompt_tokens: int, typed_ahead: int) -> str:
+    """The cache note of a SWITCH turn: its `in_context` tokens were prefilled
+    for it before it was sent (the persona's prompt, and `typed_ahead` of them
+    while the message was typed), so nothing is reused."""
+    typed = f" ({typed_ahead:,} of them typed ahead)" if typed_ahead else ""
+    return f"nothing reused: {in_context:,} of {prompt_tokens:,} tokens prefilled with the persona{typed}"
+
+
 class PreparedPersona(NamedTuple):
     """A persona prefix made ready by `prepare_persona`, not yet used by a turn."""
 
