@@ -7,7 +7,8 @@ Contract:
   the chat needs; they touch no widget and no engine.
 - `prepare(store, session_id, turn)`: the path before a sibling of `turn`
   (regenerate: the same user text again; edit: a new one), whose history is
-  sent; the store's next recorded turn of the session becomes that sibling.
+  sent; the conversation's leaf set to that path's end (`Conversation.leaf`)
+  makes the turn it records that sibling.
 - `switch(store, session_id, turn, delta)`: make the sibling `delta` places
   from `turn` current; returns it and the new path, or None when there is no
   sibling that way.
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
 
 def prepare(store: "SessionStore", session_id: int, turn: int) -> list["TurnRecord"]:
     """The path before `turn`, for its new sibling (see the module contract)."""
-    return store.prepare_sibling(session_id, turn)
+    return store.path_before(session_id, turn)
 
 
 def switch(store: "SessionStore", session_id: int, turn: int, delta: int

@@ -278,8 +278,7 @@ def test_the_resume_notice_counts_the_exchanges_shown_and_names_the_other_branch
     metrics = TurnMetrics(engine="local", model_id="smollm2-135m", persona_id="assistant", submitted_at=1.0)
     store.record_turn(sid, "Name a color.", "Red.", metrics)
     assert resumed_notice(read_resume(store, workspace, sid, None)) == f"Resumed session {sid} (1 turn)."
-    store.prepare_sibling(sid, 1)
-    store.record_turn(sid, "Name a color.", "Blue.", metrics)  # regenerated: one exchange shown
+    store.record_turn(sid, "Name a color.", "Blue.", metrics, after=0)  # regenerated: one exchange shown
     assert resumed_notice(read_resume(store, workspace, sid, None)) == (
         f"Resumed session {sid} (1 turn, 1 more on other branches).")
 
@@ -292,8 +291,7 @@ async def test_the_sessions_screen_keeps_its_hint_and_the_turns_column_in_view_a
         sid = store.create_session(model_id="smollm2-135m", model_identity="x", engine="local", device="CPU",
                                    persona_id="assistant")
         store.record_turn(sid, f"Question {n}", "An answer.", metrics)
-    store.prepare_sibling(sid, 1)
-    store.record_turn(sid, "Question 7", "Another answer.", metrics)  # "1 +1", explained by the note
+    store.record_turn(sid, "Question 7", "Another answer.", metrics, after=0)  # "1 +1", explained by the note
     app, _ = build(store=store)
     async with app.run_test(size=(80, 24)) as pilot:
         await loaded(pilot)

@@ -33,7 +33,8 @@ Contract:
 - Turn indexes count from 1 within a session, in the order turns were
   computed. A session is a tree of turns (`chatterm.core.store.tree`): the
   current path is the model's history (`turns`, `turns_page`); regenerating
-  or editing a turn records a sibling of it (`prepare_sibling`), and
+  or editing a turn records a sibling of it (`path_before` gives the history,
+  `record_turn(after=...)` puts the new turn under its end), and
   `select_turn` switches the current path. Figures, exports and the latency
   log cover every computed turn, one row each (`turn_metrics`, `export_rows`,
   `all_turns`).
@@ -78,8 +79,6 @@ T = TypeVar("T")
 _TREE_COLUMNS = {"id", "session_id", "turn_index", "parent_index", "branch", "inherited"}
 """Turn columns a fork sets itself rather than copies."""
 
-_NEW_ROOT = -1
-"""`_pending` value: the next turn is a new first turn (turn 1 edited)."""
 
 
 def _reader(conn: sqlite3.Connection) -> tree.Query:
@@ -103,8 +102,6 @@ class SessionStore:
         """Whether the schema has the conversation tree (v8; else it reads as one line)."""
         self._fts = False
         """Whether the database has the FTS5 index (else search scans)."""
-        self._pending: dict[int, int] = {}
-        """Session id -> the parent its next recorded turn goes under (`prepare_sibling`)."""
         self._closed = False
         self.write_error: str | None = None
         """Why the first refused write failed (None while every write succeeded)."""
@@ -203,11 +200,13 @@ class SessionStore:
     ) -> int | None:
         """Commit one turn (all its metrics) and return its index in the session;
         None when the database refused the write (see `write_error`). The turn
-        goes where `prepare_sibling` said, else under turn `after` (the turn the
-        caller's history ends at; 0: none, a first turn), else under the current
-        leaf, and becomes the current leaf. With `after`, a turn another process
-        recorded in the session meanwhile stays out of this one's history: the
-        new turn becomes its sibling, a branch, instead of its child."""
+        goes under turn `after` (the turn the caller's history ends at; 0: none,
+        a new first turn), else (None, or a turn the session does not have)
+        under the current leaf, and becomes the current leaf. With `after`, a
+        regenerated or edited turn is a sibling of the one it replaces, and a
+        turn another process recorded in the session meanwhile stays out of
+        this one's history: the new turn becomes its sibling, a branch,
+        instead of its child."""
         data = metrics.to_dict()
 
         def insert(conn: sqlite3.Connection) -> int:
@@ -220,13 +219,13 @@ class SessionStore:
                 "SELECT COALESCE(MAX(turn_index), 0) + 1 FROM turns WHERE session_id = ?",
                 (session_id,),
             ).fetchone()[0]
-            pending = self._pending.get(session_id)
-            if pending is None and after is not None:
-                pending = after or _NEW_ROOT
-                if after and not conn.execute("SELECT 1 FROM turns WHERE session_id = ? AND turn_index = ?",
-                                              (session_id, after)).fetchone():
-                    pending = None  # not a turn of this session: the current leaf, as without it
-            parent = row[0] if pending is None else (None if pending == _NEW_ROOT else pending)
+            parent = row[0]
+            if after == 0:
+                parent = None
+            elif after is not None and conn.execute(
+                "SELECT 1 FROM turns WHERE session_id = ? AND turn_index = ?", (session_id, after)
+            ).fetchone():
+                parent = after
             branch = tree.branch_of_new(_reader(conn), session_id, parent, index)
             now = time.time()
             names = ["session_id", "turn_index", "parent_index", "branch", "recorded_at", "user_text", "reply",
@@ -242,26 +241,19 @@ class SessionStore:
             )
             return int(index)
 
-        with self._lock:
-            index = self._write(f"could not save a turn of session {session_id}", insert)
-            if index is not None:
-                self._pending.pop(session_id, None)
-        return index
+        return self._write(f"could not save a turn of session {session_id}", insert)
 
-    def prepare_sibling(self, session_id: int, turn_index: int) -> list[TurnRecord]:
-        """Regenerate or edit turn `turn_index`: the path up to its parent (the
-        history to send), and the next `record_turn` of the session becomes a
-        sibling of that turn. Nothing is written until that turn is recorded.
+    def path_before(self, session_id: int, turn_index: int) -> list[TurnRecord]:
+        """The path up to turn `turn_index`'s parent: the history a regenerated or
+        edited version of it is sent after, and recorded under (`record_turn`'s
+        `after`: the path's last index, 0 when empty). Nothing is written.
         ChattermError for an unknown session or turn."""
-        with self._lock:
-            target = self.turn(session_id, turn_index)
-            self._pending[session_id] = _NEW_ROOT if target.parent is None else target.parent
-            return [] if target.parent is None else self._path(session_id, target.parent, -1)
+        target = self.turn(session_id, turn_index)
+        return [] if target.parent is None else self._path(session_id, target.parent, -1)
 
     def select_turn(self, session_id: int, turn_index: int) -> list[TurnRecord]:
         """Make turn `turn_index` current, with its newest descendants (the latest
-        child at each level), and return the new current path. A pending
-        `prepare_sibling` of the session is dropped."""
+        child at each level), and return the new current path."""
         self.turn(session_id, turn_index)  # unknown session or turn: named
 
         def select(conn: sqlite3.Connection) -> int:
@@ -269,10 +261,8 @@ class SessionStore:
             conn.execute("UPDATE sessions SET current_index = ? WHERE id = ?", (leaf, session_id))
             return leaf
 
-        with self._lock:
-            leaf = self._write(f"could not switch session {session_id} to turn {turn_index}", select, strict=True)
-            self._pending.pop(session_id, None)
-            return self._path(session_id, leaf, -1)
+        leaf = self._write(f"could not switch session {session_id} to turn {turn_index}", select, strict=True)
+        return self._path(session_id, leaf, -1)
 
     def rename_session(self, session_id: int, title: str) -> str:
         """Give the session a title (whitespace runs made single spaces); the title
@@ -301,9 +291,7 @@ class SessionStore:
             conn.execute("DELETE FROM sessions WHERE id = ?", (session_id,))
             return turns
 
-        with self._lock:
-            removed = self._write(f"could not delete session {session_id}", delete, strict=True)
-            self._pending.pop(session_id, None)
+        removed = self._write(f"could not delete session {session_id}", delete, strict=True)
         return int(removed or 0)
 
     def fork_session(self, session_id: int, turn_index: int | None = None) -> tuple[int, int]:

@@ -27,6 +27,13 @@ def four_turns(store: SessionStore) -> int:
     return sid
 
 
+def record_sibling(store, sid, turn, user_text, reply, metrics) -> int | None:
+    """Record a regenerated or edited version of `turn`, as a Conversation does:
+    under the end of the path before it."""
+    path = store.path_before(sid, turn)
+    return store.record_turn(sid, user_text, reply, metrics, after=path[-1].index if path else 0)
+
+
 def shape(records) -> list[tuple]:
     return [(r.index, r.parent, r.sibling_label, r.branch) for r in records]
 
@@ -34,9 +41,9 @@ def shape(records) -> list[tuple]:
 def test_regenerate_keeps_the_old_reply_and_makes_the_new_one_current(tmp_path):
     with SessionStore(tmp_path / "s.db") as store:
         sid = four_turns(store)
-        history = store.prepare_sibling(sid, 4)
+        history = store.path_before(sid, 4)
         assert [r.index for r in history] == [1, 2, 3]
-        assert store.record_turn(sid, "question 4", "another answer 4", full_metrics(9, ttft_ms=7.0)) == 5
+        assert store.record_turn(sid, "question 4", "another answer 4", full_metrics(9, ttft_ms=7.0), after=3) == 5
         assert shape(store.turns(sid)) == [(1, None, "", "main"), (2, 1, "", "main"), (3, 2, "", "main"),
                                            (5, 3, "2/2", "b5")]
         assert store.turn(sid, 4).reply == "answer 4"  # the old reply is kept
@@ -68,18 +75,14 @@ def test_a_turn_goes_under_the_turn_its_history_ends_at(tmp_path):
         assert store.turn(sid, 6).parent is None
         assert store.record_turn(sid, "q", "a", full_metrics(), after=99) == 7
         assert store.turn(sid, 7).parent == 6
-        # A prepared sibling wins over `after`.
-        store.prepare_sibling(sid, 2)
-        assert store.record_turn(sid, "q", "a", full_metrics(), after=7) == 8
-        assert store.turn(sid, 8).parent == 1
 
 
 def test_an_edit_at_turn_2_of_4_branches_there_and_the_history_is_the_new_path(tmp_path):
     with SessionStore(tmp_path / "s.db") as store:
         sid = four_turns(store)
-        history = history_of(store.prepare_sibling(sid, 2))
+        history = history_of(store.path_before(sid, 2))
         assert history == [ChatMessage("user", "question 1"), ChatMessage("assistant", "answer 1")]
-        store.record_turn(sid, "question 2, edited", "answer 2b", full_metrics())
+        store.record_turn(sid, "question 2, edited", "answer 2b", full_metrics(), after=1)
         store.record_turn(sid, "question 3b", "answer 3b", full_metrics())
         assert shape(store.turns(sid)) == [(1, None, "", "main"), (5, 1, "2/2", "b5"), (6, 5, "", "b5")]
         assert history_of(store.turns(sid))[2:] == [
@@ -105,7 +108,7 @@ def test_nothing_changes_until_the_new_turn_is_recorded(tmp_path):
     db = tmp_path / "s.db"
     with SessionStore(db) as store:
         sid = four_turns(store)
-        store.prepare_sibling(sid, 3)  # then the app closes before the turn ends
+        store.path_before(sid, 3)  # an edit begun, then the app closes before the turn ends
     with SessionStore(db) as store:
         assert [r.index for r in store.turns(sid)] == [1, 2, 3, 4]
         store.record_turn(sid, "question 5", "answer 5", full_metrics())
@@ -115,8 +118,8 @@ def test_nothing_changes_until_the_new_turn_is_recorded(tmp_path):
 def test_editing_the_first_message_makes_a_second_first_turn(tmp_path):
     with SessionStore(tmp_path / "s.db") as store:
         sid = four_turns(store)
-        assert store.prepare_sibling(sid, 1) == []
-        store.record_turn(sid, "a new start", "fine", full_metrics())
+        assert store.path_before(sid, 1) == []
+        store.record_turn(sid, "a new start", "fine", full_metrics(), after=0)
         assert shape(store.turns(sid)) == [(5, None, "2/2", "b5")]
         assert store.siblings(sid, 1) == [1, 5]
         assert store.session(sid).title == "question 1"  # the first message asked, still
@@ -125,7 +128,7 @@ def test_editing_the_first_message_makes_a_second_first_turn(tmp_path):
 def test_unknown_turns_and_sessions_are_named(tmp_path):
     with SessionStore(tmp_path / "s.db") as store:
         sid = four_turns(store)
-        for call in (store.prepare_sibling, store.select_turn, store.turn, store.siblings):
+        for call in (store.path_before, store.select_turn, store.turn, store.siblings):
             with pytest.raises(ChattermError, match=f"session {sid} has no turn 9: its turns are 1-4$"):
                 call(sid, 9)
             with pytest.raises(ChattermError, match="unknown session 77"):
@@ -139,8 +142,8 @@ def test_unknown_turns_and_sessions_are_named(tmp_path):
 def test_pages_of_a_branched_path(tmp_path):
     with SessionStore(tmp_path / "s.db") as store:
         sid = four_turns(store)
-        store.prepare_sibling(sid, 3)
-        for i in range(3):
+        record_sibling(store, sid, 3, "b0", "r0", full_metrics())
+        for i in range(1, 3):
             store.record_turn(sid, f"b{i}", f"r{i}", full_metrics())
         assert [r.index for r in store.turns(sid)] == [1, 2, 5, 6, 7]
         assert [r.index for r in store.turns_page(sid, None, 2)] == [6, 7]
@@ -155,8 +158,7 @@ def test_fork_copies_the_path_as_inherited_turns(tmp_path):
     with SessionStore(tmp_path / "s.db") as store:
         sid = four_turns(store)
         store.rename_session(sid, "Original")
-        store.prepare_sibling(sid, 3)
-        store.record_turn(sid, "question 3b", "answer 3b", full_metrics())
+        record_sibling(store, sid, 3, "question 3b", "answer 3b", full_metrics())
         fork, copied = store.fork_session(sid, 3)  # a turn off the current path
         assert copied == 3
         records = store.turns(fork)
@@ -238,8 +240,7 @@ def test_migration_from_v7_keeps_the_turns_as_one_line(tmp_path):
         assert store.session(sid).active_at == 203.0
         # The old texts are in the new full-text index.
         assert [h.turn_index for h in store.search("zebra")] == [3, 2, 1]
-        store.prepare_sibling(sid, 3)
-        assert store.record_turn(sid, "old question 3", "new reply", full_metrics()) == 4
+        assert record_sibling(store, sid, 3, "old question 3", "new reply", full_metrics()) == 4
         assert shape(store.turns(sid))[-1] == (4, 2, "2/2", "b4")
     conn = sqlite3.connect(db)
     indexes = {r[1] for r in conn.execute("PRAGMA index_list(turns)")}
@@ -250,8 +251,7 @@ def test_migration_from_v7_keeps_the_turns_as_one_line(tmp_path):
 def test_exports_name_the_branch_of_each_turn(tmp_path):
     with SessionStore(tmp_path / "s.db") as store:
         sid = four_turns(store)
-        store.prepare_sibling(sid, 4)
-        store.record_turn(sid, "question 4", "answer 4, again", full_metrics(ttft_ms=7.0))
+        record_sibling(store, sid, 4, "question 4", "answer 4, again", full_metrics(ttft_ms=7.0))
         fork, _ = store.fork_session(sid, 2)
         rows = [json.loads(line) for line in export_text(store, [sid], "jsonl").splitlines()]
         # One row per computed turn: the regenerated one keeps its own TTFT.
