@@ -80,7 +80,6 @@ _TREE_COLUMNS = {"id", "session_id", "turn_index", "parent_index", "branch", "in
 """Turn columns a fork sets itself rather than copies."""
 
 
-
 def _reader(conn: sqlite3.Connection) -> tree.Query:
     """Queries inside a write transaction (on its connection, errors raised)."""
     return lambda sql, params: conn.execute(sql, params).fetchall()
