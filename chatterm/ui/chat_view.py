@@ -553,6 +553,13 @@ class ChatView(Vertical):
         self.set_status({StopReason.CANCELLED: "stopped", StopReason.ERROR: "error"}.get(m.stop_reason, "ready"))
 
     # -- turn actions: regenerate, edit, branches (the tree: ui/branches.py) ---------------
+    @on(ConversationView.TypedHere)
+    def _typed_in_conversation(self, event: ConversationView.TypedHere) -> None:
+        event.stop()
+        prompt = self.query_one(PromptArea)
+        prompt.focus()
+        prompt.insert(event.character)
+
     @on(PromptArea.EditLastAsked)
     def _edit_last_asked(self, event: PromptArea.EditLastAsked) -> None:
         event.stop()
@@ -782,6 +789,10 @@ class ChatView(Vertical):
     def _ahead_done(self, event: AheadDone) -> None:
         event.stop()
         self._ahead_running = False
+        if event.draft and not self.query_one(PromptArea).text.strip():
+            # The draft was deleted while it was being prefilled: its last
+            # progress report came after the row was hidden.
+            self._dashboard.show_type_ahead(None, None)
         if self._ahead_again:
             self._ahead_again = False
             self.prefill_history()
@@ -814,12 +825,16 @@ class ChatView(Vertical):
                 turn.cancel()
 
     def stop(self) -> None:
-        """Esc: stop the reply that is streaming; cancel an edit; in an empty prompt, drop the type-ahead."""
+        """Esc: stop the reply that is streaming; cancel an edit; unselect the
+        selected turn (the turn keys and Ctrl+R go back to the last one); in
+        an empty prompt, drop the type-ahead."""
         if self.cancel_edit():
             return
         if self._phase in (TurnPhase.STREAMING, TurnPhase.STOPPING):
             self.cancel()
             self.set_status("stopping…")
+        elif self.messages.has_selection:
+            self.messages.select(None)
         elif not self.query_one(PromptArea).text.strip():
             self.drop_ahead()
 

@@ -27,7 +27,7 @@ from chatterm.ui.rows import Rows
 HELP_KEYS: tuple[tuple[str, str], ...] = (
     ("Enter", "send the message"),
     ("Ctrl+J", "new line (also Shift+Enter / Alt+Enter where reported)"),
-    ("Esc", "stop the reply; empty prompt: drop the type-ahead prefill"),
+    ("Esc", "stop the reply / unselect the turn / drop the type-ahead"),
     ("F1 or ?", "this help (? when the prompt is not focused)"),
     ("F2", "switch persona (to its last conversation, else a new one)"),
     ("F3", "sessions: open, search, rename (r), delete (d), fork (f)"),

@@ -25,12 +25,14 @@ Contract:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from rich.console import Console
 from rich.markdown import Markdown as RichMarkdown
 from rich.segment import Segment
 from rich.text import Text
+from textual import events
 from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.content import Content
@@ -358,6 +360,12 @@ class ConversationView(VerticalScroll):
     class OlderShown(Message):
         """A page of older turns was mounted (a good moment to collect garbage)."""
 
+    @dataclass
+    class TypedHere(Message):
+        """A character that is no turn key was typed in the view (for the prompt)."""
+
+        character: str
+
     # Focused, the view scrolls with ↑ ↓ (VerticalScroll's keys); these act on
     # the selected turn, the last one unless Shift+↑ ↓ picked another. The
     # actions are the app's, shared with its keys and the command palette.
@@ -459,9 +467,22 @@ class ConversationView(VerticalScroll):
         self.call_after_refresh(self._maybe_load_older)
 
     # -- the selected turn ------------------------------------------------------------
+    @property
+    def has_selection(self) -> bool:
+        return self._selected is not None and self._selected.is_attached
+
+    def on_key(self, event: events.Key) -> None:
+        """A character that is not one of the turn keys goes to the prompt, with
+        the focus: a sentence typed here by mistake (after a Tab too many)
+        would otherwise run as turn keys from its first bound letter on."""
+        if event.is_printable and event.character and not self.app.active_bindings.get(event.key):
+            event.stop()
+            event.prevent_default()
+            self.post_message(self.TypedHere(event.character))
+
     def current_reply(self) -> AssistantReply | None:
         """The reply the turn actions apply to: the selected one, else the last."""
-        if self._selected is not None and self._selected.is_attached:
+        if self.has_selection:
             return self._selected
         replies = self.query(AssistantReply)
         return replies.last() if replies else None

@@ -558,7 +558,7 @@ async def test_help_screen_lists_every_binding(build):
             for key in binding.key.split(","):
                 name = {"question_mark": "?", "escape": "esc"}.get(key, key)
                 assert name in documented, key
-        assert "Ctrl+J" in text and "drop the type-ahead prefill" in text
+        assert "Ctrl+J" in text and "drop the type-ahead" in text
         assert "F8" in text and "the last turn" in text  # not in the footer: it is full at 80 columns
         await pilot.press("escape")
         assert not isinstance(app.screen, HelpScreen)

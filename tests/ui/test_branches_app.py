@@ -208,6 +208,31 @@ async def test_r_regenerates_the_selected_earlier_reply_and_keeps_the_turns_unde
         assert replies(app) == ["One.", "Two.", "Three."]
 
 
+async def test_a_sentence_typed_in_the_conversation_goes_to_the_prompt_and_esc_unselects(build, store):
+    app, engines = build(["One.", "Two.", "Again."], store=store)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        for text in ("first", "second"):
+            await send(pilot, text)
+        sid = app.conversation.session_id
+        conversation = app.query_one("#conversation")
+        conversation.focus()
+        await pilot.press("shift+up", "shift+up")  # turn 1 is selected
+        # A Tab too many: "This" starts with no turn key, so it all goes to the prompt.
+        await pilot.press(*"This")
+        prompt = app.query_one("#prompt")
+        assert prompt.text == "This" and app.focused is prompt
+        assert len(store.turns(sid)) == 2 and len(store.sessions()) == 1  # no fork, no regenerate
+        prompt.clear()
+        # Esc unselects: Ctrl+R goes back to the last reply.
+        await pilot.press("escape")
+        assert not app.chat.messages.has_selection
+        await pilot.press("ctrl+r")
+        await wait_for(pilot, lambda: len(app.conversation.turns) == 3, what="the regenerated turn")
+        await idle(pilot)
+        assert engines[0].received[-1][2] == "second"
+
+
 async def test_empty_edit_and_actions_before_any_turn_are_one_line_and_lose_nothing(build, store):
     app, engines = build(["Hello."], store=store)
     async with app.run_test(size=SIZE) as pilot:

@@ -121,3 +121,18 @@ async def test_a_deleted_draft_leaves_neither_the_context_nor_the_row(greedy_wor
                        timeout=60, what="the draft's tokens trimmed")
         assert engine.context_used() < drafted
         assert not row.display
+
+
+async def test_a_draft_cleared_while_it_is_being_prefilled_leaves_no_row(greedy_workspace):
+    app = make_app(greedy_workspace, persona_id="greedy", gpu_status=lambda: None)
+    paste = "The quick brown fox jumps over the lazy dog. " * 40  # ~400 tokens: 13 batches
+    async with app.run_test(size=(120, 40)) as pilot:
+        await prepared(pilot)
+        prompt = app.query_one("#prompt")
+        prompt.focus()
+        prompt.insert(paste)
+        await wait_for(pilot, lambda: app.chat._ahead_running, timeout=30, what="the prefill to start")
+        prompt.clear()  # a bulk delete, the prefill still running
+        await wait_for(pilot, lambda: not app.chat._ahead_running, timeout=60, what="the prefills to end")
+        await pilot.pause(0.2)
+        assert not app.query_one("#dash-ahead").display
