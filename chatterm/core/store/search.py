@@ -1,9 +1,10 @@
 """Full-text search over user messages and replies.
 
 Contract:
-- `search(query, text, limit, fts=, parent=)` returns the newest matching
-  turns first, at most `limit`, as (session_id, turn_index, user_text, reply,
-  parent) rows, `parent` being the SQL (over `t`) of the turn's parent. Every
+- `search(query, text, limit, fts=, parent=, skip=)` returns the newest
+  matching turns first, at most `limit`, as (session_id, turn_index,
+  user_text, reply, parent) rows, `parent` being the SQL (over `t`) of the
+  turn's parent; turns for which the SQL `skip` is true are left out. Every
   word of `text` must occur (in the user message or the reply); the last word
   may be the start of a word, so a search typed letter by letter finds as it
   goes.
@@ -54,7 +55,7 @@ def _like(word: str) -> str:
     return f"%{escaped}%"
 
 
-def search(query: Query, text: str, limit: int, *, fts: bool, parent: str) -> list[tuple]:
+def search(query: Query, text: str, limit: int, *, fts: bool, parent: str, skip: str = "0") -> list[tuple]:
     words = text.split()
     if not words or limit <= 0:
         return []
@@ -62,14 +63,16 @@ def search(query: Query, text: str, limit: int, *, fts: bool, parent: str) -> li
     if fts and all(_indexable(w) for w in words):
         return query(
             f"SELECT {columns} FROM {FTS_TABLE} f JOIN turns t ON t.id = f.rowid "
-            f"WHERE {FTS_TABLE} MATCH ? ORDER BY f.rowid DESC LIMIT ?",
+            f"WHERE {FTS_TABLE} MATCH ? AND NOT {skip} ORDER BY f.rowid DESC LIMIT ?",
             (fts_expression(words), limit),
         )
     where = " AND ".join(
         "(t.user_text LIKE ? ESCAPE '\\' OR t.reply LIKE ? ESCAPE '\\')" for _ in words
     )
     params = tuple(p for w in words for p in (_like(w), _like(w)))
-    return query(f"SELECT {columns} FROM turns t WHERE {where} ORDER BY t.id DESC LIMIT ?", (*params, limit))
+    return query(
+        f"SELECT {columns} FROM turns t WHERE {where} AND NOT {skip} ORDER BY t.id DESC LIMIT ?", (*params, limit)
+    )
 
 
 def _fold(text: str) -> str:

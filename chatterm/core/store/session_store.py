@@ -429,11 +429,13 @@ class SessionStore:
         """Turns whose user message or reply holds every word of `text`, newest
         first (see `chatterm.core.store.search`: any text is safe). A message
         found in the user's text is listed once: its regenerations (turns of the
-        same parent and text) are one hit, the newest."""
+        same parent and text) are one hit, the newest. A fork's copy of its
+        parent's turn is no hit of its own while the parent is stored."""
         with self._lock:
             if self._empty():
                 return []
-            rows = text_search.search(self._query, text, limit, fts=self._fts, parent=tree.parent_sql(self._tree))
+            rows = text_search.search(self._query, text, limit, fts=self._fts, parent=tree.parent_sql(self._tree),
+                                      skip=tree.copied_sql(self._tree))
             titles = listing.titles(self._query, self._tree, (r[0] for r in rows))
         hits = []
         seen: set[tuple] = set()

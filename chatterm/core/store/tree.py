@@ -12,6 +12,8 @@ Contract:
 - `branch_of_new` names the branch of a turn about to be recorded: a
   parent's first child continues its parent's branch, a later child starts
   its own ("b<index>"); a later first turn (an edit of turn 1) too.
+- `copied_sql` is true for a fork's inherited turn while the session it
+  came from is stored (its original is there).
 - `parent_sql` / `extras_sql` give the same columns for turns read another
   way; before v8 (a database opened read-only) a session reads as one line:
   each turn under the one before it, no siblings, all on "main".
@@ -51,6 +53,17 @@ def parent_sql(tree: bool) -> str:
     return (
         "(SELECT MAX(p.turn_index) FROM turns p WHERE p.session_id = t.session_id "
         "AND p.turn_index < t.turn_index)"
+    )
+
+
+def copied_sql(tree: bool) -> str:
+    """True for a turn (over `t`) that a fork copied from a session still
+    stored: that session holds the same turn, so a search lists it there, once."""
+    if not tree:
+        return "0"
+    return (
+        "(t.inherited AND EXISTS (SELECT 1 FROM sessions s JOIN sessions p ON p.id = s.forked_from "
+        "WHERE s.id = t.session_id))"
     )
 
 

@@ -63,8 +63,15 @@ def test_the_index_follows_deletes_and_forks(store):
     assert {h.session_id for h in store.search("pelican")} == {keep, gone}
     store.delete_session(gone)
     assert [h.session_id for h in store.search("pelican")] == [keep]
+    # A fork's copy of a turn is found in the session it came from, once; its
+    # own turns are found in it, and its copies too once the parent is gone.
     fork, _ = store.fork_session(keep)
-    assert [h.session_id for h in store.search("pelican flies")] == [fork, keep]
+    store.record_turn(fork, "and the pelican dives", "sometimes", full_metrics())
+    assert [(h.session_id, h.turn_index) for h in store.search("pelican")] == [(fork, 2), (keep, 1)]
+    grandchild, _ = store.fork_session(fork)
+    assert [(h.session_id, h.turn_index) for h in store.search("pelican")] == [(fork, 2), (keep, 1)]
+    store.delete_session(keep)
+    assert [(h.session_id, h.turn_index) for h in store.search("pelican")] == [(fork, 2), (fork, 1)]
 
 
 def test_a_hits_snippet_shows_the_word_that_matched():
