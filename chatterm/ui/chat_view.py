@@ -672,6 +672,7 @@ class ChatView(Vertical):
             return
         turn, path = switched
         self._follow(path)
+        self.show_last_stored(path)  # the Turn section: this path's last turn, not the one left
         start = next(i for i, record in enumerate(path) if record.index == turn)
         view = self.messages
         await view.remove_from(reply.user)

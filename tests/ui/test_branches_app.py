@@ -124,6 +124,9 @@ async def test_regenerate_keeps_the_old_reply_and_arrows_switch_between_them(bui
         await wait_for(pilot, lambda: context_used(app) == shown.prompt_tokens + shown.generated_tokens,
                        what="the context of the branch shown")
         assert [m.content for m in app.conversation.history][-2:] == ["And of Italy?", "Rome."]
+        # The Turn section shows that branch's last turn, stored, not the regenerated one.
+        assert "stored turn" in dashboard_row(app, "dash-turn", "state")
+        assert dashboard_row(app, "dash-turn", "generated") == f"{shown.generated_tokens:,}"
         await pilot.press("left")  # no earlier branch: one line, nothing changes
         await wait_for(pilot, lambda: any("No earlier branch" in n for n in notifications(app)),
                        what="the notice")
