@@ -26,7 +26,7 @@ def fmt_count(n: int) -> str:
 def fmt_bytes(n: int | None) -> str:
     if n is None:
         return "?"
-    for unit, size in (("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)):
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if n >= size:
             return f"{n / size:.3g} {unit}"
     return f"{n} B"
