@@ -5,7 +5,8 @@ Reads the database read-only (export never changes it). Several ids put several
 sessions in one file (the reports chart them together). Reports price the
 sessions under every profile of the model catalog (`--models` or bundled + user
 models.toml); JSONL and CSV read only an `--models` FILE the user named. Output
-goes to stdout (also `-o -`), or atomically to `-o FILE`, in the format its
+goes to stdout (also `-o -`; on a terminal a line on stderr then says how to
+write a file), or atomically to `-o FILE`, in the format its
 suffix names (JSONL without a suffix): an unknown id, a session without turns,
 a broken catalog, a suffix that names no format (without --format) or an
 unwritable path is one line on stderr, exit status 2, and no file left behind.
@@ -105,4 +106,8 @@ def run(args: argparse.Namespace) -> int:
             write_atomic(output, chunks)
     if output is not None:
         print(f"wrote {counted(len(sessions), 'session')} to {output}", file=sys.stderr)
+    elif sys.stdout.isatty():
+        # Read on a terminal, the export was likely meant as a file.
+        print(f"chatterm: that was {fmt.upper()} on the terminal; -o FILE writes a file "
+              f"(.jsonl .csv, or .md .html for a report with charts)", file=sys.stderr)
     return 0

@@ -93,13 +93,19 @@ def test_an_export_suffix_that_names_no_format_is_an_error_and_writes_nothing(tm
     assert (out / "R.HTM").read_text(encoding="utf-8").startswith("<!DOCTYPE html>")
 
 
-def test_an_export_without_ids_names_the_session_it_chose_on_stderr_only(tmp_path, capsys):
+def test_an_export_without_ids_names_the_session_it_chose_on_stderr_only(tmp_path, capsys, monkeypatch):
     db = tmp_path / "s.db"
     _, last = build_sample(db)
     assert main(["--db", str(db), "export"]) == 0
     out, err = capsys.readouterr()
     assert {json.loads(line)["session_id"] for line in out.splitlines()} == {last}
     assert err == f"chatterm: exporting session {last}, the one last talked in (name IDs for others)\n"
+    # On a terminal a last line says how to write a file instead.
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    assert main(["--db", str(db), "export", str(last)]) == 0
+    assert capsys.readouterr().err == ("chatterm: that was JSONL on the terminal; -o FILE writes a file "
+                                       "(.jsonl .csv, or .md .html for a report with charts)\n")
+    monkeypatch.undo()
     assert main(["--db", str(db), "export", str(last), "-o", str(tmp_path / "one.csv")]) == 0
     assert capsys.readouterr().err == f"wrote 1 session to {tmp_path / 'one.csv'}\n"
 
