@@ -25,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Sequence
 
+from rich.cells import cell_len
 from rich.text import Text
 from textual import events, on, work
 from textual.binding import Binding
@@ -51,8 +52,11 @@ BOX_ROWS = 15
 """The sessions box's rows besides the table: border, padding, title, search
 box, a note of up to two lines and the hint."""
 TITLE_CELL = 36
-"""Cells of the title / last-exchange column: the other columns stay in view from
-120 columns (narrower, the table scrolls sideways)."""
+"""Cells of the title / last-exchange column at least: the other columns stay in
+view from 120 columns (narrower, the table scrolls sideways); wider, the title
+takes the room they leave."""
+HIT_CELL = TITLE_CELL + 20
+"""The same for a search hit's title / match column (beside two narrow ones)."""
 
 
 @dataclass(frozen=True)
@@ -66,18 +70,47 @@ class SessionChoice:
     """Fork the session at `turn` and open the fork, instead of opening the session."""
 
 
-def _two_lines(first: str, second: str) -> Text:
-    """A cell of two literal lines: the first bold, the second dim, each cut to the column."""
+def _two_lines(first: str, second: str, cells: int) -> Text:
+    """A cell of two literal lines: the first bold, the second dim, each cut to `cells`."""
     text = Text(no_wrap=True, overflow="ellipsis")
-    text.append(_cut(first), style="bold")
+    text.append(_cut(first, cells), style="bold")
     text.append("\n")
-    text.append(_cut(second), style="dim")
+    text.append(_cut(second, cells), style="dim")
     return text
 
 
-def _cut(text: str) -> str:
-    flat = " ".join(printable(text).split())
-    return flat if len(flat) <= TITLE_CELL else flat[: TITLE_CELL - 1] + "…"
+def _flat(text: str) -> str:
+    """`text` on one line, literal."""
+    return " ".join(printable(text).split())
+
+
+def _cut(text: str, cells: int) -> str:
+    flat = _flat(text)
+    return flat if len(flat) <= cells else flat[: cells - 1] + "…"
+
+
+@dataclass(frozen=True)
+class _Table:
+    """What the sessions table shows: column labels, and rows of cells whose
+    second (the title column) is its two lines of text, cut to the column."""
+
+    labels: tuple[str, ...]
+    rows: list[tuple]
+    keys: list[str]
+    floor: int
+    """The title column's least width, in cells."""
+
+    def title_cells(self, table: DataTable) -> int:
+        """The title column's width: its widest line, as far as `table` has
+        room after the other columns' widest cells and every column's
+        padding, and at least `floor`."""
+        widest = [
+            max([cell_len(label), *(row[n].cell_len for row in self.rows)])
+            for n, label in enumerate(self.labels) if n != 1
+        ]
+        room = table.scrollable_content_region.width - sum(widest) - 2 * table.cell_padding * len(self.labels)
+        title = max((cell_len(_flat(line)) for row in self.rows for line in row[1]), default=0)
+        return max(self.floor, min(room, title))
 
 
 class SessionsScreen(ModalScreen["SessionChoice | None"]):
@@ -122,6 +155,9 @@ class SessionsScreen(ModalScreen["SessionChoice | None"]):
         self._hits: "list[SearchHit] | None" = None
         """The hits shown (None: the sessions are shown)."""
         self._search_timer = None
+        self._shown: _Table | None = None
+        self._shown_cells = 0
+        """The title column's width in the table shown."""
 
     def compose(self):
         with Vertical(id="sessions-box", classes="modal-box"):
@@ -137,6 +173,7 @@ class SessionsScreen(ModalScreen["SessionChoice | None"]):
 
     def on_resize(self, event: events.Resize) -> None:
         fit_table(self._table(), event.size.height, BOX_ROWS)
+        self.call_after_refresh(self._fit_title)
 
     # -- what the table shows ----------------------------------------------------------
     def _table(self) -> DataTable:
@@ -144,42 +181,58 @@ class SessionsScreen(ModalScreen["SessionChoice | None"]):
 
     def _show_sessions(self) -> None:
         self._hits = None
-        table = self._table()
-        table.clear(columns=True)
-        for column in self.COLUMNS:
-            table.add_column(column, width=TITLE_CELL if column.startswith("title") else None)
-        for info in self._sessions:
-            marker = " ●" if info.id == self._current else ""
-            table.add_row(
-                Text(f"{info.id}{marker}"),
-                _two_lines(info.title or "(untitled)", info.preview),
+        rows = [
+            (
+                Text(f"{info.id}{' ●' if info.id == self._current else ''}"),
+                (info.title or "(untitled)", info.preview),
                 Text(info.turns_label, justify="right"),
                 Text(fmt_recent_time(info.active_at or info.started_at)),  # narrow: the cost stays in view at 80
                 Text(fmt_usd(info.cost_usd), justify="right"),
                 Text(printable(info.persona_id)),
                 Text(printable(info.model_id)),
-                key=str(info.id),
-                height=2,
             )
+            for info in self._sessions
+        ]
+        self._fill(_Table(self.COLUMNS, rows, [str(info.id) for info in self._sessions], TITLE_CELL))
         self._say("No stored sessions yet: they appear after the first reply." if not self._sessions
                   else turns_note(self._sessions))
 
     def _show_hits(self, query: str, hits: "list[SearchHit]") -> None:
         self._hits = hits
+        rows = [
+            (
+                Text(str(hit.session_id)),
+                (hit.title or "(untitled)", f"{'you' if hit.role == 'user' else 'reply'}: {hit.snippet}"),
+                Text(str(hit.turn_index), justify="right"),
+            )
+            for hit in hits
+        ]
+        self._fill(_Table(self.HIT_COLUMNS, rows, [str(n) for n in range(len(hits))], HIT_CELL))
+        self._say("" if hits else f"Nothing matches {printable(query)!r}.")
+
+    def _fill(self, shown: "_Table") -> None:
+        """The table drawn afresh with `shown`, its title column as wide as the
+        table leaves after the other columns (at least `shown.floor`: also the
+        width before the table is laid out)."""
         table = self._table()
         table.clear(columns=True)
-        for column in self.HIT_COLUMNS:
-            table.add_column(column, width=TITLE_CELL + 20 if column.startswith("title") else None)
-        for n, hit in enumerate(hits):
-            who = "you" if hit.role == "user" else "reply"
-            table.add_row(
-                Text(str(hit.session_id)),
-                _two_lines(hit.title or "(untitled)", f"{who}: {hit.snippet}"),
-                Text(str(hit.turn_index), justify="right"),
-                key=str(n),
-                height=2,
-            )
-        self._say("" if hits else f"Nothing matches {printable(query)!r}.")
+        cells = shown.title_cells(table)
+        self._shown, self._shown_cells = shown, cells
+        for n, label in enumerate(shown.labels):
+            table.add_column(label, width=cells if n == 1 else None)
+        for key, (first, (title, second), *rest) in zip(shown.keys, shown.rows, strict=True):
+            table.add_row(first, _two_lines(title, second, cells), *rest, key=key, height=2)
+
+    def _fit_title(self) -> None:
+        """After a resize (the first layout too): the table again if the title
+        column's width changed, the highlight kept on its row. At 150 columns
+        a title was cut at 36 cells beside empty room."""
+        if self._shown is None or self._shown.title_cells(self._table()) == self._shown_cells:
+            return
+        table = self._table()
+        row = table.cursor_row
+        self._fill(self._shown)
+        table.move_cursor(row=row)
 
     def _say(self, text: str) -> None:
         """The line under the table: why it is empty, or what its figures mean."""

@@ -225,12 +225,15 @@ async def test_fork_from_a_turn_continues_with_its_history(build, store):
         assert len(store.sessions()) == 3
 
 
-async def test_the_sessions_table_fits_its_box_without_scrolling_sideways_at_120_columns(build, store):
-    # Narrower, it scrolls sideways (the cost is the last column).
+@pytest.mark.parametrize("columns", [120, 160])
+async def test_the_sessions_table_fits_its_box_without_scrolling_sideways_from_120_columns(build, store, columns):
+    # Narrower, it scrolls sideways (the cost is the last column); wider, the
+    # title column takes the room, then shows this title whole.
+    message = "A first message, long enough to fill the title column of the table"
     app, _ = build(store=store)
-    async with app.run_test(size=(120, 40)) as pilot:
+    async with app.run_test(size=(columns, 40)) as pilot:
         await loaded(pilot)
-        await send(pilot, "A first message, long enough to fill the title column of the table")
+        await send(pilot, message)
         await pilot.press("f3")
         await wait_for(pilot, lambda: isinstance(app.screen, SessionsScreen), what="the sessions screen")
         table = app.screen.query_one(DataTable)
@@ -238,6 +241,17 @@ async def test_the_sessions_table_fits_its_box_without_scrolling_sideways_at_120
         await pilot.pause()
         assert table.virtual_size.width <= table.scrollable_content_region.width, (
             table.virtual_size.width, table.scrollable_content_region.width)
+        title, preview = cells(table, 1)[0].splitlines()
+        info = store.sessions()[0]
+        if columns == 160:  # the store's title and preview, uncut
+            assert (title, preview) == (info.title, info.preview)
+        else:  # cut where the room ends, beyond the least width
+            assert title.endswith("…") and info.title.startswith(title[:-1]) and len(title) > TITLE_CELL
+        # Back to 120 columns: the title column narrows again.
+        await pilot.resize_terminal(120, 40)
+        await wait_for(pilot, lambda: cells(table, 1)[0].splitlines()[0].endswith("…"),
+                       what="the title cut at 120 columns")
+        assert table.virtual_size.width <= table.scrollable_content_region.width
 
 
 async def test_chat_keys_and_palette_commands_over_the_sessions_screen(build, store):
