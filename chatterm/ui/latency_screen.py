@@ -327,7 +327,8 @@ class TurnDetailScreen(ModalScreen[None]):
         )
         lines.append(f"decode: {fmt_tok_s(m.decode_tok_s)}{SEP}total {fmt_ms(m.total_ms)}")
         if m.seed is not None:
-            lines.append(f"sampling: seed {m.seed} (`seed = {m.seed}` in the persona samples this reply again)")
+            # One line at 80 columns for a 10-digit seed.
+            lines.append(f"seed {m.seed}{SEP}`seed = {m.seed}` in the persona repeats it")
         lines.append(f"cache: {cache_label(m)}" + (f"{SEP}{m.cache_detail}" if m.cache_detail else ""))
         lines.append(
             f"cost: {fmt_usd(m.cost_usd)} = input {fmt_usd(m.cost_input_usd)} + cached "
