@@ -32,7 +32,7 @@ from textual.content import Content
 from textual.renderables.sparkline import Sparkline as SparklineRenderable
 from textual.widgets import Sparkline, Static
 
-from chatterm.core.metrics.format import ahead_line, cache_label, fmt_int, fmt_local_time, fmt_ms, fmt_tok_s, fmt_usd
+from chatterm.core.metrics.format import ahead_line, cache_label, fmt_int, fmt_ms, fmt_recent_time, fmt_tok_s, fmt_usd
 from chatterm.core.metrics.timeline import PART_GLYPHS, PARTS, session_token_costs, timeline, token_costs
 from chatterm.core.metrics.turn_metrics import CacheOutcome, SessionSummary, StopReason, TurnMetrics
 from chatterm.core.metrics.whatif import cost_split, switch_tokens
@@ -246,7 +246,7 @@ class Dashboard(VerticalScroll):
             return
         state = turn_state(m, running)
         if stored:
-            state += f" · stored turn of {fmt_local_time(m.submitted_at)}"
+            state += f" · stored turn from {fmt_recent_time(m.submitted_at)}"  # one line at 80 columns
         pairs = [
             ("state", state),
             *timeline_rows(m),

@@ -637,9 +637,9 @@ async def test_sessions_screen_opens_a_past_session_and_continues_it(build, work
         assert app.persona.id == "terse-coder"
         await wait_for(pilot, lambda: engines[0].prepared[-1:] == ["terse-coder"], what="the restore")
         assert "turns       2" in rendered(app.query_one("#dash-session"))
-        assert "stored turn of" in rendered(app.query_one("#dash-turn"))
+        assert "stored turn from" in rendered(app.query_one("#dash-turn"))
         await send(pilot, "And 4+4?")
-        assert "stored turn of" not in rendered(app.query_one("#dash-turn"))
+        assert "stored turn from" not in rendered(app.query_one("#dash-turn"))
         assert [m.content for m in engines[0].received[-1][1]] == ["What is 2+2?", "4.", "And 3+3?", "6."]
         assert [r.user_text for r in store.turns(sid)][-1] == "And 4+4?"
     store.close()
@@ -678,7 +678,7 @@ async def test_resume_latest_at_launch_and_bad_ids(build, workspace):
         # The dashboard shows the last stored turn, said to be one, not "no turn yet".
         assert "TTFT        101 ms" in rendered(app.query_one("#dash-now"))
         turn = rendered(app.query_one("#dash-turn"))
-        assert "done · stored turn of" in turn and "generated   3" in turn, turn
+        assert "done · stored turn from" in turn and "generated   3" in turn, turn
     with pytest.raises(ChattermError, match="unknown session 999"):
         build(resume=999, store=store)
     store.close()
