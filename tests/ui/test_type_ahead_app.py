@@ -77,21 +77,28 @@ async def test_typed_in_bursts_gives_the_plain_sends_prompt_and_reply(greedy_wor
     assert ahead.prefilled_tokens < plain.prefilled_tokens
 
 
+PASTE = "The quick brown fox jumps over the lazy dog. " * 40  # ~400 tokens: 13 batches
+
+
+async def paste_long(pilot, app):
+    """PASTE in the focused prompt, prefilled at once (a paste): the prompt, once the prefill runs."""
+    prompt = app.query_one("#prompt")
+    prompt.focus()
+    prompt.insert(PASTE)
+    await wait_for(pilot, lambda: app.chat._ahead_running, timeout=30, what="the prefill to start")
+    return prompt
+
+
 async def test_enter_and_quit_during_a_long_background_prefill(greedy_workspace):
     app = make_app(greedy_workspace, persona_id="greedy", gpu_status=lambda: None)
-    paste = "The quick brown fox jumps over the lazy dog. " * 40  # ~400 tokens: 13 batches
     async with app.run_test(size=(120, 40)) as pilot:
         await prepared(pilot)
-        prompt = app.query_one("#prompt")
-        prompt.focus()
-        prompt.insert(paste)  # a paste: prefilled at once
-        await wait_for(pilot, lambda: app.chat._ahead_running, timeout=30, what="the prefill to start")
+        await paste_long(pilot, app)
         await pilot.press("enter")
         turn, _ = await finished_turn(pilot)
         assert turn.stop_reason in (StopReason.EOS, StopReason.LENGTH)
         # Another long paste, then quit while it is being prefilled.
-        prompt.insert(paste)
-        await wait_for(pilot, lambda: app.chat._ahead_running, timeout=30, what="the second prefill")
+        await paste_long(pilot, app)
         await pilot.press("ctrl+q")
     assert not app.is_running
 
@@ -125,13 +132,9 @@ async def test_a_deleted_draft_leaves_neither_the_context_nor_the_row(greedy_wor
 
 async def test_a_draft_cleared_while_it_is_being_prefilled_leaves_no_row(greedy_workspace):
     app = make_app(greedy_workspace, persona_id="greedy", gpu_status=lambda: None)
-    paste = "The quick brown fox jumps over the lazy dog. " * 40  # ~400 tokens: 13 batches
     async with app.run_test(size=(120, 40)) as pilot:
         await prepared(pilot)
-        prompt = app.query_one("#prompt")
-        prompt.focus()
-        prompt.insert(paste)
-        await wait_for(pilot, lambda: app.chat._ahead_running, timeout=30, what="the prefill to start")
+        prompt = await paste_long(pilot, app)
         prompt.clear()  # a bulk delete, the prefill still running
         await wait_for(pilot, lambda: not app.chat._ahead_running, timeout=60, what="the prefills to end")
         await pilot.pause(0.2)
