@@ -558,7 +558,7 @@ class ChatView(Vertical):
         event.stop()
         prompt = self.query_one(PromptArea)
         prompt.focus()
-        prompt.insert(event.character)
+        prompt.replace(event.character, *prompt.selection, maintain_selection_offset=False)  # as typing does
 
     @on(PromptArea.EditLastAsked)
     def _edit_last_asked(self, event: PromptArea.EditLastAsked) -> None:

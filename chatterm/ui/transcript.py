@@ -393,6 +393,8 @@ class ConversationView(VerticalScroll):
         self._older_title = ""
         self._loading_older = False
         self._selected: AssistantReply | None = None
+        self._typing = False
+        """Characters go to the prompt (see `on_key`)."""
 
     def on_mount(self) -> None:
         self.anchor()
@@ -473,12 +475,20 @@ class ConversationView(VerticalScroll):
 
     def on_key(self, event: events.Key) -> None:
         """A character that is not one of the turn keys goes to the prompt, with
-        the focus: a sentence typed here by mistake (after a Tab too many)
-        would otherwise run as turn keys from its first bound letter on."""
-        if event.is_printable and event.character and not self.app.active_bindings.get(event.key):
+        the focus, and so does every character after it until the view is
+        focused again: a sentence typed here by mistake would otherwise run as
+        turn keys from its first bound letter on. (Keys read in one go, over a
+        slow link, all reach the view before the focus moves.)"""
+        if not (event.is_printable and event.character):
+            return
+        if self._typing or not self.app.active_bindings.get(event.key):
+            self._typing = True
             event.stop()
             event.prevent_default()
             self.post_message(self.TypedHere(event.character))
+
+    def on_focus(self) -> None:
+        self._typing = False
 
     def current_reply(self) -> AssistantReply | None:
         """The reply the turn actions apply to: the selected one, else the last."""

@@ -10,6 +10,7 @@ import time
 import pytest
 from fake_engine import FakeEngine
 from pilot_steps import loaded, send, wait_for, wait_for_palette_hit
+from textual import events
 from textual.geometry import Region
 from textual.widgets import DataTable
 
@@ -226,6 +227,15 @@ async def test_a_sentence_typed_in_the_conversation_goes_to_the_prompt_and_esc_u
         prompt = app.query_one("#prompt")
         assert prompt.text == "This" and app.focused is prompt
         assert len(store.turns(sid)) == 2 and len(store.sessions()) == 1  # no fork, no regenerate
+        # Keys read in one go (a slow link) all reach the view before the focus
+        # moves: the turn keys after the first character go to the prompt too,
+        # and a selection there is replaced, as typing there does.
+        prompt.select_all()
+        conversation.focus()
+        for character in "Tree":
+            app.post_message(events.Key(character, character))
+        await wait_for(pilot, lambda: prompt.text == "Tree", what="the burst in the prompt")
+        assert len(store.turns(sid)) == 2 and len(store.sessions()) == 1
         prompt.clear()
         # Esc unselects: Ctrl+R goes back to the last reply.
         await pilot.press("escape")
