@@ -106,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
             write_atomic(output, chunks)
     if output is not None:
         print(f"wrote {counted(len(sessions), 'session')} to {output}", file=sys.stderr)
-    elif sys.stdout.isatty():
+    elif args.output is None and sys.stdout.isatty():  # `-o -` chose stdout
         # Read on a terminal, the export was likely meant as a file.
         print(f"chatterm: that was {fmt.upper()} on the terminal; -o FILE writes a file "
               f"(.jsonl .csv, or .md .html for a report with charts)", file=sys.stderr)

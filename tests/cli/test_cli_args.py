@@ -105,6 +105,8 @@ def test_an_export_without_ids_names_the_session_it_chose_on_stderr_only(tmp_pat
     assert main(["--db", str(db), "export", str(last)]) == 0
     assert capsys.readouterr().err == ("chatterm: that was JSONL on the terminal; -o FILE writes a file "
                                        "(.jsonl .csv, or .md .html for a report with charts)\n")
+    assert main(["--db", str(db), "export", str(last), "-o", "-"]) == 0  # stdout chosen: no hint
+    assert capsys.readouterr().err == ""
     monkeypatch.undo()
     assert main(["--db", str(db), "export", str(last), "-o", str(tmp_path / "one.csv")]) == 0
     assert capsys.readouterr().err == f"wrote 1 session to {tmp_path / 'one.csv'}\n"

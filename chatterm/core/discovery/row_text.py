@@ -28,7 +28,9 @@ def fmt_bytes(n: int | None) -> str:
         return "?"
     for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if n >= size:
-            return f"{n / size:.3g} {unit}"
+            value = n / size
+            # Three figures; 1000-1023 of a unit whole (.3g writes 1e+03).
+            return f"{value:.3g} {unit}" if value < 1000 else f"{value:.0f} {unit}"
     return f"{n} B"
 
 

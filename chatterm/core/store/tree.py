@@ -58,7 +58,10 @@ def parent_sql(tree: bool) -> str:
 
 def copied_sql(tree: bool) -> str:
     """True for a turn (over `t`) that a fork copied from a session still
-    stored: that session holds the same turn, so a search lists it there, once."""
+    stored: that session holds the same turn, so a search lists it there, once.
+    Only the direct parent is looked at: with the middle of a fork line
+    deleted, the last fork's copies are hits again. A deleted parent's id is
+    never reused while its fork exists (new ids are above the highest)."""
     if not tree:
         return "0"
     return (

@@ -13,6 +13,7 @@ import pytest
 from chatterm.core.discovery.facts_cache import FactsCache
 from chatterm.core.discovery.fit import BUDGET_SHARE, Memory
 from chatterm.core.discovery.listing import list_models
+from chatterm.core.discovery.row_text import fmt_bytes
 from tests.core.discovery.layouts import tree
 
 PLENTY = Memory("RAM", 64 << 30)
@@ -154,3 +155,11 @@ def test_an_unreadable_service_folder_is_skipped_not_listed(layout, monkeypatch,
         assert not [r for r in rows_of(layout).values() if str(service) in str(r.found.location)]
     finally:
         service.chmod(0o700)
+
+
+@pytest.mark.parametrize(("n", "text"), [
+    (None, "?"), (512, "512 B"), (1023 << 10, "1023 KiB"), (1000 << 20, "1000 MiB"),
+    (int(1.8 * (1 << 20)), "1.8 MiB"), (3 << 30, "3 GiB"), (123_456_789_012, "115 GiB"),
+])
+def test_sizes_are_binary_units_named_as_such_never_in_e_notation(n, text):
+    assert fmt_bytes(n) == text
