@@ -473,19 +473,24 @@ class ConversationView(VerticalScroll):
     def has_selection(self) -> bool:
         return self._selected is not None and self._selected.is_attached
 
-    def on_key(self, event: events.Key) -> None:
+    async def on_key(self, event: events.Key) -> None:
         """A character that is not one of the turn keys goes to the prompt, with
         the focus, and so does every character after it until the view is
         focused again: a sentence typed here by mistake would otherwise run as
-        turn keys from its first bound letter on. (Keys read in one go, over a
-        slow link, all reach the view before the focus moves.)"""
+        turn keys from its first bound letter on. Keys read in one go (a slow
+        link, a paste) all reach the view before the focus moves, so a key
+        that is bound runs its binding here: left to reach the app's binding
+        check, it found the prompt focused by then, and was lost."""
         if not (event.is_printable and event.character):
             return
-        if self._typing or not self.app.active_bindings.get(event.key):
+        event.stop()
+        event.prevent_default()
+        active = None if self._typing else self.app.active_bindings.get(event.key)
+        if active is None:
             self._typing = True
-            event.stop()
-            event.prevent_default()
             self.post_message(self.TypedHere(event.character))
+        elif active.enabled:
+            await active.node.run_action(active.binding.action)
 
     def on_focus(self) -> None:
         self._typing = False

@@ -244,6 +244,13 @@ async def test_a_sentence_typed_in_the_conversation_goes_to_the_prompt_and_esc_u
         await wait_for(pilot, lambda: len(app.conversation.turns) == 3, what="the regenerated turn")
         await idle(pilot)
         assert engines[0].received[-1][2] == "second"
+        # A burst that starts with a turn key runs it, and the rest is typed:
+        # "fine" forks (the key was lost before), then "ine" is in the prompt.
+        conversation.focus()
+        for character in "fine":
+            app.post_message(events.Key(character, character))
+        await wait_for(pilot, lambda: len(store.sessions()) == 2 and prompt.text == "ine",
+                       what="the fork and the rest of the burst")
 
 
 async def test_empty_edit_and_actions_before_any_turn_are_one_line_and_lose_nothing(build, store):
