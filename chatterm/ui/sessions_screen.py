@@ -102,13 +102,16 @@ class _Table:
 
     def title_cells(self, table: DataTable) -> int:
         """The title column's width: its widest line, as far as `table` has
-        room after the other columns' widest cells and every column's
-        padding, and at least `floor`."""
+        room after the other columns' widest cells, every column's padding
+        and a scrollbar, and at least `floor`."""
         widest = [
             max([cell_len(label), *(row[n].cell_len for row in self.rows)])
             for n, label in enumerate(self.labels) if n != 1
         ]
-        room = table.scrollable_content_region.width - sum(widest) - 2 * table.cell_padding * len(self.labels)
+        # As if the vertical scrollbar were there: it comes with the rows, after
+        # this width is chosen, and would then cover the last column.
+        width = table.content_region.width - table.styles.scrollbar_size_vertical
+        room = width - sum(widest) - 2 * table.cell_padding * len(self.labels)
         title = max((cell_len(_flat(line)) for row in self.rows for line in row[1]), default=0)
         return max(self.floor, min(room, title))
 
@@ -169,7 +172,9 @@ class SessionsScreen(ModalScreen["SessionChoice | None"]):
                          classes="modal-hint")
 
     def on_mount(self) -> None:
-        self._show_sessions()
+        # Once laid out: the title column's width depends on the table's, and
+        # a long list is then drawn once, not again at the first resize.
+        self.call_after_refresh(self._show_sessions)
 
     def on_resize(self, event: events.Resize) -> None:
         fit_table(self._table(), event.size.height, BOX_ROWS)

@@ -17,6 +17,7 @@ from chatterm.ui.prompt import PromptArea
 from chatterm.ui.screens import PersonaPicker
 from chatterm.ui.sessions_screen import TITLE_CELL, ConfirmScreen, RenameScreen, SessionsScreen
 from chatterm.ui.transcript import AssistantReply, Notice, UserMessage
+from tests.core.store.test_store import full_metrics, new_session
 
 SIZE = (120, 40)
 
@@ -230,6 +231,8 @@ async def test_the_sessions_table_fits_its_box_without_scrolling_sideways_from_1
     # Narrower, it scrolls sideways (the cost is the last column); wider, the
     # title column takes the room, then shows this title whole.
     message = "A first message, long enough to fill the title column of the table"
+    for n in range(12):  # more rows than the table shows: its scrollbar must not cover the last column
+        store.record_turn(new_session(store, started_at=1000.0 + n), f"older {n}", "ok", full_metrics())
     app, _ = build(store=store)
     async with app.run_test(size=(columns, 40)) as pilot:
         await loaded(pilot)
@@ -237,11 +240,12 @@ async def test_the_sessions_table_fits_its_box_without_scrolling_sideways_from_1
         await pilot.press("f3")
         await wait_for(pilot, lambda: isinstance(app.screen, SessionsScreen), what="the sessions screen")
         table = app.screen.query_one(DataTable)
-        await wait_for(pilot, lambda: table.row_count == 1, what="the row")
+        await wait_for(pilot, lambda: table.row_count == 13, what="the rows")
         await pilot.pause()
         assert table.virtual_size.width <= table.scrollable_content_region.width, (
             table.virtual_size.width, table.scrollable_content_region.width)
         title, preview = cells(table, 1)[0].splitlines()
+        assert table.show_vertical_scrollbar
         info = store.sessions()[0]
         if columns == 160:  # the store's title and preview, uncut
             assert (title, preview) == (info.title, info.preview)
