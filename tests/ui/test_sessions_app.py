@@ -323,4 +323,4 @@ async def test_the_sessions_screen_keeps_its_hint_and_the_turns_column_in_view_a
         width, height = table.scrollable_content_region.size
         shown = "\n".join(strip.text for strip in table.render_lines(Region(0, 0, width, height)))
         assert "turns" in shown and "1 +1" in shown
-        assert "Turns 1 +1" in str(screen.query_one("#sessions-note").render())
+        assert "Turns such as 1 +1:" in str(screen.query_one("#sessions-note").render())

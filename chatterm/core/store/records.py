@@ -89,8 +89,9 @@ def turns_note(sessions: Iterable[SessionInfo]) -> str:
     s = next((s for s in sessions if s.turns > s.path_turns), None)
     if s is None:
         return ""
-    return (f"Turns {s.turns_label}: {s.path_turns} on the branch shown, {s.turns - s.path_turns} more on "
-            "other branches (regenerated, edited).")
+    # "such as": the session it names may be scrolled out of view.
+    return (f"Turns such as {s.turns_label}: {s.path_turns} on the branch shown, {s.turns - s.path_turns} more "
+            "on other branches (regenerated, edited).")
 
 
 @dataclass(slots=True)
