@@ -553,12 +553,11 @@ class ChatView(Vertical):
         self.set_status({StopReason.CANCELLED: "stopped", StopReason.ERROR: "error"}.get(m.stop_reason, "ready"))
 
     # -- turn actions: regenerate, edit, branches (the tree: ui/branches.py) ---------------
-    @on(ConversationView.TypedHere)
-    def _typed_in_conversation(self, event: ConversationView.TypedHere) -> None:
-        event.stop()
+    def type_in_prompt(self, character: str) -> None:
+        """Focus the prompt and type `character` there (it replaces a selection, as typing does)."""
         prompt = self.query_one(PromptArea)
         prompt.focus()
-        prompt.replace(event.character, *prompt.selection, maintain_selection_offset=False)  # as typing does
+        prompt.replace(character, *prompt.selection, maintain_selection_offset=False)
 
     @on(PromptArea.EditLastAsked)
     def _edit_last_asked(self, event: PromptArea.EditLastAsked) -> None:
@@ -626,6 +625,8 @@ class ChatView(Vertical):
         prompt = self.query_one(PromptArea)
         prompt.editing = False
         prompt.clear()
+        # Not left saying "editing" while a prefill keeps "ready" back.
+        self.set_status("edit cancelled")
         self.show_ready()
         return True
 

@@ -39,6 +39,7 @@ from chatterm.core.metrics.whatif import cost_split, switch_tokens
 from chatterm.ui.fit_text import first_fitting
 from chatterm.ui.rows import LABEL_WIDTH, Fitted, Rows
 from chatterm.ui.timeline import STYLES, fmt_share, shown, timeline_bar, token_cost_line
+from chatterm.ui.typing_to_prompt import TypingGoesToPrompt
 
 if TYPE_CHECKING:
     from chatterm.core.engine.interface import DeviceInfo
@@ -117,12 +118,14 @@ class ZeroSparkline(Sparkline):
 
 CONTEXT_WARNING = 0.8
 """The share of the context at which the headline warns that it is filling."""
-HINT_FOCUSED = ("▶ dashboard · ↑↓ PgUp PgDn Home End scroll · Tab leaves", "▶ dashboard · ↑↓ PgUp PgDn · Tab leaves")
+HINT_FOCUSED = ("▶ dashboard · ↑↓ PgUp PgDn Home End scroll · Tab leaves", "▶ dashboard · ↑↓ PgUp PgDn · Tab leaves",
+                "▶ ↑↓ PgUp PgDn · Tab leaves")
 HINT_MORE = ("↓ more below · Tab to here, then ↓ or PgDn", "↓ more below · Tab, then ↓ PgDn")
-"""Each longest first: the panel is 38 cells wide at 80 columns (F4)."""
+"""Each longest first: the panel is 38 cells wide at 80 columns (F4), less its
+scrollbar when it scrolls."""
 
 
-class Dashboard(VerticalScroll):
+class Dashboard(TypingGoesToPrompt, VerticalScroll):
     # Focusable (Tab) so the keyboard can scroll it: at 80x24 most of it is
     # below the fold. It never takes the focus by itself.
     can_focus = True

@@ -25,15 +25,13 @@ Contract:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from rich.console import Console
 from rich.markdown import Markdown as RichMarkdown
 from rich.segment import Segment
 from rich.text import Text
-from textual import events
-from textual.binding import Binding
+from textual.binding import ActiveBinding, Binding
 from textual.containers import VerticalScroll
 from textual.content import Content
 from textual.geometry import Size
@@ -44,6 +42,7 @@ from textual.widgets import Static
 
 from chatterm.core.metrics.format import footer_line, printable
 from chatterm.core.metrics.turn_metrics import StopReason, TurnMetrics
+from chatterm.ui.typing_to_prompt import TypingGoesToPrompt
 
 if TYPE_CHECKING:
     from chatterm.core.store.session_store import TurnRecord
@@ -349,7 +348,7 @@ def settled_length(source: str) -> int:
     return sum(len(line) for line in lines[: starts[-1]])
 
 
-class ConversationView(VerticalScroll):
+class ConversationView(TypingGoesToPrompt, VerticalScroll):
     """The scrolling list of messages; it follows the bottom while a reply streams.
 
     A resumed session shows its last turns only (`show_records`); scrolling
@@ -359,12 +358,6 @@ class ConversationView(VerticalScroll):
 
     class OlderShown(Message):
         """A page of older turns was mounted (a good moment to collect garbage)."""
-
-    @dataclass
-    class TypedHere(Message):
-        """A character that is no turn key was typed in the view (for the prompt)."""
-
-        character: str
 
     # Focused, the view scrolls with ↑ ↓ (VerticalScroll's keys); these act on
     # the selected turn, the last one unless Shift+↑ ↓ picked another. The
@@ -393,8 +386,6 @@ class ConversationView(VerticalScroll):
         self._older_title = ""
         self._loading_older = False
         self._selected: AssistantReply | None = None
-        self._typing = False
-        """Characters go to the prompt (see `on_key`)."""
 
     def on_mount(self) -> None:
         self.anchor()
@@ -473,27 +464,11 @@ class ConversationView(VerticalScroll):
     def has_selection(self) -> bool:
         return self._selected is not None and self._selected.is_attached
 
-    async def on_key(self, event: events.Key) -> None:
-        """A character that is not one of the turn keys goes to the prompt, with
-        the focus, and so does every character after it until the view is
-        focused again: a sentence typed here by mistake would otherwise run as
-        turn keys from its first bound letter on. Keys read in one go (a slow
-        link, a paste) all reach the view before the focus moves, so a key
-        that is bound runs its binding here: left to reach the app's binding
-        check, it found the prompt focused by then, and was lost."""
-        if not (event.is_printable and event.character):
-            return
-        event.stop()
-        event.prevent_default()
-        active = None if self._typing else self.app.active_bindings.get(event.key)
-        if active is None:
-            self._typing = True
-            self.post_message(self.TypedHere(event.character))
-        elif active.enabled:
-            await active.node.run_action(active.binding.action)
-
-    def on_focus(self) -> None:
-        self._typing = False
+    def key_acts(self, active: ActiveBinding) -> bool:
+        """A turn key acts on a selected turn only: without one, the letters
+        are a sentence typed here by mistake (after a Shift+Tab), for the
+        prompt; they forked and regenerated the last turn unseen."""
+        return active.node is not self or self.has_selection
 
     def current_reply(self) -> AssistantReply | None:
         """The reply the turn actions apply to: the selected one, else the last."""

@@ -399,7 +399,7 @@ async def test_empty_message_is_ignored_and_huge_paste_is_accepted(build):
         assert not message.expanded and "not shown" in rendered(message)
         # From the keyboard: x in the conversation, on the selected (here the last) turn.
         app.query_one(ConversationView).focus()
-        await pilot.press("x")
+        await pilot.press("shift+up", "x")
         assert message.expanded and "not shown" not in rendered(message)
         await pilot.press("x")
         assert not message.expanded

@@ -244,9 +244,15 @@ async def test_a_sentence_typed_in_the_conversation_goes_to_the_prompt_and_esc_u
         await wait_for(pilot, lambda: len(app.conversation.turns) == 3, what="the regenerated turn")
         await idle(pilot)
         assert engines[0].received[-1][2] == "second"
-        # A burst that starts with a turn key runs it, and the rest is typed:
-        # "fine" forks (the key was lost before), then "ine" is in the prompt.
+        # With no turn selected, the turn keys are text too: "fine" forks nothing.
         conversation.focus()
+        await pilot.press(*"fine")
+        assert prompt.text == "fine" and len(store.sessions()) == 1
+        prompt.clear()
+        # With one, a burst that starts with a turn key runs it (the key was lost
+        # before) and the rest is typed: a fork, then "ine" in the prompt.
+        conversation.focus()
+        await pilot.press("shift+up")
         for character in "fine":
             app.post_message(events.Key(character, character))
         await wait_for(pilot, lambda: len(store.sessions()) == 2 and prompt.text == "ine",
@@ -274,13 +280,14 @@ async def test_empty_edit_and_actions_before_any_turn_are_one_line_and_lose_noth
         assert not prompt.editing
         # Esc cancels an edit: the prompt is emptied, the message is as it was.
         await pilot.press("up")
-        assert prompt.text == "hi"
+        assert prompt.text == "hi" and "editing your message" in rendered(app.query_one("#status"))
         await pilot.press("escape")
         assert prompt.text == "" and not prompt.editing and users(app) == ["hi"]
+        assert "editing" not in rendered(app.query_one("#status"))  # the status line says so too
         # An edit never replaces a draft: one line, the draft stays.
         prompt.insert("a draft")
         app.query_one("#conversation").focus()
-        await pilot.press("e")
+        await pilot.press("shift+up", "e")
         await wait_for(pilot, lambda: any("Send or clear the message" in n for n in notifications(app)),
                        what="the refusal")
         assert prompt.text == "a draft" and not prompt.editing

@@ -131,7 +131,7 @@ async def test_after_a_branch_switch_the_history_is_prefilled_before_anything_is
             await send(pilot, "Name a mountain in Asia.")
             # Edit the second message: the context then holds the edited branch.
             app.query_one("#conversation").focus()
-            await pilot.press("e")
+            await pilot.press("shift+up", "e")  # the last turn, marked
             prompt = app.query_one("#prompt")
             assert prompt.text == "Name a mountain in Asia."
             prompt.clear()
