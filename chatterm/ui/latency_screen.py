@@ -135,6 +135,8 @@ class LatencyScreen(Screen[None]):
                 yield PlotextPlot(id="plot-cost")
             with TabPane("Turns", id="tab-turns"):
                 yield DataTable(id="latency-turns", cursor_type="row", zebra_stripes=True)
+                # At 80 columns the last columns are out of view, and nothing said how to reach them.
+                yield Static(Content(f"Enter opens a turn{SEP}← → scroll the columns"), classes="chart-note")
             with TabPane("What if", id="tab-costs"):
                 with VerticalScroll():
                     yield Static(self._costs(), id="latency-costs")

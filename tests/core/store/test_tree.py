@@ -61,7 +61,8 @@ def test_regenerate_keeps_the_old_reply_and_makes_the_new_one_current(tmp_path):
         # The listings say what "4 +1" means, and only when one shows such a count.
         plain = store.session(four_turns(store))
         assert turns_note([plain]) == ""
-        assert turns_note([plain, info]).startswith("Turns such as 4 +1: 4 on the branch shown, 1 more on other branches")
+        assert turns_note([plain, info]).startswith(
+            "Turns such as 4 +1: 4 on the branch shown, 1 more on other branches")
 
 
 def test_a_turn_goes_under_the_turn_its_history_ends_at(tmp_path):
