@@ -393,10 +393,29 @@ class ChatView(Vertical):
                 return
             if not await self._branch_at(editing, edit=True):
                 return
+        else:
+            self._say_if_continued_elsewhere()
         self._stop_ahead_timer()
         event.prompt.clear()
         user = await self.messages.add_user(text)
         await self._start_turn(text, user)
+
+    def _say_if_continued_elsewhere(self) -> None:
+        """Say so when another process (`chatterm ask --session`, a second
+        window) moved this session on since it was shown: the message goes on
+        from the conversation on screen, so it becomes a branch beside that
+        turn, which would otherwise appear as `‹ 1/2 ›` unexplained."""
+        conversation = self._conversation
+        if conversation is None or conversation.store is None or conversation.session_id is None:
+            return
+        try:
+            current = conversation.store.current_turn(conversation.session_id)
+        except ChattermError:
+            return  # the record after the reply says what is wrong with the store
+        if (current or 0) != (conversation.leaf or 0):
+            notify_plain(self.app, f"Session {conversation.session_id} was continued elsewhere (turn {current}): "
+                                   "this message goes on from the conversation shown, as a branch beside it; "
+                                   "← in the conversation shows the other.", severity="warning")
 
     async def _start_turn(self, text: str, user: UserMessage) -> None:
         """Mount a streaming reply under `user` and run the turn that sends `text`."""

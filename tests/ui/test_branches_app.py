@@ -20,6 +20,7 @@ from chatterm.ui.chat_view import TurnPhase
 from chatterm.ui.launch import make_app
 from chatterm.ui.sessions_screen import SessionsScreen
 from chatterm.ui.transcript import AssistantReply, UserMessage
+from tests.core.store.test_store import full_metrics
 
 SIZE = (120, 40)
 
@@ -400,3 +401,23 @@ async def test_the_path_under_a_branch_switched_to_is_in_view(build, store):
         await pilot.pause(0.2)
         last = app.query(AssistantReply).last()
         assert view.region.contains_region(last.region), (view.region, last.region)
+
+
+async def test_a_session_continued_by_another_process_meanwhile_is_said_and_branched(build, store, workspace):
+    app, engines = build(["One.", "Two.", "Three."], store=store)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        await send(pilot, "first")
+        sid = app.conversation.session_id
+        # `chatterm ask --session` in another terminal: its own connection, its turn the leaf.
+        with SessionStore(workspace.db_path) as other:
+            other.record_turn(sid, "asked elsewhere", "Elsewhere.", full_metrics())
+        await send(pilot, "second")
+        assert any(f"Session {sid} was continued elsewhere (turn 2)" in n for n in notifications(app))
+        # The message went on from the conversation shown: a branch beside that turn.
+        assert [r.user_text for r in store.turns(sid)] == ["first", "second"]
+        assert store.siblings(sid, 3) == [2, 3]
+        assert engines[0].received[-1][1][-1].content == "One."
+        before = len(notifications(app))
+        await send(pilot, "third")  # in step again: nothing to say
+        assert not any("continued elsewhere" in n for n in notifications(app)[before:])

@@ -450,6 +450,12 @@ class SessionStore:
         return hits
 
     # -- reading turns ------------------------------------------------------
+    def current_turn(self, session_id: int) -> int | None:
+        """The session's current leaf, as any process last left it (None: no
+        turn yet); ChattermError when the session is unknown."""
+        with self._lock:
+            return self._leaf(session_id)
+
     def turns(self, session_id: int) -> list[TurnRecord]:
         """The current path, oldest first: what the model's history is made of
         (ChattermError when the session is unknown)."""
