@@ -371,6 +371,7 @@ class ChatSession(Horizontal):
         # Keys typed next are the next message: with the conversation focused
         # (Tab, Shift+↑) they went to its letter keys and were lost.
         self.chat.focus_prompt()
+        self.dashboard.scroll_home(animate=False)  # another conversation's figures, from their top
         if resume is not None:
             self._read_history(resume)
         self._show_persona()

@@ -121,6 +121,8 @@ CONTEXT_WARNING = 0.8
 HINT_FOCUSED = ("▶ dashboard · ↑↓ PgUp PgDn Home End scroll · Tab leaves", "▶ dashboard · ↑↓ PgUp PgDn · Tab leaves",
                 "▶ ↑↓ PgUp PgDn · Tab leaves")
 HINT_MORE = ("↓ more below · Tab to here, then ↓ or PgDn", "↓ more below · Tab, then ↓ PgDn")
+HINT_ABOVE = ("↑ more above · Tab to here, then ↑ Home", "↑ more above · Tab, then ↑ Home")
+HINT_BOTH = ("↑↓ more above and below · Tab to here", "↑↓ more above and below")
 """Each longest first: the panel is 38 cells wide at 80 columns (F4), less its
 scrollbar when it scrolls."""
 
@@ -198,10 +200,13 @@ class Dashboard(TypingGoesToPrompt, VerticalScroll):
 
     def _update_hint(self) -> None:
         for hint in self.query("#dash-hint").results(Static):  # none while the app closes
+            # Scrolled, the sections above are hidden too (the Turn heading).
+            above, below = self.scroll_y > 0, self.scroll_y < self.max_scroll_y
             if self.has_focus:
                 text = first_fitting(HINT_FOCUSED, hint.content_size.width)
-            elif self.scroll_y < self.max_scroll_y:
-                text = first_fitting(HINT_MORE, hint.content_size.width)
+            elif above or below:
+                hints = HINT_BOTH if above and below else HINT_ABOVE if above else HINT_MORE
+                text = first_fitting(hints, hint.content_size.width)
             else:
                 text = ""
             hint.update(Content(text), layout=False)

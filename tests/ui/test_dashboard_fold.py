@@ -5,10 +5,10 @@ the screen whatever the panel's scroll, and the focused pane is marked."""
 from __future__ import annotations
 
 import pytest
-from pilot_steps import loaded, send
+from pilot_steps import loaded, send, wait_for
 from textual.geometry import Region
 
-from chatterm.ui.dashboard import HINT_FOCUSED, Dashboard
+from chatterm.ui.dashboard import HINT_ABOVE, HINT_FOCUSED, HINT_MORE, Dashboard
 
 
 def drawn(widget) -> str:
@@ -62,3 +62,10 @@ async def test_the_headline_stays_inside_the_screen_and_focus_is_marked(build, s
         await pilot.press("tab")
         await pilot.pause()
         assert not hint.has_class("-focused")
+        # Scrolled to the end, the hint says the sections above are out of view;
+        # a new conversation shows the panel from its top again.
+        assert drawn(hint).strip() in HINT_ABOVE
+        await pilot.press("ctrl+n")
+        await wait_for(pilot, lambda: dash.scroll_y == 0, what="the panel back at its top")
+        await pilot.pause()
+        assert drawn(hint).strip() in ("", *HINT_MORE)  # nothing above
