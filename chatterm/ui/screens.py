@@ -26,7 +26,7 @@ from chatterm.ui.rows import Rows
 
 HELP_KEYS: tuple[tuple[str, str], ...] = (
     ("Enter", "send the message"),
-    ("Ctrl+J", "new line (also Shift+Enter / Alt+Enter where reported)"),
+    ("Ctrl+J", "new line (Shift/Alt+Enter too); F7 selects all (to clear)"),
     ("Esc", "stop the reply / unselect the turn / drop the type-ahead"),
     ("F1 or ?", "this help (? when the prompt is not focused)"),
     ("F2", "switch persona (to its last conversation, else a new one)"),
