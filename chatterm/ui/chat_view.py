@@ -847,8 +847,8 @@ class ChatView(Vertical):
 
     def stop(self) -> None:
         """Esc: stop the reply that is streaming; cancel an edit; unselect the
-        selected turn (the turn keys and Ctrl+R go back to the last one); in
-        an empty prompt, drop the type-ahead."""
+        selected turn (Ctrl+R and ← → go back to the last reply, the letter
+        keys are text again); in an empty prompt, drop the type-ahead."""
         if self.cancel_edit():
             return
         if self._phase in (TurnPhase.STREAMING, TurnPhase.STOPPING):

@@ -360,8 +360,9 @@ class ConversationView(TypingGoesToPrompt, VerticalScroll):
         """A page of older turns was mounted (a good moment to collect garbage)."""
 
     # Focused, the view scrolls with ↑ ↓ (VerticalScroll's keys); these act on
-    # the selected turn, the last one unless Shift+↑ ↓ picked another. The
-    # actions are the app's, shared with its keys and the command palette.
+    # the selected turn: ← → on the last one until Shift+↑ ↓ picks one, the
+    # letters only once one is picked (`key_acts`). The actions are the
+    # app's, shared with its keys and the command palette.
     BINDINGS = [
         Binding("shift+up", "select_turn(-1)", "Previous turn", show=False),
         Binding("shift+down", "select_turn(1)", "Next turn", show=False),
@@ -488,8 +489,8 @@ class ConversationView(TypingGoesToPrompt, VerticalScroll):
         if not replies:
             return
         selected = self._selected
-        # Nothing marked yet: the first Shift+↑ marks the last turn (the one the
-        # turn keys act on until then), not the one before it.
+        # Nothing marked yet: the first Shift+↑ marks the last turn (the one
+        # ← → and Ctrl+R act on until then), not the one before it.
         index = replies.index(selected) if selected in replies else len(replies)
         self.select(replies[max(0, min(index + delta, len(replies) - 1))])
 
