@@ -35,7 +35,7 @@ from inspect import isawaitable
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Mapping
 
-from textual import on, work
+from textual import events, on, work
 from textual.app import App, SystemCommand
 from textual.binding import Binding
 from textual.message import Message
@@ -60,6 +60,7 @@ from chatterm.ui.screens import HelpScreen, PersonaPicker
 from chatterm.ui.theme_memory import ThemeMemory
 from chatterm.ui.themes import DEFAULT_THEME, ThemeSet
 from chatterm.ui.title_bar import TitleBar
+from chatterm.ui.typing_to_prompt import TypingGoesToPrompt
 
 if TYPE_CHECKING:
     from chatterm.core.config.catalog import ModelSpec
@@ -238,6 +239,21 @@ class ChatApp(App[None]):
             return
         self.chat.cancel()
         self.exit()
+
+    async def on_event(self, event: events.Event) -> None:
+        # Text typed beside the prompt goes in here, where keys arrive in order
+        # (ui/typing_to_prompt.py); everything else as Textual routes it.
+        if isinstance(event, events.Key) and not event.is_forwarded:
+            focused = self.focused
+            route = focused.route_key(event) if isinstance(focused, TypingGoesToPrompt) else None
+            if isinstance(route, str):
+                self.chat.type_in_prompt(route)
+                return
+            if route is not None:
+                if route.enabled:
+                    await route.node.run_action(route.binding.action)
+                return
+        await super().on_event(event)
 
     def on_unmount(self) -> None:
         self.chat.cancel()

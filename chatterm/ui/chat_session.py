@@ -52,7 +52,6 @@ from chatterm.ui.notices import notify_plain
 from chatterm.ui.resume import Resume, read_history, read_resume, resumed_notice, turns_phrase
 from chatterm.ui.sessions_screen import SessionChoice, SessionsScreen
 from chatterm.ui.transcript import OlderTurns
-from chatterm.ui.typing_to_prompt import TypingGoesToPrompt
 from chatterm.ui.worker_errors import reported
 
 if TYPE_CHECKING:
@@ -199,11 +198,6 @@ class ChatSession(Horizontal):
     @on(ChatView.TurnFinished)
     def _turn_finished(self) -> None:
         self._show_model()
-
-    @on(TypingGoesToPrompt.Typed)
-    def _typed_beside_the_prompt(self, event: TypingGoesToPrompt.Typed) -> None:
-        event.stop()
-        self.chat.type_in_prompt(event.character)
 
     # -- the engine (the work itself: ui/engine_setup.py) ----------------------------
     def _run_setup(self, step: Callable[..., None], *args, group: str) -> None:

@@ -5,6 +5,7 @@ the old reply or message is kept as a sibling in the store, the new one is curre
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import pytest
@@ -258,6 +259,24 @@ async def test_a_sentence_typed_in_the_conversation_goes_to_the_prompt_and_esc_u
             app.post_message(events.Key(character, character))
         await wait_for(pilot, lambda: len(store.sessions()) == 2 and prompt.text == "ine",
                        what="the fork and the rest of the burst")
+
+
+async def test_keys_typed_beside_the_prompt_a_tick_apart_stay_in_order(build):
+    """Keys that arrive while the focus is moving to the prompt: those sent to the
+    conversation and those sent to the prompt come out in the order typed."""
+    app, _ = build(["One."])
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        await send(pilot, "first")
+        app.query_one("#conversation").focus()
+        await idle(pilot)
+        text = "stay in order"
+        for character in text:
+            app.post_message(events.Key(character, character))
+            await asyncio.sleep(0)  # one scheduler tick: some went to the prompt ahead of others
+        prompt = app.query_one("#prompt")
+        await wait_for(pilot, lambda: len(prompt.text) == len(text), what="every key in the prompt")
+        assert prompt.text == text
 
 
 async def test_empty_edit_and_actions_before_any_turn_are_one_line_and_lose_nothing(build, store):
