@@ -409,10 +409,10 @@ class ChatView(Vertical):
         if conversation is None or conversation.store is None or conversation.session_id is None:
             return
         try:
-            current = conversation.store.current_turn(conversation.session_id)
+            current = conversation.store.continued_elsewhere(conversation.session_id)
         except ChattermError:
             return  # the record after the reply says what is wrong with the store
-        if (current or 0) != (conversation.leaf or 0):
+        if current is not None:
             notify_plain(self.app, f"Session {conversation.session_id} was continued elsewhere (turn {current}): "
                                    "this message goes on from the conversation shown, as a branch beside it; "
                                    "← in the conversation shows the other.", severity="warning")

@@ -42,6 +42,11 @@ Contract:
   of that list. Renaming, deleting and forking a session are writes the user
   asked for: a refused one raises `ChattermError` (one line) instead of
   setting `write_error`. Search: `chatterm.core.store.search`.
+- `continued_elsewhere(sid)` names the current leaf when another process (or
+  another store on the file) moved it since this store last read or wrote it
+  (`turns`, `turns_page`, `record_turn`, `select_turn`, a new or forked
+  session): a regenerate or edit this store prepared and never recorded is
+  not a move.
 """
 
 from __future__ import annotations
@@ -98,6 +103,8 @@ class SessionStore:
         """Empty when there is no schema yet (a missing or new file opened read-only)."""
         self._turn_column_order: list[str] = []
         self._tree = False
+        self._leaf_seen: dict[int, int | None] = {}
+        """Each session's current leaf as this store last read or wrote it."""
         """Whether the schema has the conversation tree (v8; else it reads as one line)."""
         self._fts = False
         """Whether the database has the FTS5 index (else search scans)."""
@@ -179,7 +186,10 @@ class SessionStore:
             )
             return int(cur.lastrowid)
 
-        return self._write("could not create a session", insert)
+        new = self._write("could not create a session", insert)
+        if new is not None:
+            self._leaf_seen[new] = None
+        return new
 
     def move_session(self, session_id: int, *, model_id: str, model_identity: str, engine: str, device: str) -> None:
         """The session carries on with this model: it becomes the session's, the one
@@ -240,7 +250,10 @@ class SessionStore:
             )
             return int(index)
 
-        return self._write(f"could not save a turn of session {session_id}", insert)
+        index = self._write(f"could not save a turn of session {session_id}", insert)
+        if index is not None:
+            self._leaf_seen[session_id] = index
+        return index
 
     def path_before(self, session_id: int, turn_index: int) -> list[TurnRecord]:
         """The path up to turn `turn_index`'s parent: the history a regenerated or
@@ -261,6 +274,7 @@ class SessionStore:
             return leaf
 
         leaf = self._write(f"could not switch session {session_id} to turn {turn_index}", select, strict=True)
+        self._leaf_seen[session_id] = leaf
         return self._path(session_id, leaf, -1)
 
     def rename_session(self, session_id: int, title: str) -> str:
@@ -333,6 +347,7 @@ class SessionStore:
 
         forked = self._write(f"could not fork session {session_id}", fork, strict=True)
         assert forked is not None  # strict: a refused write raised
+        self._leaf_seen[forked[0]] = forked[1]
         return forked
 
     def _write(self, what: str, action: Callable[[sqlite3.Connection], T], *, strict: bool = False) -> T | None:
@@ -450,17 +465,21 @@ class SessionStore:
         return hits
 
     # -- reading turns ------------------------------------------------------
-    def current_turn(self, session_id: int) -> int | None:
-        """The session's current leaf, as any process last left it (None: no
-        turn yet); ChattermError when the session is unknown."""
+    def continued_elsewhere(self, session_id: int) -> int | None:
+        """The session's current leaf when something else moved it since this
+        store last read or wrote it, else None (once: the move is seen now);
+        ChattermError when the session is unknown."""
         with self._lock:
-            return self._leaf(session_id)
+            leaf = self._leaf(session_id)
+            seen = self._leaf_seen.get(session_id, leaf)
+            self._leaf_seen[session_id] = leaf
+            return leaf if leaf != seen else None
 
     def turns(self, session_id: int) -> list[TurnRecord]:
         """The current path, oldest first: what the model's history is made of
         (ChattermError when the session is unknown)."""
         with self._lock:
-            return self._path(session_id, self._leaf(session_id), -1)
+            return self._path(session_id, self._seen_leaf(session_id), -1)
 
     def turns_page(self, session_id: int, before_index: int | None, limit: int) -> list[TurnRecord]:
         """Up to `limit` turns of the current path before turn `before_index` (the
@@ -469,7 +488,7 @@ class SessionStore:
         is unknown."""
         limit = max(limit, 0)
         with self._lock:
-            leaf = self._leaf(session_id)
+            leaf = self._seen_leaf(session_id) if before_index is None else self._leaf(session_id)
             if before_index is None or not limit:
                 return self._path(session_id, leaf, limit) if limit else []
             row = self._query(
@@ -512,6 +531,11 @@ class SessionStore:
                 (session_id,),
             )
         return tree.records(tree.with_siblings(rows, len(self._record_columns)), self._record_columns)
+
+    def _seen_leaf(self, session_id: int) -> int | None:
+        """`_leaf`, for a read that shows the session as it is now."""
+        leaf = self._leaf_seen[session_id] = self._leaf(session_id)
+        return leaf
 
     def _leaf(self, session_id: int) -> int | None:
         """The current leaf (None: no turn yet); ChattermError when the session is unknown."""

@@ -78,6 +78,30 @@ def test_a_turn_goes_under_the_turn_its_history_ends_at(tmp_path):
         assert store.turn(sid, 7).parent == 6
 
 
+def test_continued_elsewhere_names_only_another_stores_move_and_once(tmp_path):
+    with SessionStore(tmp_path / "s.db") as store, SessionStore(tmp_path / "s.db") as other:
+        sid = four_turns(store)
+        assert store.continued_elsewhere(sid) is None
+        # A regenerate prepared here and never recorded (the engine closed): not a move.
+        store.path_before(sid, 4)
+        assert store.continued_elsewhere(sid) is None
+        # A switch here: not one either; a turn recorded by another store is, once.
+        store.select_turn(sid, 2)
+        assert store.continued_elsewhere(sid) is None
+        assert other.record_turn(sid, "elsewhere", "answer", full_metrics()) == 5
+        assert store.continued_elsewhere(sid) == 5
+        assert store.continued_elsewhere(sid) is None
+        # Reading the session shows it as it is: the move is seen.
+        assert other.record_turn(sid, "again", "answer", full_metrics()) == 6
+        assert [r.index for r in store.turns(sid)] == [1, 2, 3, 4, 5, 6]
+        assert store.continued_elsewhere(sid) is None
+        # A session forked or created here starts in step.
+        fork, _ = store.fork_session(sid, 2)
+        assert store.continued_elsewhere(fork) is None
+        with pytest.raises(ChattermError, match="99"):
+            store.continued_elsewhere(99)
+
+
 def test_an_edit_at_turn_2_of_4_branches_there_and_the_history_is_the_new_path(tmp_path):
     with SessionStore(tmp_path / "s.db") as store:
         sid = four_turns(store)
