@@ -301,9 +301,11 @@ async def test_empty_edit_and_actions_before_any_turn_are_one_line_and_lose_noth
         # Esc cancels an edit: the prompt is emptied, the message is as it was.
         await pilot.press("up")
         assert prompt.text == "hi" and "editing your message" in rendered(app.query_one("#status"))
+        app.chat.prefix_started()  # as while a resumed session's prefix loads: "ready" is held back
         await pilot.press("escape")
         assert prompt.text == "" and not prompt.editing and users(app) == ["hi"]
-        assert "editing" not in rendered(app.query_one("#status"))  # the status line says so too
+        assert "edit cancelled" in rendered(app.query_one("#status"))  # the status line says so too
+        app.chat.prefix_done()
         # An edit never replaces a draft: one line, the draft stays.
         prompt.insert("a draft")
         app.query_one("#conversation").focus()
