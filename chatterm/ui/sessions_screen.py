@@ -159,6 +159,8 @@ class SessionsScreen(ModalScreen["SessionChoice | None"]):
         """The hits shown (None: the sessions are shown)."""
         self._search_timer = None
         self._shown: _Table | None = None
+        self._open_when_shown = False
+        """Enter was pressed before the list was drawn."""
         self._shown_cells = 0
         """The title column's width in the table shown."""
 
@@ -174,7 +176,7 @@ class SessionsScreen(ModalScreen["SessionChoice | None"]):
     def on_mount(self) -> None:
         # Once laid out: the title column's width depends on the table's, and
         # a long list is then drawn once, not again at the first resize.
-        self.call_after_refresh(self._show_sessions)
+        self.call_after_refresh(self._shown_at_last)
 
     def on_resize(self, event: events.Resize) -> None:
         fit_table(self._table(), event.size.height, BOX_ROWS)
@@ -183,6 +185,12 @@ class SessionsScreen(ModalScreen["SessionChoice | None"]):
     # -- what the table shows ----------------------------------------------------------
     def _table(self) -> DataTable:
         return self.query_one("#sessions-table", DataTable)
+
+    def _shown_at_last(self) -> None:
+        """The list, and then the row an Enter before it chose."""
+        self._show_sessions()
+        if self._open_when_shown:
+            self._row_selected()
 
     def _show_sessions(self) -> None:
         self._hits = None
@@ -296,6 +304,14 @@ class SessionsScreen(ModalScreen["SessionChoice | None"]):
         chosen = self._chosen_row()
         if chosen is not None:
             self.dismiss(SessionChoice(*chosen))
+
+    def key_enter(self, event: events.Key) -> None:
+        """Enter before the list is drawn (F3 and Enter typed together) opens its
+        first row once it is: the table had no row to select yet, and the key
+        was lost."""
+        if self._shown is None and not isinstance(self.focused, Input):
+            event.stop()
+            self._open_when_shown = True
 
     def _table_key(self, event: events.Key) -> tuple[int, int | None] | None:
         """The highlighted row, for a letter key pressed in the table, which the

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 from pilot_steps import loaded, send, wait_for, wait_for_palette_hit
+from textual import events
 from textual.geometry import Region
 from textual.widgets import DataTable, Input, OptionList
 
@@ -224,6 +225,22 @@ async def test_fork_from_a_turn_continues_with_its_history(build, store):
         assert users(app) == ["one", "two", "three"]
         await pilot.pause(0.3)
         assert len(store.sessions()) == 3
+
+
+async def test_enter_the_moment_the_sessions_screen_opens_opens_the_first_row(build, store):
+    """The list is drawn once the screen is laid out: an Enter before that was lost."""
+    app, _ = build(store=store)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        await send(pilot, "here")
+        shown = app.conversation.session_id
+        other = new_session(store)  # newer: the first row
+        store.record_turn(other, "elsewhere", "Elsewhere.", full_metrics())
+        app.action_sessions()
+        app.post_message(events.Key("enter", "\r"))
+        await wait_for(pilot, lambda: app.conversation is not None and app.conversation.session_id == other,
+                       what="the first row opened")
+        assert shown != other and not isinstance(app.screen, SessionsScreen)
 
 
 @pytest.mark.parametrize("columns", [120, 160])
