@@ -396,14 +396,21 @@ def test_prepare_persona_restores_at_switch_time(ws, persona):
 
 def test_a_first_use_prefill_reports_its_progress(ws, persona, tmp_path):
     engine = make_engine(ws, kv_dir=tmp_path / "kv")  # nothing cached: a cold prefill
-    seen = []
+    seen, after = [], []
     try:
         report = engine.prepare_persona(persona, progress=seen.append)
+        # Another persona next: its prefix starts as this one's does (the
+        # template's opening, kept in the context), and the progress counts the
+        # whole prefix, as the report does, not only the tokens after those.
+        other = ws.personas.get("shop-support")
+        second = engine.prepare_persona(other, progress=after.append)
+        tokens = len(engine.prefix_tokens(other))
     finally:
         engine.close()
     assert report.outcome == "cold" and seen
     assert [p.done for p in seen] == sorted(p.done for p in seen)
     assert seen[-1].done == seen[-1].total == report.tokens and seen[-1].rate > 0
+    assert second.outcome == "cold" and after[-1].done == after[-1].total == second.tokens == tokens
 
 
 def test_missing_and_corrupt_gguf_are_one_line_errors(ws, tmp_path):

@@ -474,7 +474,9 @@ class LocalEngine(Engine):
                 return PrefixReport(CacheOutcome.RESTORED, reuse.ms, len(prefix), detail, reuse.source)
             return PrefixReport(CacheOutcome.MEMORY, 0.0, len(prefix), detail)
         t0 = time.perf_counter()
-        self._prefill(prefix[reuse.tokens :], turn, report=report)
+        # Counted against the whole prefix, as the report is: the tokens already
+        # in the context (a template's opening) are done from the start.
+        self._prefill(prefix[reuse.tokens :], turn, reuse.tokens, len(prefix), t0, report)
         ms = (time.perf_counter() - t0) * 1000.0
         if use_cache and self.kv_cache is not None and self.kv_cache.write_error is None:
             self._keep(Slot.persona(persona.id), {"prefill_ms": ms})
