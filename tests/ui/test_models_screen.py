@@ -113,12 +113,15 @@ async def test_picker_lists_the_models_with_their_facts_literally(stores, app_on
         picker = await open_picker(pilot)
         table = picker.query_one("#models-table")
         header = [str(c.label) for c in table.columns.values()]
-        assert header[:4] == ["id", "arch", "params", "quant"] and header[-1] == "fits"
-        smol = [cell.plain for cell in table.get_row(SMOL_ID)]
-        assert smol[1:4] == ["llama", "135M", "Q4_1"] and smol[5] == "8,192" and smol[7] == "yes"
-        tiny = [cell.plain for cell in table.get_row(TINY_ID)]
-        assert tiny[0] == TINY_ID  # a folder name with markup, shown as it is
-        assert tiny[1:4] == ["llama", "2.05K", "F16"] and tiny[6] == f"{2 * 2 * (16 + 16) * 2:,} B"
+        # "fits" first after the id: at 80 columns the last ones scroll out of view.
+        assert header == ["id", "fits", "size", "quant", "params", "trained ctx", "KV/token", "arch"]
+        smol = dict(zip(header, (cell.plain for cell in table.get_row(SMOL_ID))))
+        assert (smol["fits"], smol["quant"], smol["params"], smol["trained ctx"], smol["arch"]) == (
+            "yes", "Q4_1", "135M", "8,192", "llama")
+        tiny = dict(zip(header, (cell.plain for cell in table.get_row(TINY_ID))))
+        assert tiny["id"] == TINY_ID  # a folder name with markup, shown as it is
+        assert (tiny["arch"], tiny["params"], tiny["quant"]) == ("llama", "2.05K", "F16")
+        assert tiny["KV/token"] == f"{2 * 2 * (16 + 16) * 2:,} B"
         # Every column in view at 120 columns (the fit was cut at "yes: n_ctx 8,");
         # the fit in full and where the model was found are in the detail line.
         assert table.virtual_size.width <= table.scrollable_content_region.width

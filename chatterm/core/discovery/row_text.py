@@ -88,13 +88,15 @@ def cells(row: ModelRow) -> tuple[str, ...]:
     )
 
 
-PICKER_COLUMNS = ("id", "arch", "params", "quant", "size", "trained ctx", "KV/token", "fits")
+PICKER_COLUMNS = ("id", "fits", "size", "quant", "params", "trained ctx", "KV/token", "arch")
+"""What decides a choice first: at 80 columns the table scrolls sideways
+after "trained ctx", and "fits" at the end was out of view."""
 
 
 def picker_cells(row: ModelRow) -> tuple[str, ...]:
     """One text per `PICKER_COLUMNS` entry."""
-    texts = dict(zip(COLUMNS, cells(row), strict=True))
-    return (*(texts[c] for c in PICKER_COLUMNS[:-1]), fits_word(row))
+    texts = dict(zip(COLUMNS, cells(row), strict=True)) | {"fits": fits_word(row)}
+    return tuple(texts[c] for c in PICKER_COLUMNS)
 
 
 def picker_detail(row: ModelRow) -> str:
