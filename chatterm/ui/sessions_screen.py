@@ -73,7 +73,7 @@ class SessionChoice:
 def _two_lines(first: str, second: str, cells: int) -> Text:
     """A cell of two literal lines: the first bold, the second dim, each cut to `cells`."""
     text = Text(no_wrap=True, overflow="ellipsis")
-    text.append(_cut(first, cells), style="bold")
+    text.append(_cut_keeping_note(first, cells), style="bold")
     text.append("\n")
     text.append(_cut(second, cells), style="dim")
     return text
@@ -87,6 +87,21 @@ def _flat(text: str) -> str:
 def _cut(text: str, cells: int) -> str:
     flat = _flat(text)
     return flat if len(flat) <= cells else flat[: cells - 1] + "…"
+
+
+NOTE_HEAD = 8
+"""The least of a title kept before its closing note when both are cut to fit."""
+
+
+def _cut_keeping_note(text: str, cells: int) -> str:
+    """`_cut`, but a closing "(…)" note (a fork's "(fork of session 1, turn
+    2)") is kept and the text before it cut instead, while that leaves
+    `NOTE_HEAD` cells of it: at 80 columns the note was what got cut."""
+    flat = _flat(text)
+    head, _, note = flat.rpartition(" (")
+    if len(flat) <= cells or not (head and note.endswith(")")) or len(note) + 2 + NOTE_HEAD > cells:
+        return _cut(flat, cells)
+    return f"{_cut(head, cells - len(note) - 2)} ({note}"
 
 
 @dataclass(frozen=True)

@@ -115,10 +115,10 @@ async def test_picker_lists_the_models_with_their_facts_literally(stores, app_on
         header = [str(c.label) for c in table.columns.values()]
         # "fits" first after the id: at 80 columns the last ones scroll out of view.
         assert header == ["id", "fits", "size", "quant", "params", "trained ctx", "KV/token", "arch"]
-        smol = dict(zip(header, (cell.plain for cell in table.get_row(SMOL_ID))))
+        smol = dict(zip(header, (cell.plain for cell in table.get_row(SMOL_ID)), strict=True))
         assert (smol["fits"], smol["quant"], smol["params"], smol["trained ctx"], smol["arch"]) == (
             "yes", "Q4_1", "135M", "8,192", "llama")
-        tiny = dict(zip(header, (cell.plain for cell in table.get_row(TINY_ID))))
+        tiny = dict(zip(header, (cell.plain for cell in table.get_row(TINY_ID)), strict=True))
         assert tiny["id"] == TINY_ID  # a folder name with markup, shown as it is
         assert (tiny["arch"], tiny["params"], tiny["quant"]) == ("llama", "2.05K", "F16")
         assert tiny["KV/token"] == f"{2 * 2 * (16 + 16) * 2:,} B"

@@ -327,6 +327,7 @@ async def test_the_sessions_screen_keeps_its_hint_and_the_turns_column_in_view_a
                                    persona_id="assistant")
         store.record_turn(sid, f"Question {n}", "An answer.", metrics)
     store.record_turn(sid, "Question 7", "Another answer.", metrics, after=0)  # "1 +1", explained by the note
+    store.fork_session(sid)  # its title, "Question 7 (fork of …)", is wider than the column
     app, _ = build(store=store)
     async with app.run_test(size=(80, 24)) as pilot:
         await loaded(pilot)
@@ -340,4 +341,5 @@ async def test_the_sessions_screen_keeps_its_hint_and_the_turns_column_in_view_a
         width, height = table.scrollable_content_region.size
         shown = "\n".join(strip.text for strip in table.render_lines(Region(0, 0, width, height)))
         assert "turns" in shown and "1 +1" in shown
+        assert f"Questio… (fork of session {sid}, turn 2)" in shown  # the text is cut, not where it came from
         assert "Turns such as 1 +1:" in str(screen.query_one("#sessions-note").render())
