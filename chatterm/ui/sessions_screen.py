@@ -175,6 +175,8 @@ class SessionsScreen(ModalScreen["SessionChoice | None"]):
         self._search_timer = None
         self._shown: _Table | None = None
         self._open_when_shown = False
+        self._done = ""
+        """The last rename or delete, said under the list."""
         """Enter was pressed before the list was drawn."""
         self._shown_cells = 0
         """The title column's width in the table shown."""
@@ -222,8 +224,9 @@ class SessionsScreen(ModalScreen["SessionChoice | None"]):
             for info in self._sessions
         ]
         self._fill(_Table(self.COLUMNS, rows, [str(info.id) for info in self._sessions], TITLE_CELL))
-        self._say("No stored sessions yet: they appear after the first reply." if not self._sessions
-                  else turns_note(self._sessions))
+        note = ("No stored sessions yet: they appear after the first reply." if not self._sessions
+                else turns_note(self._sessions))
+        self._say(" ".join(part for part in (self._done, note) if part))
 
     def _show_hits(self, query: str, hits: "list[SearchHit]") -> None:
         self._hits = hits
@@ -390,9 +393,12 @@ class SessionsScreen(ModalScreen["SessionChoice | None"]):
 
     @on(Changed)
     def _changed(self, event: Changed) -> None:
-        notify_plain(self.app, event.text, severity="error" if event.error else "information")
-        if not event.error:
-            self._reload()
+        if event.error:
+            notify_plain(self.app, event.text, severity="error")
+            return
+        # Said under the table, not in a toast: one covered the screen's key hint.
+        self._done = event.text
+        self._reload()
 
     @work(thread=True, exclusive=True, group="session-list", exit_on_error=False)
     def _reload(self) -> None:
