@@ -74,7 +74,7 @@ from textual.widgets import ProgressBar, Static
 
 from chatterm.core.engine.conversation import Conversation
 from chatterm.core.metrics.format import SEP, fmt_ms, fmt_tok_s, prefill_progress_line, printable
-from chatterm.core.metrics.turn_metrics import SessionSummary, StopReason, TurnMetrics
+from chatterm.core.metrics.turn_metrics import StopReason, TurnMetrics
 from chatterm.core.store.resume import history_of
 from chatterm.errors import ChattermError
 from chatterm.ui import branches, gc_policy
@@ -321,7 +321,7 @@ class ChatView(Vertical):
             if self._conversation is None:
                 return
             turns, path_turns = self._conversation.turns, self._conversation.path_turns
-        self._dashboard.show_session(SessionSummary.of(turns), turns, path_turns)
+        self._dashboard.show_session(turns, path_turns)
 
     def collect_garbage(self, everything: bool = False) -> None:
         """Collect garbage now unless a turn is on its way (see `gc_policy`)."""

@@ -277,8 +277,9 @@ class Dashboard(TypingGoesToPrompt, VerticalScroll):
             pairs.append(("error", m.error))
         self._set("dash-turn", Rows(pairs), live=running)
 
-    def show_session(self, summary: SessionSummary, turns: Sequence[TurnMetrics], path_turns: int) -> None:
+    def show_session(self, turns: Sequence[TurnMetrics], path_turns: int) -> None:
         """The session's figures: over every turn computed, `path_turns` of them the exchanges shown."""
+        summary = SessionSummary.of(turns)
         split = cost_split(turns)
         other = summary.turns - path_turns  # regenerated or edited away from the path shown
         pairs = [

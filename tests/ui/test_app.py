@@ -19,7 +19,7 @@ from textual.widgets._footer import FooterKey  # the keys' regions: what fits on
 from chatterm.core.engine.interface import EngineCapabilities
 from chatterm.core.metrics.format import home_short
 from chatterm.core.metrics.timeline import PART_GLYPHS
-from chatterm.core.metrics.turn_metrics import SessionSummary, TurnMetrics
+from chatterm.core.metrics.turn_metrics import TurnMetrics
 from chatterm.core.store.session_store import SessionStore
 from chatterm.errors import ChattermError
 from chatterm.ui.app import ChatApp
@@ -134,7 +134,7 @@ async def test_history_sparklines_are_to_scale_from_zero(build):
                              ttft_ms=ttft, generated_tokens=tokens, decode_ms=1000.0)
                  for i, (ttft, tokens) in enumerate([(189.0, 21), (199.0, 41), (219.0, 31)])]
         dash = app.query_one(Dashboard)
-        dash.show_session(SessionSummary.of(turns), turns, len(turns))
+        dash.show_session(turns, len(turns))
         await pilot.pause()
         ttft = rendered(dash.query_one("#spark-ttft")).strip()
         rate = rendered(dash.query_one("#spark-rate")).strip()
