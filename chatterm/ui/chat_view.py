@@ -245,7 +245,10 @@ class ChatView(Vertical):
         return self.query_one(ConversationView)
 
     def set_status(self, text: str) -> None:
-        self.query_one("#status", Static).update(Content(printable(text)), layout=False)
+        # With a layout: with `layout=False` an update in the same frame as the
+        # prompt's layout (↑ filling it, Esc clearing it) never reached the
+        # terminal, and the line said "editing" long after (tests/ui/test_tmux_e2e.py).
+        self.query_one("#status", Static).update(Content(printable(text)))
         # Sent by this view, whoever calls: a message stops bubbling at its sender,
         # and the owner's handlers (a persona prepared) call this too.
         self.post_message(self.StatusChanged(text).set_sender(self))
