@@ -76,10 +76,10 @@ def preparing_status(event: EngineSetup.PersonaPreparing) -> str:
 
 
 EARLIER_SESSIONS = ("Earlier conversations are kept: F3 lists and searches them, "
-                    "and `chatterm launch --resume` continues the last one.")
+                    "and chatterm launch --resume continues the last one.")
 """The notice of a plain launch when the store holds sessions."""
 
-FIRST_LAUNCH = ("Type a message and press Enter. The dashboard beside the chat times each turn "
+FIRST_LAUNCH = ("Type a message and press Enter. The dashboard beside the chat (F4) times each turn "
                 "and prices it; F1 lists every key, Ctrl+P every command.")
 """The notice of a launch with no stored session yet: where to start."""
 

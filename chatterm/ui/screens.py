@@ -39,7 +39,8 @@ HELP_KEYS: tuple[tuple[str, str], ...] = (
     ("Ctrl+R", "regenerate the selected (else the last) reply as a branch"),
     ("↑", "edit your last message (empty prompt); Enter resends it"),
     ("F9 / F10", "copy the reply / one of its code blocks to the clipboard"),
-    ("Shift+↑ ↓", "select a turn, then: ← → branch, r regenerate, e edit, f fork, y / c copy, x expand"),
+    ("Shift+↑ ↓", "select a turn (in the conversation: Shift+Tab), then ← → branch, "
+                  "r regenerate, e edit, f fork, y c copy, x expand"),
     ("Ctrl+P", "command palette: personas, models, themes, sessions, exports"),
     ("Tab / Shift+Tab", "focus prompt → dashboard → conversation (arrows, PgUp)"),
     ("Ctrl+Q", "quit (at any time; twice with a message typed)"),

@@ -224,9 +224,7 @@ class SessionsScreen(ModalScreen["SessionChoice | None"]):
             for info in self._sessions
         ]
         self._fill(_Table(self.COLUMNS, rows, [str(info.id) for info in self._sessions], TITLE_CELL))
-        note = ("No stored sessions yet: they appear after the first reply." if not self._sessions
-                else turns_note(self._sessions))
-        self._say(" ".join(part for part in (self._done, note) if part))
+        self._say_note()
 
     def _show_hits(self, query: str, hits: "list[SearchHit]") -> None:
         self._hits = hits
@@ -264,6 +262,12 @@ class SessionsScreen(ModalScreen["SessionChoice | None"]):
         row = table.cursor_row
         self._fill(self._shown)
         table.move_cursor(row=row)
+
+    def _say_note(self) -> None:
+        """The note under the session list: the last rename's or delete's outcome, then the turns note."""
+        note = ("No stored sessions yet: they appear after the first reply." if not self._sessions
+                else turns_note(self._sessions))
+        self._say(" ".join(part for part in (self._done, note) if part))
 
     def _say(self, text: str) -> None:
         """The line under the table: why it is empty, or what its figures mean."""
@@ -366,8 +370,9 @@ class SessionsScreen(ModalScreen["SessionChoice | None"]):
             return
         session_id = chosen[0]
         if session_id == self._current:
-            notify_plain(self.app, f"Session {session_id} is open: start a new conversation (Ctrl+N) "
-                                   "or open another session before deleting it.", severity="warning")
+            self._done = (f"Session {session_id} is open: start a new conversation (Ctrl+N) "
+                          "or open another session before deleting it.")
+            self._say_note()
             return
 
         def confirmed(yes: bool | None) -> None:

@@ -121,8 +121,8 @@ async def test_sessions_screen_title_preview_search_rename_delete(build, store):
         # Deleting the session in use is refused before any question.
         table.focus()
         await pilot.press("d")
-        await wait_for(pilot, lambda: any(f"Session {current} is open" in n for n in notifications(app)),
-                       what="the refusal")
+        await wait_for(pilot, lambda: f"Session {current} is open" in str(screen.query_one("#sessions-note").render()),
+                       what="the refusal, under the list")
         assert app.screen is screen and table.row_count == 2
 
         # Rename the older one; an empty title is refused and the old one kept.
