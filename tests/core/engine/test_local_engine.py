@@ -549,8 +549,9 @@ def test_a_persona_prefilled_at_the_switch_is_charged_and_not_saved(ws, tmp_path
         assert m.cache_outcome == "switch"
         assert m.wait_ms > 0 and m.cached_tokens > 2000
         # Its note says so too: it reads like a reuse of the live context otherwise.
-        assert m.cache_detail.startswith(f"nothing reused: {m.cached_tokens:,} of {m.prompt_tokens:,} tokens "
-                                         "prefilled with the persona"), m.cache_detail
+        assert m.cache_detail.startswith("prefilled for this turn before it was sent, with the persona: "
+                                         f"{m.cached_tokens:,} of {m.prompt_tokens:,} tokens"), m.cache_detail
+        assert m.cache_detail.endswith("none reused from a cache")
         # Prefilled at the switch for this turn: new work, charged as input, nothing saved.
         assert m.reused_tokens == 0 and m.saved_prefill_ms == 0 and m.saved_usd == 0
         assert m.cost_cached_input_usd == 0 and m.cost_input_usd > 2000 * 1e-6

@@ -83,9 +83,12 @@ class Reuse:
 def switch_label(in_context: int, prompt_tokens: int, typed_ahead: int) -> str:
     """The cache note of a SWITCH turn: its `in_context` tokens were prefilled
     for it before it was sent (the persona's prompt, and `typed_ahead` of them
-    while the message was typed), so nothing is reused."""
+    while the message was typed), so nothing is reused. Worded so beside
+    `cached_tokens` (the same count) it does not read as "nothing in the
+    context": "nothing reused: 54 of 67 tokens prefilled" did."""
     typed = f" ({typed_ahead:,} of them typed ahead)" if typed_ahead else ""
-    return f"nothing reused: {in_context:,} of {prompt_tokens:,} tokens prefilled with the persona{typed}"
+    return (f"prefilled for this turn before it was sent, with the persona: {in_context:,} of "
+            f"{prompt_tokens:,} tokens{typed}; none reused from a cache")
 
 
 class PreparedPersona(NamedTuple):
