@@ -243,13 +243,13 @@ class ChatApp(App[None]):
     async def on_event(self, event: events.Event) -> None:
         # Text typed beside the prompt goes in here, where keys arrive in order
         # (ui/typing_to_prompt.py); everything else as Textual routes it.
-        if isinstance(event, events.Key) and not event.is_forwarded:
+        if isinstance(event, (events.Key, events.Paste)) and not event.is_forwarded:
             focused = self.focused
-            route = focused.route_key(event) if isinstance(focused, TypingGoesToPrompt) else None
-            if isinstance(route, str):
-                self.chat.type_in_prompt(route)
+            route = focused.route_key(event) if isinstance(focused, TypingGoesToPrompt) else False
+            if route is True:
+                self.chat.to_prompt(event)
                 return
-            if route is not None:
+            if route:
                 if route.enabled:
                     await route.node.run_action(route.binding.action)
                 return

@@ -66,7 +66,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING, Sequence
 
-from textual import on, work
+from textual import events, on, work
 from textual.containers import Horizontal, Vertical
 from textual.content import Content
 from textual.message import Message
@@ -575,11 +575,13 @@ class ChatView(Vertical):
         self.set_status({StopReason.CANCELLED: "stopped", StopReason.ERROR: "error"}.get(m.stop_reason, "ready"))
 
     # -- turn actions: regenerate, edit, branches (the tree: ui/branches.py) ---------------
-    def type_in_prompt(self, character: str) -> None:
-        """Focus the prompt and type `character` there (it replaces a selection, as typing does)."""
+    def to_prompt(self, event: events.Key | events.Paste) -> None:
+        """Focus the prompt and hand it `event`, typed elsewhere (ui/typing_to_prompt.py)."""
         prompt = self.query_one(PromptArea)
         prompt.focus()
-        prompt.replace(character, *prompt.selection, maintain_selection_offset=False)
+        # Forwarded as Textual forwards input (marked, so the app does not take
+        # it again when it bubbles up), into the queue the next keys join.
+        prompt._forward_event(event)
 
     @on(PromptArea.EditLastAsked)
     def _edit_last_asked(self, event: PromptArea.EditLastAsked) -> None:

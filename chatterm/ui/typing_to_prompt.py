@@ -2,16 +2,20 @@
 
 Contract: when a widget that mixes in `TypingGoesToPrompt` (the conversation,
 the dashboard) has the focus, the app asks it what each key is as the key
-arrives (`route_key`): text, typed into the prompt there and then (and from
-the first such key every printable key is text until the widget is focused
-again), or a printable key's binding (the app's `?`, the conversation's turn
-keys), run there and then unless the widget's `key_acts` says the binding is
-not for now. The app decides in its own event handler because that is the one
-place keys arrive in order and the focus is the one they were typed at: a key
-forwarded to the widget waits in the widget's queue while the keys behind it
-go straight to the prompt once the focus has moved (keys read in one go from
-a slow link, a paste without bracketed paste), and a binding looked up there
-later is looked up from the prompt.
+arrives (`route_key`): the prompt's, or a printable key's binding (the app's
+`?`, the conversation's turn keys), run there and then unless the widget's
+`key_acts` says the binding is not for now, or Textual's to route. The first
+printable key that is text, or a paste, goes to the prompt with the focus,
+and from then on every key does (Backspace, Enter), until the widget is
+focused again; app-wide priority keys (Ctrl+Q, Ctrl+S) stay the app's. The
+app decides in its own event handler because that is the one place keys
+arrive in order and the focus is the one they were typed at: a key forwarded
+to the widget waits in the widget's queue while the keys behind it go
+straight to the prompt once the focus has moved (keys read in one go from a
+slow link, a paste without bracketed paste), and a binding looked up there
+later is looked up from the prompt. The keys are forwarded to the prompt's
+queue, not typed into it, so the ones that arrive after the focus has moved
+queue up behind them.
 """
 
 from __future__ import annotations
@@ -30,18 +34,23 @@ class TypingGoesToPrompt:
         """Whether a printable key's binding acts now (else it is text)."""
         return True
 
-    def route_key(self, event: events.Key) -> str | ActiveBinding | None:
-        """What a key typed here is: text for the prompt (the character; every
-        printable key is, from then on), a binding to run now, or None (not
-        printable: Textual routes it)."""
+    def route_key(self, event: events.Key | events.Paste) -> ActiveBinding | bool:
+        """Where a key or paste typed here goes: True, the prompt; a binding,
+        to run now; False, where Textual routes it."""
+        if isinstance(event, events.Paste):
+            self._typing = True
+            return True
+        active = self.app.active_bindings.get(event.key)  # type: ignore[attr-defined]
+        if active is not None and active.binding.priority:
+            return False
+        if self._typing:
+            return True
         if not (event.is_printable and event.character):
-            return None
-        if not self._typing:
-            active = self.app.active_bindings.get(event.key)  # type: ignore[attr-defined]
-            if active is not None and self.key_acts(active):
-                return active
+            return False
+        if active is not None and self.key_acts(active):
+            return active
         self._typing = True
-        return event.character
+        return True
 
     def on_focus(self) -> None:
         self._typing = False
