@@ -103,9 +103,9 @@ class SessionStore:
         """Empty when there is no schema yet (a missing or new file opened read-only)."""
         self._turn_column_order: list[str] = []
         self._tree = False
+        """Whether the schema has the conversation tree (v8; else it reads as one line)."""
         self._leaf_seen: dict[int, int | None] = {}
         """Each session's current leaf as this store last read or wrote it."""
-        """Whether the schema has the conversation tree (v8; else it reads as one line)."""
         self._fts = False
         """Whether the database has the FTS5 index (else search scans)."""
         self._closed = False
@@ -186,9 +186,10 @@ class SessionStore:
             )
             return int(cur.lastrowid)
 
-        new = self._write("could not create a session", insert)
-        if new is not None:
-            self._leaf_seen[new] = None
+        with self._lock:  # a reader between the commit and the note would see a move
+            new = self._write("could not create a session", insert)
+            if new is not None:
+                self._leaf_seen[new] = None
         return new
 
     def move_session(self, session_id: int, *, model_id: str, model_identity: str, engine: str, device: str) -> None:
@@ -250,9 +251,10 @@ class SessionStore:
             )
             return int(index)
 
-        index = self._write(f"could not save a turn of session {session_id}", insert)
-        if index is not None:
-            self._leaf_seen[session_id] = index
+        with self._lock:  # a reader between the commit and the note would see a move
+            index = self._write(f"could not save a turn of session {session_id}", insert)
+            if index is not None:
+                self._leaf_seen[session_id] = index
         return index
 
     def path_before(self, session_id: int, turn_index: int) -> list[TurnRecord]:
@@ -273,9 +275,10 @@ class SessionStore:
             conn.execute("UPDATE sessions SET current_index = ? WHERE id = ?", (leaf, session_id))
             return leaf
 
-        leaf = self._write(f"could not switch session {session_id} to turn {turn_index}", select, strict=True)
-        self._leaf_seen[session_id] = leaf
-        return self._path(session_id, leaf, -1)
+        with self._lock:
+            leaf = self._write(f"could not switch session {session_id} to turn {turn_index}", select, strict=True)
+            self._leaf_seen[session_id] = leaf
+            return self._path(session_id, leaf, -1)
 
     def rename_session(self, session_id: int, title: str) -> str:
         """Give the session a title (whitespace runs made single spaces); the title
@@ -345,9 +348,10 @@ class SessionStore:
             conn.execute("UPDATE sessions SET current_index = ? WHERE id = ?", (len(rows), new))
             return new, len(rows)
 
-        forked = self._write(f"could not fork session {session_id}", fork, strict=True)
-        assert forked is not None  # strict: a refused write raised
-        self._leaf_seen[forked[0]] = forked[1]
+        with self._lock:
+            forked = self._write(f"could not fork session {session_id}", fork, strict=True)
+            assert forked is not None  # strict: a refused write raised
+            self._leaf_seen[forked[0]] = forked[1]
         return forked
 
     def _write(self, what: str, action: Callable[[sqlite3.Connection], T], *, strict: bool = False) -> T | None:
