@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Sequence
 
-from rich.cells import cell_len
+from rich.cells import cell_len, set_cell_size
 from rich.text import Text
 from textual import events, on, work
 from textual.binding import Binding
@@ -86,11 +86,12 @@ def _flat(text: str) -> str:
 
 def _cut(text: str, cells: int) -> str:
     flat = _flat(text)
-    return flat if len(flat) <= cells else flat[: cells - 1] + "…"
+    return flat if cell_len(flat) <= cells else set_cell_size(flat, cells - 1).rstrip() + "…"
 
 
-NOTE_HEAD = 8
-"""The least of a title kept before its closing note when both are cut to fit."""
+NOTE_HEAD = 4
+"""The cells of a title kept at least before its closing note when both are
+cut to fit: at 80 columns (36 cells) a fork of session 123 keeps its note."""
 
 
 def _cut_keeping_note(text: str, cells: int) -> str:
@@ -99,9 +100,9 @@ def _cut_keeping_note(text: str, cells: int) -> str:
     `NOTE_HEAD` cells of it: at 80 columns the note was what got cut."""
     flat = _flat(text)
     head, _, note = flat.rpartition(" (")
-    if len(flat) <= cells or not (head and note.endswith(")")) or len(note) + 2 + NOTE_HEAD > cells:
+    if cell_len(flat) <= cells or not (head and note.endswith(")")) or cell_len(note) + 2 + NOTE_HEAD > cells:
         return _cut(flat, cells)
-    return f"{_cut(head, cells - len(note) - 2)} ({note}"
+    return f"{_cut(head, cells - cell_len(note) - 2)} ({note}"
 
 
 @dataclass(frozen=True)
@@ -175,9 +176,9 @@ class SessionsScreen(ModalScreen["SessionChoice | None"]):
         self._search_timer = None
         self._shown: _Table | None = None
         self._open_when_shown = False
-        self._done = ""
-        """The last rename or delete, said under the list."""
         """Enter was pressed before the list was drawn."""
+        self._done = ""
+        """The last rename's or delete's outcome, said once under the list."""
         self._shown_cells = 0
         """The title column's width in the table shown."""
 
@@ -237,7 +238,7 @@ class SessionsScreen(ModalScreen["SessionChoice | None"]):
             for hit in hits
         ]
         self._fill(_Table(self.HIT_COLUMNS, rows, [str(n) for n in range(len(hits))], HIT_CELL))
-        self._say("" if hits else f"Nothing matches {printable(query)!r}.")
+        self._say(self._say_done("" if hits else f"Nothing matches {printable(query)!r}."))
 
     def _fill(self, shown: "_Table") -> None:
         """The table drawn afresh with `shown`, its title column as wide as the
@@ -265,9 +266,13 @@ class SessionsScreen(ModalScreen["SessionChoice | None"]):
 
     def _say_note(self) -> None:
         """The note under the session list: the last rename's or delete's outcome, then the turns note."""
-        note = ("No stored sessions yet: they appear after the first reply." if not self._sessions
-                else turns_note(self._sessions))
-        self._say(" ".join(part for part in (self._done, note) if part))
+        self._say(self._say_done("No stored sessions yet: they appear after the first reply." if not self._sessions
+                                 else turns_note(self._sessions)))
+
+    def _say_done(self, note: str) -> str:
+        """`note` after the last rename's or delete's outcome, which is then said."""
+        done, self._done = self._done, ""
+        return " ".join(part for part in (done, note) if part)
 
     def _say(self, text: str) -> None:
         """The line under the table: why it is empty, or what its figures mean."""

@@ -345,3 +345,17 @@ async def test_the_sessions_screen_keeps_its_hint_and_the_turns_column_in_view_a
         assert "turns" in shown and "1 +1" in shown
         assert f"Questio… (fork of session {sid}, turn 2)" in shown  # the text is cut, not where it came from
         assert "Turns such as 1 +1:" in str(screen.query_one("#sessions-note").render())
+
+
+@pytest.mark.parametrize("title, shown", [
+    ("Question 7 about the weather (fork of session 12, turn 2)", "Questi… (fork of session 12, turn 2)"),
+    ("猫についての長い質問です猫についての長い質問です (fork of session 3, turn 1)",
+     "猫につ… (fork of session 3, turn 1)"),  # cut in cells: each of these is two
+    ("A title (with a note that is far too long to keep whole)", "A title (with a note that is far to…"),
+])
+def test_a_cut_title_keeps_its_closing_note_while_it_fits_in_cells(title, shown):
+    from rich.cells import cell_len
+
+    from chatterm.ui.sessions_screen import _cut_keeping_note
+
+    assert _cut_keeping_note(title, TITLE_CELL) == shown and cell_len(shown) <= TITLE_CELL
