@@ -109,11 +109,14 @@ class PrefillProgress:
     """Seconds the latest batch took."""
     offset: int = 0
     """Tokens the context held before this prefill's first."""
+    skipped: int = 0
+    """Of `done`, the first tokens, found in the context rather than computed
+    (a persona prefix's template opening): they took none of `elapsed_s`."""
 
     @property
     def rate(self) -> float:
-        """Tokens per second so far (0 before the first batch)."""
-        return self.done / self.elapsed_s if self.elapsed_s > 0 else 0.0
+        """Tokens computed per second so far (0 before the first batch)."""
+        return (self.done - self.skipped) / self.elapsed_s if self.elapsed_s > 0 else 0.0
 
     @property
     def eta_s(self) -> float | None:
@@ -128,13 +131,13 @@ class PrefillProgress:
         rate = self.rate
         if rate <= 0:
             return None
-        left = self.total - self.done
-        if not (0 < self.batch < self.done and self.batch_s > 0):
+        left, computed = self.total - self.done, self.done - self.skipped
+        if not (0 < self.batch < computed and self.batch_s > 0):
             return left / rate
         latest = self.batch_s / self.batch
-        mean = self.elapsed_s / self.done
+        mean = self.elapsed_s / computed
         at_latest = self.offset + self.done - self.batch / 2
-        at_mean = self.offset + self.done / 2
+        at_mean = self.offset + self.skipped + computed / 2
         growth = max((latest - mean) / (at_latest - at_mean), 0.0)
         start, end = self.offset + self.done, self.offset + self.total
         return max(latest * left + growth * ((end * end - start * start) / 2 - at_latest * left), latest * left)

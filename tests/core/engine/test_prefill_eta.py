@@ -40,3 +40,14 @@ def test_the_eta_is_never_below_the_latest_batch_rate():
     # no negative growth, and the latest rate is the floor.
     p = PrefillProgress(1024, 2048, 4.0, BATCH, 1.0, 0)
     assert p.eta_s == pytest.approx(1024 * 1.0 / BATCH)
+
+
+def test_tokens_found_in_the_context_count_as_done_but_not_as_time_spent():
+    # A persona prefix whose first 3 tokens were in the context: after its
+    # first batch, the ETA is the computed tokens' rate, not a growth fitted
+    # to 3 free tokens (it said 47 s with 11 s left).
+    skipped = 3
+    elapsed = 1.0  # the first batch, 512 tokens computed
+    p = PrefillProgress(skipped + BATCH, 2368, elapsed, BATCH, elapsed, 0, skipped)
+    assert p.rate == pytest.approx(BATCH / elapsed)
+    assert p.eta_s == pytest.approx((2368 - skipped - BATCH) * elapsed / BATCH)

@@ -427,10 +427,11 @@ class LocalEngine(Engine):
 
     def _prefill(self, tokens: list[int], turn: Turn | None = None, done_before: int = 0,
                  total: int | None = None, t0: float | None = None,
-                 report: Callable[[PrefillProgress], None] | None = None) -> kv_state.PrefillResult:
+                 report: Callable[[PrefillProgress], None] | None = None,
+                 skipped: int = 0) -> kv_state.PrefillResult:
         """Evaluate `tokens` after the context, batch by batch; progress goes to
         `turn.prefill_progress` and `report` (counting from `done_before` of
-        `total`, since `t0`)."""
+        `total`, since `t0`; `skipped` of those were in the context already)."""
         llm = self.llm
         assert llm is not None
         total = total if total is not None else len(tokens)
@@ -442,7 +443,7 @@ class LocalEngine(Engine):
             # it on one core of two for 20 s after llama-server's turn.
             self._threads.apply()
             progress = PrefillProgress(done_before + p.done, total, time.perf_counter() - t0,
-                                       p.batch, p.batch_s, p.offset - done_before)
+                                       p.batch, p.batch_s, p.offset - done_before, skipped)
             if turn is not None:
                 turn.prefill_progress = progress
             if report is not None:
@@ -476,7 +477,7 @@ class LocalEngine(Engine):
         t0 = time.perf_counter()
         # Counted against the whole prefix, as the report is: the tokens already
         # in the context (a template's opening) are done from the start.
-        self._prefill(prefix[reuse.tokens :], turn, reuse.tokens, len(prefix), t0, report)
+        self._prefill(prefix[reuse.tokens :], turn, reuse.tokens, len(prefix), t0, report, reuse.tokens)
         ms = (time.perf_counter() - t0) * 1000.0
         if use_cache and self.kv_cache is not None and self.kv_cache.write_error is None:
             self._keep(Slot.persona(persona.id), {"prefill_ms": ms})
