@@ -1,7 +1,7 @@
 """`chatterm ask`: one turn without the TUI, for scripts and quick checks.
 
-The reply streams to stdout; the turn's metrics line goes to stderr (or one
-JSON object to stdout with --json). It uses and fills the persona KV cache and
+The reply streams to stdout; the turn's metrics line goes to stderr, then,
+for a new session, its id (or one JSON object to stdout with --json). It uses and fills the persona KV cache and
 the session store exactly like the TUI, so a second `ask` with the same
 persona reports a restore from disk. `--fork ID[:TURN]` first makes a new
 session holding session ID's conversation up to turn TURN (default: its
@@ -265,6 +265,10 @@ def run(args: argparse.Namespace) -> int:
             print(footer_line(m), file=sys.stderr)
             if conversation.store_error:
                 print(f"warning: {printable(conversation.store_error)}", file=sys.stderr)
+            elif conversation.session_id is not None and args.session is None:
+                # A new session (a fork's too): its id, which the next `ask` needs.
+                sid = conversation.session_id
+                print(f"session {sid}: chatterm ask --session {sid} continues it", file=sys.stderr)
         if m.stop_reason == StopReason.ERROR:
             print(f"chatterm: error: {printable(m.error or '')}", file=sys.stderr)
             return 1

@@ -43,6 +43,10 @@ def test_ask_streams_reply_and_second_ask_restores_from_disk(tmp_path):
     assert first.returncode == 0, first.stderr
     assert first.stdout.strip()
     assert "TTFT" in first.stderr and "cold prefill" in first.stderr
+    # The new session's id, which a next `ask --session` needs, is said last.
+    with SessionStore(tmp_path / "data" / "chatterm.db", readonly=True) as store:
+        sid = store.latest_session_id()
+    assert first.stderr.strip().splitlines()[-1] == f"session {sid}: chatterm ask --session {sid} continues it"
 
     # As `echo ... | chatterm ask` gives it: the shell's newline is not the user's.
     second = chatterm(tmp_path, "ask", "--persona", "quick", "--json", stdin="What is the sun?\n")
