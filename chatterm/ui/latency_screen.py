@@ -180,6 +180,8 @@ class LatencyScreen(Screen[None]):
         labels = [turn_label(i, m) for i, m in enumerate(self._turns, start=1)]
         xs = list(range(1, len(self._turns) + 1))
         timelines = [timeline(m) for m in self._turns]
+        # An empty frame alone read as a drawing fault.
+        none_yet = "" if xs else " · no turns yet"
 
         plt = self.query_one("#plot-ttft", PlotextPlot).plt
         plt.clear_figure()
@@ -191,7 +193,7 @@ class LatencyScreen(Screen[None]):
                 width=0.6,
             )
             self._axes(plt, max(sum(tl.ms(p) for p in TTFT_PARTS) for tl in timelines))
-        plt.title("Time to first token per turn")
+        plt.title(f"Time to first token per turn{none_yet}")
         plt.xlabel("turn")
         plt.ylabel("ms")
 
@@ -201,7 +203,7 @@ class LatencyScreen(Screen[None]):
             rates = [m.decode_tok_s or 0.0 for m in self._turns]
             plt.bar(labels, rates, color=self._rgb("decode"), width=0.6)
             self._axes(plt, max(rates))
-        plt.title("Decode rate per turn")
+        plt.title(f"Decode rate per turn{none_yet}")
         plt.xlabel("turn")
         plt.ylabel("tokens/s")
 
@@ -218,7 +220,7 @@ class LatencyScreen(Screen[None]):
             plt.scatter(xs, cumulative, marker=POINT, color=self._rgb("prefill"))
             plt.xticks(xs, labels)
             self._axes(plt, cumulative[-1])
-        plt.title("Cumulative cost (API-equivalent)")
+        plt.title(f"Cumulative cost (API-equivalent){none_yet}")
         plt.xlabel("turn")
         plt.ylabel("USD")
         for plot in self.query(PlotextPlot):

@@ -128,6 +128,17 @@ async def test_a_single_turn_is_a_visible_point_on_the_cost_chart(build):
         assert chart.count(POINT) == 1, chart
 
 
+async def test_the_latency_screen_before_any_turn_says_so(build):
+    app, _ = build()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await loaded(pilot)
+        await pilot.press("f5")
+        await wait_for(pilot, lambda: isinstance(app.screen, LatencyScreen), what="the latency screen")
+        await pilot.pause()
+        # An empty frame alone read as a drawing fault.
+        assert "no turns yet" in app.screen.query_one("#plot-ttft", PlotextPlot).render().plain
+
+
 async def test_latency_charts_follow_the_theme(build):
     app, engines = build(replies=["One two three"])
     async with app.run_test(size=(120, 40)) as pilot:
