@@ -13,7 +13,11 @@ Contract:
   it (at the hit's turn, else at its current turn), `r` renames it, `d`
   deletes it after a confirmation, `/` goes to the search box, Esc closes.
 - Deleting the session in use is refused with one line before any question;
-  an empty title is refused with one line and the old title kept.
+  an empty title is refused with one line and the old title kept. What a
+  rename or delete did, and that first refusal, are said once on the line
+  under the table (a toast there covered the key hint); errors are toasts.
+- Titles and previews are cut to their column in cells; a closing "(…)"
+  note (a fork's origin) is kept and the text before it cut.
 - It dismisses with a `SessionChoice` (open or fork, which session, which
   turn) or None. Store reads and writes run in thread workers; the delete
   itself is the `delete` callable it is given (it removes the KV states too,

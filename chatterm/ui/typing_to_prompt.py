@@ -28,7 +28,7 @@ class TypingGoesToPrompt:
     """Mix in before the widget class; the app routes the keys (`route_key`)."""
 
     _typing = False
-    """Printable keys go to the prompt until the widget is focused again."""
+    """Every key goes to the prompt until the widget is focused again."""
 
     def key_acts(self, active: ActiveBinding) -> bool:
         """Whether a printable key's binding acts now (else it is text)."""
