@@ -231,7 +231,8 @@ def test_ask_loads_the_file_while_llama_cpp_python_imports_and_prints_nothing_of
     # Had llama-cpp-python's own log callback replaced chatterm's during the
     # load, the rest of the load's ~1,000 lines would be on stderr.
     plain = ask()
-    assert "llama" not in plain.stderr and len(plain.stderr.strip().splitlines()) == 1, plain.stderr
+    lines = plain.stderr.strip().splitlines()  # the metrics line, then the new session's id
+    assert "llama" not in plain.stderr and len(lines) == 2 and lines[1].startswith("session "), plain.stderr
 
 
 def test_closing_a_load_that_still_runs_stops_it(ws):
