@@ -55,6 +55,10 @@ SEARCH_DELAY_S = 0.15
 BOX_ROWS = 15
 """The sessions box's rows besides the table: border, padding, title, search
 box, a note of up to two lines and the hint."""
+SHORT_ROWS = 30
+"""Below this many rows the box drops its padding and the title's blank line
+(chatterm.tcss): at 80x24 the table then shows three sessions, not two."""
+SHORT_BOX_ROWS = BOX_ROWS - 3
 TITLE_CELL = 36
 """Cells of the title / last-exchange column at least: the other columns stay in
 view from 120 columns (narrower, the table scrolls sideways); wider, the title
@@ -142,6 +146,7 @@ class SessionsScreen(ModalScreen["SessionChoice | None"]):
         Binding("slash", "search", "Search", show=False),
     ]
     AUTO_FOCUS = "#sessions-table"
+    VERTICAL_BREAKPOINTS = [(0, "-short"), (SHORT_ROWS, "-tall")]
     # At 80 columns the last ones scroll sideways: the turns (which the note under
     # the table explains), the last activity and the cost stay in view, the
     # persona and model ids go first.
@@ -201,7 +206,8 @@ class SessionsScreen(ModalScreen["SessionChoice | None"]):
         self.call_after_refresh(self._shown_at_last)
 
     def on_resize(self, event: events.Resize) -> None:
-        fit_table(self._table(), event.size.height, BOX_ROWS)
+        short = event.size.height < SHORT_ROWS
+        fit_table(self._table(), event.size.height, SHORT_BOX_ROWS if short else BOX_ROWS)
         self.call_after_refresh(self._fit_title)
 
     # -- what the table shows ----------------------------------------------------------
