@@ -1,9 +1,9 @@
 """`chatterm ask`: one turn without the TUI, for scripts and quick checks.
 
 The reply streams to stdout; the turn's metrics line goes to stderr, then,
-for a new session, its id (or one JSON object to stdout with --json). It uses and fills the persona KV cache and
-the session store exactly like the TUI, so a second `ask` with the same
-persona reports a restore from disk. `--fork ID[:TURN]` first makes a new
+for a new session, its id (or one JSON object to stdout with --json). It
+uses and fills the persona KV cache and the session store exactly like the
+TUI, so a second `ask` with the same persona reports a restore from disk. `--fork ID[:TURN]` first makes a new
 session holding session ID's conversation up to turn TURN (default: its
 current reply) with the parent's KV states, then asks in it: the question
 restores the shared history instead of prefilling it (an unknown session or

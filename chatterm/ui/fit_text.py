@@ -5,6 +5,7 @@ first) whose terminal cells fit `width`, else the last one cut to `width`,
 ending in "…" (cut by the widget, it ended mid-word or on a dangling "·").
 Used for one-line texts that must say something whole in an 80-column
 terminal: the title, the prompt's placeholder, the dashboard's hint.
+`cut_to_cells(text, cells)` is that cut, for any one-line text.
 """
 
 from __future__ import annotations
@@ -16,6 +17,12 @@ from rich.cells import cell_len, set_cell_size
 
 def first_fitting(choices: Sequence[str], width: int) -> str:
     fitting = next((text for text in choices if cell_len(text) <= width), None)
-    if fitting is not None or width < 1:
-        return fitting if fitting is not None else ""
-    return set_cell_size(choices[-1], width - 1).rstrip(" ·") + "…"
+    return fitting if fitting is not None else cut_to_cells(choices[-1], width)
+
+
+def cut_to_cells(text: str, cells: int) -> str:
+    """`text` if it fits `cells`, else its start and "…" in `cells` at most (no
+    trailing space or "·" before the "…"; "" when `cells` < 1)."""
+    if cell_len(text) <= cells:
+        return text
+    return set_cell_size(text, cells - 1).rstrip(" ·") + "…" if cells > 0 else ""

@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Sequence
 
-from rich.cells import cell_len, set_cell_size
+from rich.cells import cell_len
 from rich.text import Text
 from textual import events, on, work
 from textual.binding import Binding
@@ -41,6 +41,7 @@ from textual.widgets import Button, DataTable, Input, Static
 
 from chatterm.core.metrics.format import fmt_recent_time, fmt_usd, printable
 from chatterm.core.store.records import turns_note
+from chatterm.ui.fit_text import cut_to_cells
 from chatterm.ui.notices import notify_plain
 from chatterm.ui.table_room import fit_table
 from chatterm.ui.worker_errors import reported
@@ -93,8 +94,7 @@ def _flat(text: str) -> str:
 
 
 def _cut(text: str, cells: int) -> str:
-    flat = _flat(text)
-    return flat if cell_len(flat) <= cells else set_cell_size(flat, cells - 1).rstrip() + "…"
+    return cut_to_cells(_flat(text), cells)
 
 
 NOTE_HEAD = 4
@@ -248,7 +248,7 @@ class SessionsScreen(ModalScreen["SessionChoice | None"]):
             for hit in hits
         ]
         self._fill(_Table(self.HIT_COLUMNS, rows, [str(n) for n in range(len(hits))], HIT_CELL))
-        self._say(self._say_done("" if hits else f"Nothing matches {printable(query)!r}."))
+        self._say(self._after_done("" if hits else f"Nothing matches {printable(query)!r}."))
 
     def _fill(self, shown: "_Table") -> None:
         """The table drawn afresh with `shown`, its title column as wide as the
@@ -276,10 +276,10 @@ class SessionsScreen(ModalScreen["SessionChoice | None"]):
 
     def _say_note(self) -> None:
         """The note under the session list: the last rename's or delete's outcome, then the turns note."""
-        self._say(self._say_done("No stored sessions yet: they appear after the first reply." if not self._sessions
+        self._say(self._after_done("No stored sessions yet: they appear after the first reply." if not self._sessions
                                  else turns_note(self._sessions)))
 
-    def _say_done(self, note: str) -> str:
+    def _after_done(self, note: str) -> str:
         """`note` after the last rename's or delete's outcome, which is then said."""
         done, self._done = self._done, ""
         return " ".join(part for part in (done, note) if part)

@@ -186,11 +186,7 @@ class SessionStore:
             )
             return int(cur.lastrowid)
 
-        with self._lock:  # a reader between the commit and the note would see a move
-            new = self._write("could not create a session", insert)
-            if new is not None:
-                self._leaf_seen[new] = None
-        return new
+        return self._write("could not create a session", insert, leaf=lambda new: (new, None))
 
     def move_session(self, session_id: int, *, model_id: str, model_identity: str, engine: str, device: str) -> None:
         """The session carries on with this model: it becomes the session's, the one
@@ -251,11 +247,8 @@ class SessionStore:
             )
             return int(index)
 
-        with self._lock:  # a reader between the commit and the note would see a move
-            index = self._write(f"could not save a turn of session {session_id}", insert)
-            if index is not None:
-                self._leaf_seen[session_id] = index
-        return index
+        return self._write(f"could not save a turn of session {session_id}", insert,
+                           leaf=lambda index: (session_id, index))
 
     def path_before(self, session_id: int, turn_index: int) -> list[TurnRecord]:
         """The path up to turn `turn_index`'s parent: the history a regenerated or
@@ -275,10 +268,9 @@ class SessionStore:
             conn.execute("UPDATE sessions SET current_index = ? WHERE id = ?", (leaf, session_id))
             return leaf
 
-        with self._lock:
-            leaf = self._write(f"could not switch session {session_id} to turn {turn_index}", select, strict=True)
-            self._leaf_seen[session_id] = leaf
-            return self._path(session_id, leaf, -1)
+        leaf = self._write(f"could not switch session {session_id} to turn {turn_index}", select, strict=True,
+                           leaf=lambda new: (session_id, new))
+        return self._path(session_id, leaf, -1)
 
     def rename_session(self, session_id: int, title: str) -> str:
         """Give the session a title (whitespace runs made single spaces); the title
@@ -348,41 +340,50 @@ class SessionStore:
             conn.execute("UPDATE sessions SET current_index = ? WHERE id = ?", (len(rows), new))
             return new, len(rows)
 
-        with self._lock:
-            forked = self._write(f"could not fork session {session_id}", fork, strict=True)
-            assert forked is not None  # strict: a refused write raised
-            self._leaf_seen[forked[0]] = forked[1]
+        forked = self._write(f"could not fork session {session_id}", fork, strict=True, leaf=lambda forked: forked)
+        assert forked is not None  # strict: a refused write raised
         return forked
 
-    def _write(self, what: str, action: Callable[[sqlite3.Connection], T], *, strict: bool = False) -> T | None:
+    def _write(self, what: str, action: Callable[[sqlite3.Connection], T], *, strict: bool = False,
+               leaf: Callable[[T], tuple[int, int | None]] | None = None) -> T | None:
         """Run `action` in one transaction. A write the database refuses: None and
         `write_error` (turns, which must never stop a chat), or with `strict`
-        a ChattermError naming it (what the user asked for explicitly)."""
+        a ChattermError naming it (what the user asked for explicitly). `leaf`:
+        the (session, leaf) the write made current, from its result, noted as
+        seen (`continued_elsewhere`) under the lock, so no reader comes between."""
         if self.readonly:
             raise ChattermError(f"{self.path} is open read-only; {what}")
         with self._lock:
-            conn = self._require()
-            if self._batch:
-                return action(conn)  # inside batch(): its one transaction commits
-            try:
-                conn.execute("BEGIN IMMEDIATE")
-                try:
-                    result = action(conn)
-                    conn.execute("COMMIT")
-                except BaseException:
-                    if conn.in_transaction:
-                        try:
-                            conn.execute("ROLLBACK")
-                        except sqlite3.Error:
-                            pass  # SQLite has already rolled back (e.g. after SQLITE_FULL)
-                    raise
-            except (sqlite3.Error, OSError) as exc:
-                if strict:
-                    raise ChattermError(f"{self.path}: {what}: {exc}") from None
-                if self.write_error is None:
-                    self.write_error = f"{self.path}: {what}: {exc}"
-                return None
+            result = self._run_write(what, action, strict)
+            if leaf is not None and result is not None:
+                session_id, current = leaf(result)
+                self._leaf_seen[session_id] = current
             return result
+
+    def _run_write(self, what: str, action: Callable[[sqlite3.Connection], T], strict: bool) -> T | None:
+        """`_write`'s transaction (the lock held)."""
+        conn = self._require()
+        if self._batch:
+            return action(conn)  # inside batch(): its one transaction commits
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                result = action(conn)
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    try:
+                        conn.execute("ROLLBACK")
+                    except sqlite3.Error:
+                        pass  # SQLite has already rolled back (e.g. after SQLITE_FULL)
+                raise
+        except (sqlite3.Error, OSError) as exc:
+            if strict:
+                raise ChattermError(f"{self.path}: {what}: {exc}") from None
+            if self.write_error is None:
+                self.write_error = f"{self.path}: {what}: {exc}"
+            return None
+        return result
 
     @contextmanager
     def batch(self) -> Iterator["SessionStore"]:
