@@ -289,12 +289,15 @@ class SessionStore:
 
     def delete_session(self, session_id: int) -> int:
         """Remove the session and its turns (search index included); the number of
-        turns removed. Its KV states are the prompt cache's: see
+        turns removed. Its forks keep their copies of its turns as their own
+        and hang under its parent instead (`tree.adopt_forks`). Its KV states are the prompt cache's: see
         `chatterm.core.store.lifecycle.delete_session`."""
 
         def delete(conn: sqlite3.Connection) -> int:
             if conn.execute("SELECT 1 FROM sessions WHERE id = ?", (session_id,)).fetchone() is None:
                 raise self._unknown(session_id)
+            if self._tree:
+                tree.adopt_forks(conn, session_id)
             turns = conn.execute("DELETE FROM turns WHERE session_id = ?", (session_id,)).rowcount
             conn.execute("DELETE FROM sessions WHERE id = ?", (session_id,))
             return turns

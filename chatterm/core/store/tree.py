@@ -13,15 +13,18 @@ Contract:
   parent's first child continues its parent's branch, a later child starts
   its own ("b<index>"); a later first turn (an edit of turn 1) too.
 - `copied_sql` is true for a fork's inherited turn while the session it
-  came from is stored (its original is there).
+  came from is stored (its original is there); `adopt_forks` keeps a fork's
+  inherited turns copies of its parent's when a session is deleted.
 - `parent_sql` / `extras_sql` give the same columns for turns read another
   way; before v8 (a database opened read-only) a session reads as one line:
   each turn under the one before it, no siblings, all on "main".
-- These functions only build SQL or read through the `Query` they are given.
+- These functions build SQL or read through the `Query` they are given;
+  `adopt_forks` alone writes, inside the caller's transaction.
 """
 
 from __future__ import annotations
 
+import sqlite3
 from typing import Callable
 
 from chatterm.core.store.records import MAIN_BRANCH, TurnRecord, branch_name, metrics_of
@@ -59,15 +62,43 @@ def parent_sql(tree: bool) -> str:
 def copied_sql(tree: bool) -> str:
     """True for a turn (over `t`) that a fork copied from a session still
     stored: that session holds the same turn, so a search lists it there, once.
-    Only the direct parent is looked at: with the middle of a fork line
-    deleted, the last fork's copies are hits again. A deleted parent's id is
-    never reused while its fork exists (new ids are above the highest)."""
+    Only the direct parent is looked at: `adopt_forks` keeps that true when a
+    session in the middle of a fork line is deleted. (A database whose middle
+    was deleted before it shows those copies again; a deleted parent's id is
+    never reused, new ids are above the highest.)"""
     if not tree:
         return "0"
     return (
         "(t.inherited AND EXISTS (SELECT 1 FROM sessions s JOIN sessions p ON p.id = s.forked_from "
         "WHERE s.id = t.session_id))"
     )
+
+
+def adopt_forks(conn: sqlite3.Connection, session_id: int) -> None:
+    """Before session `session_id` is deleted (in the same transaction): each
+    fork of it takes as its own the copies of the turns that were the
+    deleted session's own (the only ones left), and hangs under the deleted
+    session's parent at the last turn it still copies from there, or under
+    none. So a fork's inherited turns are always copies of turns its parent
+    holds: a search lists each turn once, and the fork's title names a
+    session that exists."""
+    parent, parent_turn = conn.execute(
+        "SELECT s.forked_from, s.forked_turn FROM sessions s JOIN sessions p ON p.id = s.forked_from "
+        "WHERE s.id = ?", (session_id,)
+    ).fetchone() or (None, None)
+    up = [r[0] for r in conn.execute(path_sql("t.turn_index"), (parent_turn, parent, -1))] if parent else []
+    forks = conn.execute("SELECT id, forked_turn FROM sessions WHERE forked_from = ?", (session_id,)).fetchall()
+    for fork, turn in forks:
+        copied = [bool(r[0]) for r in conn.execute(path_sql("t.inherited"), (turn, session_id, -1))]
+        conn.executemany(
+            "UPDATE turns SET inherited = 0 WHERE session_id = ? AND turn_index = ?",
+            [(fork, n) for n, was in enumerate(copied, start=1) if not (was and parent)],
+        )
+        still = sum(copied) if parent else 0  # copies of the parent's turns: the line's first ones
+        conn.execute(
+            "UPDATE sessions SET forked_from = ?, forked_turn = ? WHERE id = ?",
+            (parent, up[still - 1], fork) if still else (None, None, fork),
+        )
 
 
 def extras_sql(tree: bool) -> str:

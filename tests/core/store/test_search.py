@@ -74,6 +74,23 @@ def test_the_index_follows_deletes_and_forks(store):
     assert [(h.session_id, h.turn_index) for h in store.search("pelican")] == [(fork, 2), (fork, 1)]
 
 
+def test_deleting_the_middle_of_a_fork_line_lists_each_turn_once(store):
+    root = new_session(store)
+    store.record_turn(root, "the heron waits", "patiently", full_metrics())
+    middle, _ = store.fork_session(root)
+    store.record_turn(middle, "the heron strikes", "quickly", full_metrics())
+    last, _ = store.fork_session(middle)
+    store.delete_session(middle)
+    # The root's turn is found in the root; the middle's, now held only by the
+    # last fork, in it.
+    assert [(h.session_id, h.turn_index) for h in store.search("heron")] == [(last, 2), (root, 1)]
+    assert [r.inherited for r in store.turns(last)] == [True, False]
+    assert store.session(last).forked_from == (root, 1)
+    store.delete_session(root)
+    assert [(h.session_id, h.turn_index) for h in store.search("heron")] == [(last, 2), (last, 1)]
+    assert store.session(last).forked_from is None and not any(r.inherited for r in store.turns(last))
+
+
 def test_a_hits_snippet_shows_the_word_that_matched():
     from chatterm.core.store.search import snippet
 

@@ -213,8 +213,11 @@ def test_a_fork_of_an_untitled_fork_goes_by_the_name_given_further_up(tmp_path):
         # The nearest name wins, and without any the fork's first message stands.
         store.rename_session(child, "Tributaries")
         assert store.session(grandchild).title == f"Tributaries (fork of session {child}, turn 2)"
+        # With the middle gone, the grandchild hangs under the first session at
+        # the last turn it copies from there.
         store.delete_session(child)
-        assert store.session(grandchild).title == f"question 1 (fork of session {child}, turn 2)"
+        assert store.session(grandchild).title == f"Rivers chat (fork of session {sid}, turn 2)"
+        assert [r.inherited for r in store.turns(grandchild)] == [True, True]
 
 
 def test_rename_and_titles(tmp_path):
