@@ -124,6 +124,17 @@ def test_delete_asks_on_a_terminal_and_needs_yes_without_one(env, capsys, monkey
     assert f"unknown session {second}" in capsys.readouterr().err
 
 
+def test_delete_refuses_a_session_open_in_another_chatterm(env, capsys):
+    first, _ = sample(env)
+    with SessionStore(env) as tui:
+        tui.hold(first)
+        assert main(["sessions", "delete", str(first), "--yes"]) == 2
+        err = capsys.readouterr().err
+        assert f"session {first} is open in another chatterm" in err and len(err.strip().splitlines()) == 1
+        assert tui.session(first).turns == 1
+    assert main(["sessions", "delete", str(first), "--yes"]) == 0  # its holder closed
+
+
 @pytest.mark.parametrize("argv", [["sessions", "delete"], ["sessions", "rename", "1"],
                                   ["sessions", "delete", "x"]])
 def test_bad_arguments_are_one_line(env, capsys, argv):

@@ -13,6 +13,7 @@ from textual.geometry import Region
 from textual.widgets import DataTable, Input, OptionList
 
 from chatterm.core.store.session_store import SessionStore
+from chatterm.errors import ChattermError
 from chatterm.ui.chat_view import TurnPhase
 from chatterm.ui.prompt import PromptArea
 from chatterm.ui.screens import PersonaPicker
@@ -92,6 +93,20 @@ async def test_switching_back_to_a_persona_returns_to_its_last_conversation(buil
         picker = await pick_persona(pilot, "terse-coder")
         assert f"→ back to session {coder}" in option_text(picker, "terse-coder")
         await pilot.press("escape")
+
+
+async def test_another_chatterm_cannot_delete_the_session_open_in_the_app(build, store, workspace):
+    app, _ = build(store=store)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        await send(pilot, "hello assistant")
+        first = app.conversation.session_id
+        with SessionStore(workspace.db_path) as other:
+            with pytest.raises(ChattermError, match=f"session {first} is open in another chatterm"):
+                other.delete_session(first)
+            await pilot.press("ctrl+n")  # a new conversation: the first is no longer open
+            await wait_for(pilot, lambda: users(app) == [], what="the new conversation")
+            assert other.delete_session(first) == 1
 
 
 async def test_sessions_screen_title_preview_search_rename_delete(build, store):

@@ -11,6 +11,8 @@ Contract:
   engine hears of the conversation at once (`note_conversation`: its id, or
   None for a new one), so a local engine readies the memory a stored
   state restores into while the user types, and looks for the right one.
+- The store holds the newest conversation's session as open (`hold`), so
+  another chatterm does not delete it meanwhile.
 - Energy per turn comes from an optional `EnergyMeter` (GPU power readings).
 """
 
@@ -43,6 +45,8 @@ class TurnStore(Protocol):
     ) -> int | None: ...
 
     def take_write_notice(self) -> str | None: ...
+
+    def hold(self, session_id: int | None) -> None: ...
 
     def turn_metrics(self, session_id: int) -> list[TurnMetrics]: ...
 
@@ -96,6 +100,8 @@ class Conversation:
         self._moved = session_id is None
         """The session is on this engine's model in the store (a new one is created there)."""
         engine.note_conversation(session_id)
+        if store is not None:
+            store.hold(session_id)  # the store's open session is the newest conversation's
 
     def _model_fields(self) -> dict[str, str]:
         """What the store records of the model a session is on."""
@@ -132,6 +138,7 @@ class Conversation:
                     **self._model_fields(), persona_id=self.persona.id,
                     started_at=m.submitted_at,  # the session began with its first message
                 )
+                self.store.hold(self.session_id)
             elif not self._moved:
                 # A stored session carried on, maybe on another model: a resume
                 # must come back to the model its last turn ran on.

@@ -42,6 +42,8 @@ Contract:
   of that list. Renaming, deleting and forking a session are writes the user
   asked for: a refused one raises `ChattermError` (one line) instead of
   setting `write_error`. Search: `chatterm.core.store.search`.
+- `hold(sid)` marks the session its owner has open; `delete_session` of a
+  session another process holds is refused (`chatterm.core.store.session_holds`).
 - `continued_elsewhere(sid)` names the current leaf when another process (or
   another store on the file) moved it since this store last read or wrote it
   (`turns`, `turns_page`, `record_turn`, `select_turn`, a new or forked
@@ -54,7 +56,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Callable, Iterator, TypeVar
 
@@ -72,6 +74,7 @@ from chatterm.core.store.records import (
     sql_value,
 )
 from chatterm.core.store.schema import FTS_TABLE, NEW_SESSION_ID, SCHEMA_VERSION
+from chatterm.core.store.session_holds import SessionHolds
 from chatterm.errors import ChattermError
 
 __all__ = ["SCHEMA_VERSION", "SearchHit", "SessionInfo", "SessionStore", "TurnRecord"]
@@ -109,6 +112,7 @@ class SessionStore:
         self._fts = False
         """Whether the database has the FTS5 index (else search scans)."""
         self._closed = False
+        self._holds = SessionHolds(self.path)
         self.write_error: str | None = None
         """Why the first refused write failed (None while every write succeeded)."""
         self._notice_given = False
@@ -289,7 +293,8 @@ class SessionStore:
 
     def delete_session(self, session_id: int) -> int:
         """Remove the session and its turns (search index included); the number of
-        turns removed. Its forks keep their copies of its turns as their own
+        turns removed; refused (ChattermError) while another chatterm has it
+        open (`hold`). Its forks keep their copies of its turns as their own
         and hang under its parent instead (`tree.adopt_forks`). Its KV states are the prompt cache's: see
         `chatterm.core.store.lifecycle.delete_session`."""
 
@@ -302,8 +307,17 @@ class SessionStore:
             conn.execute("DELETE FROM sessions WHERE id = ?", (session_id,))
             return turns
 
-        removed = self._write(f"could not delete session {session_id}", delete, strict=True)
+        # A read-only store refuses the write below; it leaves no mark file either.
+        with nullcontext() if self.readonly else self._holds.deleting(session_id):
+            removed = self._write(f"could not delete session {session_id}", delete, strict=True)
         return int(removed or 0)
+
+    def hold(self, session_id: int | None) -> None:
+        """Mark `session_id` as the one this store's owner has open (None: none),
+        so another chatterm's delete of it is refused
+        (`chatterm.core.store.session_holds`). A read-only store marks nothing."""
+        if not self.readonly:
+            self._holds.hold(session_id)
 
     def fork_session(self, session_id: int, turn_index: int | None = None) -> tuple[int, int]:
         """A new session holding the path up to turn `turn_index` (None: the current
@@ -654,6 +668,7 @@ class SessionStore:
         """Close the connection. Safe to call twice."""
         with self._lock:
             self._closed = True
+            self._holds.release()
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None
