@@ -72,6 +72,8 @@ def _logging_to_file() -> Iterator[None]:
     path = paths.launch_log_file()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
+        path.touch(mode=0o600)  # the user's own: it may quote prompts and server replies
+        path.chmod(0o600)
         handler: logging.Handler = logging.FileHandler(path, encoding="utf-8")
     except OSError:
         handler = logging.NullHandler()

@@ -36,6 +36,7 @@ from chatterm.core.config.schema import (
     auto_or,
     bad,
     boolean,
+    env_var_name,
     from_table,
     integer,
     key,
@@ -125,7 +126,7 @@ class ModelSpec:
     """Remote: the OpenAI-compatible server's base URL, e.g. http://127.0.0.1:8080/v1."""
     remote_model: str = key("", check=text, toml="model")
     """Remote: the model name sent in requests."""
-    api_key_env: str = key("", check=text)
+    api_key_env: str = key("", check=env_var_name)
     """Remote: the name of the environment variable holding the API key (never the key)."""
     connect_timeout_s: float = key(5.0, check=number(0, above=True, unit="a number of seconds"))
     read_timeout_s: float = key(120.0, check=number(0, above=True, unit="a number of seconds"))

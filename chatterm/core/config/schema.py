@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from dataclasses import MISSING, Field, dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, TypeVar
@@ -98,6 +99,8 @@ def from_table(
             continue
         try:
             values[f.name] = check(value)
+        except NotShown as exc:
+            raise bad(path, where, f"{name} {exc}") from None
         except ValueError as exc:
             raise bad(path, where, f"{name} {_shown(value)} {exc}") from None
     try:
@@ -117,6 +120,22 @@ def _shown(value: Any) -> str:
 def text(value: Any) -> str:
     if not isinstance(value, str):
         raise ValueError("must be a string")
+    return value
+
+
+class NotShown(ValueError):
+    """A check's refusal whose error must not quote the value (it may be a secret)."""
+
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def env_var_name(value: Any) -> str:
+    """The name of an environment variable, or "": a key pasted here by mistake
+    is refused without being echoed."""
+    if not isinstance(value, str) or (value and not _ENV_NAME.fullmatch(value)):
+        raise NotShown("must be the name of an environment variable (letters, digits, _), "
+                       "not the key itself (the value is not shown)")
     return value
 
 

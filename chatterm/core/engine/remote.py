@@ -45,7 +45,7 @@ import socket
 import threading
 import time
 from typing import Any, Iterable, Iterator, Sequence
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import httpx
 
@@ -113,6 +113,15 @@ def _public_url(url: str) -> str:
     host = parts.hostname or ""
     netloc = f"{host}:{parts.port}" if parts.port else host
     return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
+def _url_auth(url: str) -> httpx.BasicAuth | None:
+    """The user:password@ of `url` as HTTP basic auth (what httpx makes of it),
+    so the client is given the URL without them."""
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return None
+    return httpx.BasicAuth(unquote(parts.username or ""), unquote(parts.password or ""))
 
 
 def _reason_from_body(body: bytes, key: str) -> str:
@@ -187,7 +196,8 @@ class RemoteEngine(Engine):
     def client(self) -> httpx.Client:
         if self._client is None:
             self._client = httpx.Client(
-                base_url=self.spec.base_url,
+                base_url=self._url,  # httpx logs each request's URL (`-v`, launch.log)
+                auth=_url_auth(self.spec.base_url),
                 timeout=httpx.Timeout(
                     self.spec.read_timeout_s,
                     connect=self.spec.connect_timeout_s,

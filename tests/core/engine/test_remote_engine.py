@@ -382,6 +382,24 @@ def test_http_500_surfaces_the_reason_without_the_key(scripted):
     eng.close()
 
 
+def test_url_credentials_are_sent_as_basic_auth_and_never_logged(scripted, monkeypatch, caplog):
+    import base64
+    import logging
+
+    monkeypatch.delenv(KEY_ENV)
+    scripted.script = lambda h: (h.start_events(), h.event(chunk("ok", "stop")), h.event("[DONE]"))
+    url = scripted.url.replace("http://", "http://alice:p%40ss-URLSECRET@")
+    eng = RemoteEngine(make_spec(url, api_key_env=""), PRICE)
+    with caplog.at_level(logging.DEBUG):  # what `-v` and launch.log get
+        eng.load()
+        assert drain(eng.start_turn(make_persona(), [], "Hello")) == ["ok"]
+    sent = scripted.requests[0]["headers"]["Authorization"]
+    assert sent == "Basic " + base64.b64encode(b"alice:p@ss-URLSECRET").decode()
+    assert any("HTTP Request" in r.getMessage() for r in caplog.records)
+    assert "URLSECRET" not in caplog.text and "alice" not in caplog.text
+    eng.close()
+
+
 def test_malformed_event_ends_the_turn_and_keeps_the_partial_reply(scripted):
     def script(h):
         h.start_events()
@@ -606,6 +624,12 @@ def test_models_toml_entry_makes_a_remote_engine(tmp_path, monkeypatch):
     assert eng.device().name == "http://127.0.0.1:9/v1" and eng.device().n_ctx == 4096
     assert "pw" not in repr(eng)
     assert eng.client.timeout.read == 7
+    # A key pasted where its variable's name goes is refused, and not echoed.
+    models.write_text(models.read_text().replace(f'api_key_env = "{KEY_ENV}"', 'api_key_env = "sk-abc123SECRET"'))
+    catalog = load_catalog(models)
+    assert "served" not in catalog.models
+    (error,) = [e for e in catalog.errors if "api_key_env" in e]
+    assert "name of an environment variable" in error and "SECRET" not in error
 
 
 def test_bench_runs_against_the_server(engine):
