@@ -630,7 +630,7 @@ class ChatView(Vertical):
             return
         self._editing = reply
         prompt.editing = True
-        prompt.text = reply.user.text
+        prompt.text = printable(reply.user.text)  # the text area writes it out as it is
         prompt.move_cursor(prompt.document.end)
         prompt.focus()
         self.set_status("editing your message: Enter sends it as a new branch · Esc cancels")

@@ -3,7 +3,9 @@
 Contract: every notification in chatterm.ui goes through `notify_plain`, which
 never lets Textual parse the text as markup: the text may come from a file, the
 database, an exception or the model, and `[` in it must stay a `[` (markup
-could style it, link it, run an action or raise a MarkupError).
+could style it, link it, run an action or raise a MarkupError). Its control
+characters are made visible (`printable`): a toast writes its text to the
+terminal as it is.
 """
 
 from __future__ import annotations
@@ -11,9 +13,11 @@ from __future__ import annotations
 from textual.app import App
 from textual.notifications import SeverityLevel
 
+from chatterm.core.metrics.format import printable
+
 
 def notify_plain(
     app: App, text: str, *, title: str = "", severity: SeverityLevel = "information", timeout: float | None = None
 ) -> None:
-    """Show `text` (and `title`) as a notification, markup never interpreted."""
-    app.notify(text, title=title, severity=severity, timeout=timeout, markup=False)
+    """Show `text` (and `title`) as a notification, literally."""
+    app.notify(printable(text), title=printable(title), severity=severity, timeout=timeout, markup=False)

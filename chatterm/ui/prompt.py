@@ -8,6 +8,10 @@ which every terminal sends as a distinct byte (LF); Shift+Enter and Alt+Enter
 also work in terminals that report them (kitty keyboard protocol, most
 xterm-likes for Alt).
 
+Text pasted in loses its terminal escape sequences (a coloured log keeps its
+words, not its colours) and shows any other control character as a symbol
+(`pasted_text`): the text area writes what it holds to the terminal as it is.
+
 The prompt's border is drawn by the box around it (`BOX_ID`), and every redraw
 of the prompt redraws the rest of the box's rows after it (the border, the
 dashboard beside it), so they keep their columns whatever width the terminal
@@ -18,12 +22,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rich.text import Text
 from textual import events
 from textual.geometry import Region
 from textual.message import Message
 from textual.widget import Widget
 from textual.widgets import TextArea
 
+from chatterm.core.metrics.format import printable
 from chatterm.ui.fit_text import first_fitting
 
 NEWLINE_KEYS = ("ctrl+j", "shift+enter", "alt+enter")
@@ -34,6 +40,12 @@ BOX_ID = "prompt-box"
 
 PLACEHOLDERS = ("Message — Enter sends, Ctrl+J new line, F1 help", "Message — Enter sends, F1 help")
 """Longest first: the prompt is 33 cells wide at 80 columns with the dashboard shown."""
+
+
+def pasted_text(text: str) -> str:
+    """What a paste puts in the prompt: `text` without ANSI escape sequences
+    (SGR, OSC 8 links, cursor moves), other controls made visible."""
+    return printable(Text.from_ansi(text).plain) if "\x1b" in text or "\x9b" in text else printable(text)
 
 
 class PromptArea(TextArea):
@@ -80,6 +92,10 @@ class PromptArea(TextArea):
                 screen = self.screen
                 screen.refresh(Region(band.x, band.y, screen.size.width - band.x, band.height))
         return result
+
+    def _on_paste(self, event: events.Paste) -> None:
+        # Textual calls each class's handler in turn: TextArea's inserts this text next.
+        event.text = pasted_text(event.text)
 
     async def _on_key(self, event: events.Key) -> None:
         if self.read_only:

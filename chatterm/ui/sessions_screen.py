@@ -466,7 +466,7 @@ class RenameScreen(ModalScreen[str | None]):
     def compose(self):
         with Vertical(id="rename-box", classes="modal-box"):
             yield Static(Content(f"Rename session {self._session_id}"), classes="modal-title")
-            yield Input(value=self._title, id="rename-input")
+            yield Input(value=printable(self._title), id="rename-input")  # Input draws it as it is
             yield Static(Content("Enter renames · Esc cancels"), classes="modal-hint")
 
     @on(Input.Submitted)

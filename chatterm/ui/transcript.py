@@ -28,7 +28,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from rich.console import Console
-from rich.markdown import Markdown as RichMarkdown
 from rich.segment import Segment
 from rich.text import Text
 from textual.binding import ActiveBinding, Binding
@@ -42,6 +41,7 @@ from textual.widgets import Static
 
 from chatterm.core.metrics.format import footer_line, printable
 from chatterm.core.metrics.turn_metrics import StopReason, TurnMetrics
+from chatterm.ui.literal_markdown import LiteralMarkdown
 from chatterm.ui.typing_to_prompt import TypingGoesToPrompt
 
 if TYPE_CHECKING:
@@ -322,9 +322,9 @@ class AssistantReply(Widget):
         return lines[y].crop_extend(0, width, style).apply_style(style)
 
 
-def _markdown(text: str) -> RichMarkdown:
-    """Printable text as Markdown: no console markup, no links that open."""
-    return RichMarkdown(text, hyperlinks=False)
+def _markdown(text: str) -> LiteralMarkdown:
+    """Printable text as Markdown: no console markup, no links that open, nothing hidden."""
+    return LiteralMarkdown(text)
 
 
 _parser = None

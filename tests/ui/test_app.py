@@ -265,13 +265,15 @@ async def test_theme_switch_through_the_palette_is_remembered(build, isolated_di
 async def test_broken_theme_file_is_reported_once_and_skipped(build, isolated_dirs):
     folder = isolated_dirs["CHATTERM_CONFIG_DIR"] / "themes"
     folder.mkdir(parents=True)
-    (folder / "bad.toml").write_text('name = "bad"\nprimary = "#12345G"\n')
+    # A file name is anyone's text: its escape sequence is shown, not sent to the terminal.
+    (folder / "bad\x1b[31m.toml").write_text('name = "bad"\nprimary = "#12345G"\n')
     (folder / "mine.toml").write_text('name = "mine"\nprimary = "#FF8800"\ndark = false\n')
     app, _ = build()
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause(0.1)
         messages = [n.message for n in app._notifications]
-        assert sum("bad.toml" in m for m in messages) == 1
+        assert sum("bad␛[31m.toml" in m for m in messages) == 1
+        assert not any("\x1b" in m for m in messages)
         assert "bad" not in app.available_themes and "mine" in app.available_themes
         app.theme = "mine"
         await pilot.pause(0.1)

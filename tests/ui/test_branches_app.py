@@ -154,6 +154,17 @@ async def test_regenerate_keeps_the_old_reply_and_arrows_switch_between_them(bui
         await pilot.press("escape")
 
 
+async def test_a_message_with_an_escape_sequence_is_edited_as_visible_symbols(build, store):
+    app, _ = build(["One."], store=store)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        await send(pilot, "clear \x1b[2J this")  # as `ask` or a script may have sent it
+        app.query_one("#conversation").focus()
+        await pilot.press("shift+up", "e")
+        prompt = app.query_one("#prompt")
+        assert prompt.text == "clear ␛[2J this"
+
+
 async def test_edit_an_earlier_message_branches_there(build, store):
     app, engines = build(["One.", "Two.", "Three.", "Deux."], store=store)
     async with app.run_test(size=SIZE) as pilot:
@@ -288,6 +299,11 @@ async def test_keys_typed_beside_the_prompt_a_tick_apart_stay_in_order(build):
         await idle(pilot)
         app.post_message(events.Paste("pasted here"))
         await wait_for(pilot, lambda: prompt.text == "pasted here", what="the paste in the prompt")
+        # A coloured log pasted in keeps its words, not its escape sequences
+        # (the text area writes what it holds to the terminal as it is).
+        prompt.clear()
+        app.post_message(events.Paste("\x1b[31merror\x1b[0m: \x1b]8;;https://evil.example\x1b\\link\x1b]8;;\x1b\\\x01"))
+        await wait_for(pilot, lambda: prompt.text == "error: link␁", what="the cleaned paste")
 
 
 async def test_empty_edit_and_actions_before_any_turn_are_one_line_and_lose_nothing(build, store):

@@ -109,6 +109,22 @@ async def test_another_chatterm_cannot_delete_the_session_open_in_the_app(build,
             assert other.delete_session(first) == 1
 
 
+async def test_the_rename_box_shows_a_titles_escape_sequence_as_symbols(build, store):
+    sid = new_session(store)
+    store.record_turn(sid, "build log \x1b[31mfailed\x1b[0m", "r", full_metrics())  # `cat log | chatterm ask`
+    app, _ = build(store=store)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        await pilot.press("f3")
+        await wait_for(pilot, lambda: isinstance(app.screen, SessionsScreen), what="the sessions screen")
+        table = app.screen.query_one(DataTable)
+        await wait_for(pilot, lambda: table.row_count == 1, what="the row")
+        table.focus()
+        await pilot.press("r")
+        await wait_for(pilot, lambda: isinstance(app.screen, RenameScreen), what="the rename box")
+        assert app.screen.query_one(Input).value == "build log ␛[31mfailed␛[0m"
+
+
 async def test_sessions_screen_title_preview_search_rename_delete(build, store):
     app, engines = build(store=store)
     async with app.run_test(size=SIZE) as pilot:

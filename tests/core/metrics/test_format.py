@@ -51,6 +51,9 @@ def test_printable_makes_escapes_visible_and_inert():
     assert "\x1b" not in out and "\x07" not in out and "\x9b" not in out and "\r" not in out
     assert out == "a␛[31mred␛[0m\tb\nc␍d␇\\x9b2J"
     assert printable("x\r\ny") == "x\ny"
+    # Overrides and isolates reorder a line in a bidi-aware terminal; the marks
+    # right-to-left text needs stay.
+    assert printable("abc\u202edef\u2067g\u200fh") == "abc\ufffddef\ufffdg\u200fh"
 
 
 def test_units():
