@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from chatterm.cli.common import require_positive, workspace
+from chatterm.cli.common import literal, require_positive, workspace
 from chatterm.core.metrics.format import counted, fmt_ms, fmt_tok_s
 from chatterm.errors import ChattermError
 
@@ -94,11 +94,11 @@ def run(args: argparse.Namespace) -> int:
     def progress(status, msg: str) -> None:
         line = f"bench {persona.id}: {msg} ({time.monotonic() - started:.0f} s)"
         if err.is_terminal:
-            status.update(line)
+            status.update(literal(line))
         else:  # a log or a pipe gets one line per step instead of a spinner it cannot show
-            err.print(line, markup=False, highlight=False)
+            err.print(literal(line))
 
-    with err.status(f"loading {spec.id}…") as status:
+    with err.status(literal(f"loading {spec.id}…")) as status:
         progress(status, f"loading {spec.id}")
         engine.load()
         try:
@@ -112,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         write_json(result, args.json)
 
-    table = Table(title=f"chatterm bench · {spec.id} · persona {persona.id} · median of {args.runs}")
+    table = Table(title=literal(f"chatterm bench · {spec.id} · persona {persona.id} · median of {args.runs}"))
     table.add_column("measure")
     table.add_column("value", justify="right")
     rows = []
@@ -161,11 +161,11 @@ def run(args: argparse.Namespace) -> int:
     for name, value in rows:
         table.add_row(name, value)
     host = result["host"]
-    table.caption = (f"{host['cpu']} · {host['cores']} cores · calibration sum(range(10**6)) "
-                     f"{host['calibration_ms']:.1f} ms before, {host['calibration_after_ms']:.1f} ms after")
+    table.caption = literal(f"{host['cpu']} · {host['cores']} cores · calibration sum(range(10**6)) "
+                            f"{host['calibration_ms']:.1f} ms before, {host['calibration_after_ms']:.1f} ms after")
     Console().print(table)
     for warning in result["warnings"]:
-        err.print(f"warning: {warning}", style="yellow", markup=False, highlight=False)
+        err.print(literal(f"warning: {warning}"), style="yellow")
     if args.json:
         err.print(f"wrote {args.json}")
     return 0

@@ -22,12 +22,11 @@ import datetime as dt
 
 from rich.console import Console
 from rich.table import Table
-from rich.text import Text
 
-from chatterm.cli.common import workspace
+from chatterm.cli.common import literal, workspace
 from chatterm.core.cache.prompt_cache import KINDS, PromptCache
 from chatterm.core.discovery.row_text import fmt_bytes
-from chatterm.core.metrics.format import counted, fmt_recent_time
+from chatterm.core.metrics.format import counted, fmt_recent_time, printable
 from chatterm.errors import ChattermError
 
 
@@ -66,21 +65,21 @@ def run_ls(args: argparse.Namespace) -> int:
     size = fmt_bytes if on_terminal else (lambda n: f"{n:,}")
     when = fmt_recent_time if on_terminal else (lambda ts: dt.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S"))
     if not entries:
-        console.print(f"No cached states in {cache.folder}", markup=False, highlight=False)
+        console.print(literal(f"No cached states in {cache.folder}"))
         return 0
-    table = Table(title=f"Prompt cache · {cache.folder}")
+    table = Table(title=literal(f"Prompt cache · {cache.folder}"))
     for column in ("kind", "model", "tokens", "bytes", "tier", "last used", "status"):
         table.add_column(column, justify="right" if column in ("tokens", "bytes") else "left",
                          no_wrap=column in ("model", "tokens", "bytes", "tier", "last used"))
     for e in entries:
         table.add_row(
-            e.slot.label,
-            Text(e.model_id),  # a model id from a file: literal, not rich markup
+            literal(e.slot.label),  # ids from files and headers: never markup
+            literal(e.model_id),
             f"{len(e.tokens):,}",
             size(e.nbytes),
             e.tier,
             when(e.last_used),
-            e.problem or "ok",
+            literal(e.problem or "ok"),
         )
     usage = cache.usage()
     whole = [e for e in entries if e.chain is None and e.tier == "disk"]
@@ -98,7 +97,7 @@ def run_ls(args: argparse.Namespace) -> int:
         for column in ("model", "bytes/token", "blocks", "bytes", "shared bytes", "entries"):
             blocks.add_column(column, justify="left" if column == "model" else "right", no_wrap=True)
         for u in usage:
-            blocks.add_row(Text(u.model_id), f"{u.bytes_per_token:,}", f"{u.blocks:,}", size(u.bytes),
+            blocks.add_row(literal(u.model_id), f"{u.bytes_per_token:,}", f"{u.blocks:,}", size(u.bytes),
                            size(u.shared_bytes), f"{u.chains:,}")
         console.print(blocks)
     return 0
@@ -131,12 +130,12 @@ def run_verify(args: argparse.Namespace) -> int:
     cache = _cache(args)
     checks = cache.verify_files()
     if not checks:
-        print(f"No state files in {cache.folder}")
+        print(printable(f"No state files in {cache.folder}"))
         return 0
     for check in checks:
         if args.all or not check.block or not check.ok:
             status = "ok " if check.ok else "BAD"
-            print(f"{status} {check.label}: {check.detail} ({check.path})")
+            print(printable(f"{status} {check.label}: {check.detail} ({check.path})"))
     bad = sum(not c.ok for c in checks)
     blocks = sum(c.block for c in checks)
     in_blocks = f" ({blocks:,} of them blocks{'' if args.all else ', --all lists each'})" if blocks else ""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
 from chatterm.core.config import paths
 from chatterm.core.config.catalog import ModelCatalog, load_catalog
@@ -13,6 +13,9 @@ from chatterm.core.config.personas import DEFAULT_PERSONA
 from chatterm.core.metrics.format import printable
 from chatterm.core.workspace import Workspace
 from chatterm.errors import ChattermError
+
+if TYPE_CHECKING:
+    from rich.text import Text
 
 
 def workspace(args: argparse.Namespace) -> Workspace:
@@ -71,6 +74,14 @@ def _named_db(args: argparse.Namespace) -> tuple[Path | None, str]:
     if args.db is not None:
         return args.db.expanduser(), "--db"  # --db=~/x.db: the shell leaves a ~ after "=" alone
     return paths.named_db_path(), "$CHATTERM_DB"
+
+
+def literal(text: object) -> Text:
+    """`text` for a rich table, title or status line: never read as markup
+    (an id like "[link=...]x" stays as typed), control characters made visible."""
+    from rich.text import Text  # imported when a table is drawn: not in `ask`'s start-up
+
+    return Text(printable(str(text)))
 
 
 def require_positive(option: str, value: int) -> None:

@@ -37,7 +37,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from chatterm.cli.common import catalog, db_path, require_positive, workspace, write_stdout
+from chatterm.cli.common import catalog, db_path, literal, require_positive, workspace, write_stdout
 from chatterm.core.metrics.format import counted, fmt_local_time, fmt_ms, printable, usd_number
 from chatterm.core.report.escape import json_line
 from chatterm.core.store.lifecycle import delete_session
@@ -115,8 +115,8 @@ def run(args: argparse.Namespace) -> int:
         table.add_row(
             str(s.id),
             fmt_local_time(s.active_at or s.started_at),
-            Text(printable(s.persona_id)),
-            Text(printable(s.model_id)),
+            literal(s.persona_id),
+            literal(s.model_id),
             s.turns_label,
             fmt_ms(s.ttft_p50_ms),
             usd_number(s.cost_usd),
@@ -158,7 +158,7 @@ def _search(db, args: argparse.Namespace) -> int:
                        style="dim"))
     for hit in hits:
         place = f"{hit.session_id}:{hit.turn_index}"
-        console.print(Text(place, style="bold"), Text(printable(hit.title)), overflow="ignore", crop=False)
+        console.print(Text(place, style="bold"), literal(hit.title), overflow="ignore", crop=False)
         who = "you" if hit.role == "user" else "reply"
         console.print(Text(_INDENT + one_line(f"{who}: {printable(hit.snippet)}", width - len(_INDENT)),
                            style="dim"))

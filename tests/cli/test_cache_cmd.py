@@ -93,3 +93,15 @@ def test_verify_lists_blocks_only_when_bad_or_asked(tmp_path):
     shown = [line for line in bad.stdout.splitlines() if re.match(r"(ok  |BAD )block ", line)]
     assert len(shown) == 1 and shown[0].startswith(f"BAD block {block.stem[:12]} · m: ") and str(block) in shown[0]
     assert "4 of 5 files verified" in bad.stdout
+
+
+def test_ids_from_files_are_shown_as_written_never_as_markup_or_escapes(tmp_path):
+    cache = PromptCache(tmp_path / "cache" / "kv")
+    persona = "[reverse]team[link=https://evil.example]bot"
+    cache.save("m\x1b[31mx", Slot.persona(persona), list(range(40)), bytes(300_000), COMPAT)
+    listing = chatterm(tmp_path, "cache", "ls", COLUMNS="200")
+    assert listing.returncode == 0, listing.stderr
+    assert f"persona {persona}" in listing.stdout and "m␛[31mx" in listing.stdout
+    assert "\x1b" not in listing.stdout
+    verify = chatterm(tmp_path, "cache", "verify", "--all")
+    assert "m␛[31mx" in verify.stdout and "\x1b" not in verify.stdout

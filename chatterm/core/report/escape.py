@@ -7,7 +7,9 @@ Contract (every string that reaches an export goes through one of these):
   can neither restyle a terminal, split a line, nor reorder what surrounds it.
   `limit` shortens first (with "…").
 - `md_escape`: `one_line`, then Markdown markup characters backslash-escaped
-  (pipes included), so a table cell renders literally and stays one cell.
+  (pipes included), so a table cell renders literally and stays one cell; the
+  ':' of "https://" and the dot of "www." too, so GFM makes no link of a bare URL. (An e-mail
+  address cannot be kept from GFM's mailto: autolink by any escape.)
 - `literal_lines(text)`: `one_line` line by line, the line breaks kept as
   "\n": a whole message, inert, its lines where they were.
 - `md_block(text)`: `literal_lines` in a fenced code block whose fence is
@@ -20,7 +22,8 @@ Contract (every string that reaches an export goes through one of these):
   JSON's own escapes, plus DEL, C1 controls, line separators and bidi controls
   as `\\uXXXX`; NaN and infinities are null, bytes hex.
 - `csv_cell`: a value as a CSV cell. Numbers stay numbers (a negative number is a
-  number, never prefixed); a text cell that starts like a spreadsheet formula
+  number, never prefixed); text is `literal_lines` (CSV goes to stdout by
+  default: no escape sequence reaches the terminal); a text cell that starts like a spreadsheet formula
   (`=`, `+`, `-`, `@`, tab, carriage return) gets a leading `'`, the
   neutralization spreadsheets expect, unless the whole text is a plain number.
 """
@@ -34,6 +37,9 @@ import re
 import orjson
 
 _MD_ESCAPED = set("\\`*_[]<>|&~$#!")
+_AUTOLINK = re.compile(r"(?<=www)\.|:(?=/)", re.IGNORECASE)
+"""Where GFM would make a bare URL a link: the ':' of "https://" and the dot
+of "www.", escaped ("https\\://" stays text; "12:30" is left as it is)."""
 BIDI_CONTROLS = frozenset(
     {0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A)}
 )
@@ -82,7 +88,8 @@ def md_block(text: str) -> str:
 
 def md_escape(text: str, limit: int | None = None) -> str:
     """`text` as Markdown that renders literally on one line of a table cell."""
-    return "".join("\\" + ch if ch in _MD_ESCAPED else ch for ch in one_line(text, limit))
+    escaped = "".join("\\" + ch if ch in _MD_ESCAPED else ch for ch in one_line(text, limit))
+    return _AUTOLINK.sub(lambda m: "\\" + m.group(), escaped)
 
 
 def html_text(text: str, limit: int | None = None) -> str:
@@ -104,6 +111,16 @@ def _is_number(text: str) -> bool:
         return False
 
 
+_CSV_CHANGED = re.compile(
+    "[\x00-\x09\x0b-\x1f\x7f-\x9f\u2028\u2029" + "".join(chr(c) for c in sorted(BIDI_CONTROLS)) + "]"
+)
+
+
+def csv_keeps(text: str) -> bool:
+    """Whether `csv_cell` leaves the text `text` as it is (a fast path for exports)."""
+    return not text.startswith(FORMULA_STARTS) and _CSV_CHANGED.search(text) is None
+
+
 def csv_cell(value) -> str:
     if value is None:
         return ""
@@ -113,7 +130,7 @@ def csv_cell(value) -> str:
         return repr(value) if math.isfinite(value) else ""
     if isinstance(value, int):
         return str(value)
-    text = str(value)
+    text = literal_lines(str(value))  # read in a terminal too (stdout): no escape sequence stays live
     if text.startswith(FORMULA_STARTS) and not _is_number(text):
         return "'" + text  # keep spreadsheets from evaluating it
     return text

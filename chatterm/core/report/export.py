@@ -47,7 +47,7 @@ from typing import Iterable, Iterator, Mapping, Sequence
 from chatterm.core.config import paths
 from chatterm.core.config.catalog import PriceProfile
 from chatterm.core.metrics.turn_metrics import TURN_FIELDS, TurnMetrics
-from chatterm.core.report.escape import FORMULA_STARTS, csv_cell, json_line
+from chatterm.core.report.escape import csv_cell, csv_keeps, json_line
 from chatterm.core.report.figures import Exported, build
 from chatterm.core.report.html import render_html
 from chatterm.core.report.markdown import render_markdown
@@ -229,7 +229,7 @@ def _csv_turn_cells(turn: tuple) -> list:
         # of 40 cells each through csv_cell took 4 s).
         for i in _TEXTS:
             value = cells[i]
-            if value.__class__ is not str or value.startswith(FORMULA_STARTS):
+            if value.__class__ is not str or not csv_keeps(value):
                 cells[i] = csv_cell(value)
         for i in (*_BOOLS, _INHERITED):
             cells[i] = "true" if cells[i] else "false"

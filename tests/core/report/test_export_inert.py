@@ -39,7 +39,7 @@ PIECES = [
     "[bold]", "[/]", "[link=http://x]", "[@click=app.quit]", "$x$",
     "<script>alert(1)</script>", "<img src=x onerror=alert(1)>", "&amp;", '"', "'", "`", "|", "\\|",
     "=", "+", "-", "@", "=HYPERLINK(\"http://x\")", "-2+3", "+1", "@SUM(A1)", "-1.5",
-    "**", "_", "#", "![x](http://x)", "```",
+    "**", "_", "#", "![x](http://x)", "```", "www.evil.example", "https://evil.example/a",
 ]
 hostile = st.lists(st.one_of(st.sampled_from(PIECES), st.text(max_size=6)), max_size=8).map("".join)
 
@@ -120,7 +120,7 @@ def test_hostile_text_stays_inert_in_every_format(db, t):
     turn = {**stored.metrics.to_dict(), "model_identity": info.model_identity,
             "device": info.device}
     for name in TEXT_COLUMNS:
-        value = turn[name] or ""
+        value = literal_lines(turn[name] or "")  # CSV goes to a terminal by default
         expected = value
         if value.startswith(FORMULA_STARTS):
             try:
@@ -135,6 +135,7 @@ def test_hostile_text_stays_inert_in_every_format(db, t):
         if cell.startswith(FORMULA_STARTS):
             float(cell)  # only plain numbers may start like a formula
     assert float(cells["prefill_ms"]) == 50.0
+    assert not _UNSAFE.search(out["csv"].replace("\r\n", "")) and not any(ord(ch) in BIDI_CONTROLS for ch in out["csv"])
 
     # Markdown: the messages are whole, each in a code block nothing in it closes;
     # outside them tables keep their shape; no raw control, bidi or HTML from the input.
@@ -145,6 +146,8 @@ def test_hostile_text_stays_inert_in_every_format(db, t):
     assert [body for _, body in _MD_BLOCK.findall(md)] == [literal_lines(m) for m in messages]
     md = _MD_BLOCK.sub("", md)
     assert not re.search(r"(?<!\\)<", md)
+    # No bare URL for GFM to make a link of (the report's own text has none).
+    assert not re.search(r"(?<!\\)://|www\.", md, re.IGNORECASE)
     lines = md.splitlines()
     for i, line in enumerate(lines):
         if line.startswith("|") and (i == 0 or not lines[i - 1].startswith("|")):
