@@ -325,9 +325,10 @@ class TurnDetailScreen(ModalScreen[None]):
                 lines.append(f"  {note}")
         approx = "~" if m.tokens_estimated else ""
         before = input_breakdown(m)
+        unreached = f", {fmt_int(m.unreached_tokens)} not reached: stopped" if m.unreached_tokens else ""
         lines.append(
             f"tokens: {approx}{fmt_int(m.prompt_tokens)} prompt ({before + ', ' if before else ''}"
-            f"{fmt_int(m.prefilled_tokens)} prefilled){SEP}{approx}{fmt_int(m.generated_tokens)} generated"
+            f"{fmt_int(m.prefilled_tokens)} prefilled{unreached}){SEP}{approx}{fmt_int(m.generated_tokens)} generated"
         )
         lines.append(f"decode: {fmt_tok_s(m.decode_tok_s)}{SEP}total {fmt_ms(m.total_ms)}")
         if m.seed is not None:

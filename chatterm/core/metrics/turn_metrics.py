@@ -158,6 +158,15 @@ class TurnMetrics:
         return max(self.cached_tokens - self.ahead_tokens, 0)
 
     @property
+    def unreached_tokens(self) -> int:
+        """Prompt tokens the turn never prefilled: stopped during its prefill,
+        it went through `cached_tokens + prefilled_tokens` of them. Not input
+        it computed, so not charged (the next turn prefills them, and pays)."""
+        if self.stop_reason != StopReason.CANCELLED or self.ttft_ms is not None:
+            return 0
+        return max(self.prompt_tokens - self.cached_tokens - self.prefilled_tokens, 0)
+
+    @property
     def early_tokens(self) -> int:
         """Prompt tokens prefilled for this turn before it was sent (typed ahead,
         its history prefilled ahead, or with the persona when it was loaded): in
@@ -243,6 +252,15 @@ class SessionSummary:
     saved_prefill_s: float = 0.0
     saved_usd: float = 0.0
     energy_wh: float | None = None
+
+    @property
+    def unreached_tokens(self) -> int:
+        """Prompt tokens the turn never prefilled: stopped during its prefill,
+        it went through `cached_tokens + prefilled_tokens` of them. Not input
+        it computed, so not charged (the next turn prefills them, and pays)."""
+        if self.stop_reason != StopReason.CANCELLED or self.ttft_ms is not None:
+            return 0
+        return max(self.prompt_tokens - self.cached_tokens - self.prefilled_tokens, 0)
 
     @property
     def early_tokens(self) -> int:

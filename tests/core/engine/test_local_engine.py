@@ -310,6 +310,11 @@ def test_cancel_interrupts_a_long_prefill(ws):
         m = turn.metrics
         assert m.prefilled_tokens == engine.llm.n_tokens and m.prompt_tokens > m.prefilled_tokens
         assert m.prefill_ms > 0 and m.saved_prefill_ms == 0
+        # Charged for the tokens it went through, not for the prompt it never
+        # reached (the next turn prefills those, and pays for them).
+        price = ws.catalog.price(engine.spec.price_profile)
+        assert m.unreached_tokens == m.prompt_tokens - m.prefilled_tokens
+        assert m.cost_input_usd == pytest.approx(m.prefilled_tokens * price.input_per_m * 1e-6, abs=1e-6)
 
         small = greedy(ws.personas.get("terse-coder"))
         follow, reply = run_turn(engine, small)  # the context is usable afterwards

@@ -36,6 +36,24 @@ def test_without_type_ahead_every_cached_token_is_reused():
     assert "(100 cached)" in footer_line(m)
 
 
+def test_a_turn_stopped_during_its_prefill_pays_for_what_it_went_through():
+    # A new user's case: 3,825 prompt tokens, 171 reused, 32 typed ahead, Esc
+    # before the first batch finished. It was charged for all 3,654 new tokens,
+    # and the next turn, prefilling them, was charged again.
+    stopped = turn(prompt_tokens=3825, cached_tokens=203, ahead_tokens=32, prefilled_tokens=0, stop_reason="cancelled")
+    apply_cost(stopped, PRICE)
+    assert stopped.unreached_tokens == 3622
+    assert stopped.cost_input_usd == pytest.approx(32 * 2.0e-6)  # the typed-ahead tokens only
+    part = turn(prompt_tokens=3825, cached_tokens=171, prefilled_tokens=512, stop_reason="cancelled")
+    apply_cost(part, PRICE)
+    assert part.cost_input_usd == pytest.approx(512 * 2.0e-6)
+    # Stopped once the reply had begun, the whole prompt was computed.
+    replying = turn(prompt_tokens=3825, cached_tokens=171, prefilled_tokens=3654, ttft_ms=900.0,
+                    generated_tokens=3, stop_reason="cancelled")
+    apply_cost(replying, PRICE)
+    assert replying.unreached_tokens == 0 and replying.cost_input_usd == pytest.approx(3654 * 2.0e-6)
+
+
 def test_a_catalog_without_a_default_model_names_the_key(tmp_path):
     from chatterm.core.config.catalog import load_catalog
     from chatterm.errors import ChattermError
