@@ -62,6 +62,7 @@ from chatterm.core.metrics.turn_metrics import TurnMetrics
 from chatterm.core.metrics.whatif import cost_split, priced_with, what_if
 from chatterm.core.report.svg_charts import nice_ticks, tick_label
 from chatterm.ui.key_footer import KeyFooter
+from chatterm.ui.row_table import RowTable
 from chatterm.ui.timeline import STYLES, fmt_share, per_token, timeline_bar, timeline_legend, token_cost_line
 
 MARKS = {"error": "✕", "stopped": "■"}
@@ -134,7 +135,7 @@ class LatencyScreen(Screen[None]):
             with TabPane("Cost", id="tab-cost"):
                 yield PlotextPlot(id="plot-cost")
             with TabPane("Turns", id="tab-turns"):
-                yield DataTable(id="latency-turns", cursor_type="row", zebra_stripes=True)
+                yield RowTable(id="latency-turns", zebra_stripes=True)
                 # At 80 columns the last columns are out of view, and nothing said how to reach them.
                 yield Static(Content(f"Enter opens a turn{SEP}← → scroll the columns"), classes="chart-note")
             with TabPane("What if", id="tab-costs"):

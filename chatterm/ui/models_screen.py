@@ -46,6 +46,7 @@ from chatterm.core.discovery.fit import Memory
 from chatterm.core.discovery.row_text import PICKER_COLUMNS, memory_label, picker_cells, picker_detail
 from chatterm.core.metrics.format import printable
 from chatterm.errors import describe
+from chatterm.ui.row_table import RowTable
 from chatterm.ui.table_room import fit_table
 
 if TYPE_CHECKING:
@@ -129,7 +130,7 @@ class ModelPicker(ModalScreen["ModelSwitch | None"]):
             yield Static(Content("Models on this machine"), classes="modal-title")
             yield Static(Content("Looking in Ollama, LM Studio, the Hugging Face cache and model_folders…"),
                          id="models-status")
-            yield DataTable(id="models-table", cursor_type="row", zebra_stripes=True, fixed_columns=1)
+            yield RowTable(id="models-table", zebra_stripes=True, fixed_columns=1)
             yield Static(id="models-detail")
             yield ProgressBar(total=1.0, show_eta=False, id="models-progress")
             yield Static(Content(self._hint()), classes="modal-hint")

@@ -43,6 +43,7 @@ from chatterm.core.metrics.format import fmt_recent_time, fmt_usd, printable
 from chatterm.core.store.records import turns_note
 from chatterm.ui.fit_text import cut_to_cells
 from chatterm.ui.notices import notify_plain
+from chatterm.ui.row_table import RowTable
 from chatterm.ui.table_room import fit_table
 from chatterm.ui.worker_errors import reported
 
@@ -195,7 +196,7 @@ class SessionsScreen(ModalScreen["SessionChoice | None"]):
         with Vertical(id="sessions-box", classes="modal-box"):
             yield Static(Content("Sessions"), classes="modal-title")
             yield Input(placeholder="Search messages and replies (/)", id="sessions-search")
-            yield DataTable(id="sessions-table", cursor_type="row", zebra_stripes=True)
+            yield RowTable(id="sessions-table", zebra_stripes=True)
             yield Static(Content(""), id="sessions-note")
             yield Static(Content("Enter opens · f forks · r renames · d deletes · / searches · Esc closes"),
                          classes="modal-hint")

@@ -125,6 +125,24 @@ async def test_the_rename_box_shows_a_titles_escape_sequence_as_symbols(build, s
         assert app.screen.query_one(Input).value == "build log ␛[31mfailed␛[0m"
 
 
+async def test_home_and_end_go_to_the_first_and_last_session_at_80_columns(build, store):
+    for n in range(4):
+        store.record_turn(new_session(store), f"question {n}", "answer", full_metrics())
+    app, _ = build(store=store)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await loaded(pilot)
+        await pilot.press("f3")
+        await wait_for(pilot, lambda: isinstance(app.screen, SessionsScreen), what="the sessions screen")
+        table = app.screen.query_one(DataTable)
+        await wait_for(pilot, lambda: table.row_count == 4, what="the rows")
+        table.focus()
+        await pilot.press("end")
+        # The last row, and the table not scrolled sideways (it hid the ids).
+        assert table.cursor_row == 3 and table.scroll_x == 0
+        await pilot.press("home")
+        assert table.cursor_row == 0
+
+
 async def test_sessions_screen_title_preview_search_rename_delete(build, store):
     app, engines = build(store=store)
     async with app.run_test(size=SIZE) as pilot:

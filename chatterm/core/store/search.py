@@ -16,6 +16,8 @@ Contract:
   the index: a query made only of such words is a plain scan.
 - Without FTS5 (or for such words) the scan is SQL LIKE over both texts, with
   `%`, `_` and `\\` escaped: case is ignored for ASCII letters only.
+- `holds_every_word(body, text)`: every word of `text` is in `body`, folded
+  as the index folds (a substring test: a reply on its own).
 - `snippet(user_text, reply, text)` says where the match is and gives plain
   text around it, on one line: where a word of `text` begins, compared as the
   index does (case and diacritics ignored), before a match inside a word.
@@ -88,6 +90,13 @@ def _fold(text: str) -> str:
 def _fold_char(c: str) -> str:
     base = unicodedata.normalize("NFKD", c)[:1] or c
     return base.casefold()[:1] or c
+
+
+def holds_every_word(body: str, text: str) -> bool:
+    """Whether every word of `text` occurs in `body`, compared as the index
+    does (case and diacritics ignored)."""
+    folded = _fold(body)
+    return all(_fold(word) in folded for word in text.split())
 
 
 def snippet(user_text: str, reply: str, text: str) -> tuple[str, str]:

@@ -466,7 +466,8 @@ class SessionStore:
         """Turns whose user message or reply holds every word of `text`, newest
         first (see `chatterm.core.store.search`: any text is safe). A message
         found in the user's text is listed once: its regenerations (turns of the
-        same parent and text) are one hit, the newest. A fork's copy of its
+        same parent and text) are one hit, the newest, and a regeneration whose
+        reply holds every word of `text` too is a hit for that reply. A fork's copy of its
         parent's turn is no hit of its own while the parent is stored."""
         with self._lock:
             if self._empty():
@@ -481,7 +482,11 @@ class SessionStore:
             if role == "user":
                 message = (sid, parent, user_text)
                 if message in seen:
-                    continue
+                    # A regeneration of a message already listed: a hit of its
+                    # own only where its reply holds every word too.
+                    if not text_search.holds_every_word(reply, text):
+                        continue
+                    role, cut = text_search.snippet("", reply, text)
                 seen.add(message)
             hits.append(SearchHit(sid, index, titles.get(sid, ""), role, cut))
         return hits
