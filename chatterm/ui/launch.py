@@ -22,21 +22,25 @@ from chatterm.ui.app import ChatApp
 from chatterm.ui.engine_setup import EngineFactory, GpuProbe, MeterFactory, default_gpu_status
 from chatterm.ui.resume import read_resume
 from chatterm.ui.settings import load_ui_settings
-from chatterm.ui.themes import DEFAULT_THEME, load_themes
+from chatterm.ui.themes import DEFAULT_THEME, ThemeSet, load_themes
 
 if TYPE_CHECKING:
     from chatterm.core.store.session_store import SessionStore
     from chatterm.core.workspace import Workspace
 
 
-def require_theme(theme: str | None, known: set[str] | None = None) -> None:
-    """A ChattermError listing the valid themes when `theme` is not one of them."""
+def require_theme(theme: str | None, themes: ThemeSet | None = None) -> None:
+    """A ChattermError when `theme` is not one to use: its file's error when
+    that file was skipped, else the valid themes."""
     if theme is None:
         return
-    if known is None:
-        known = set(BUILTIN_THEMES) | set(load_themes().themes)
-    if theme not in known:
-        raise ChattermError(f"unknown theme {theme!r}; valid themes: {', '.join(sorted(known))}")
+    themes = load_themes() if themes is None else themes
+    known = set(BUILTIN_THEMES) | set(themes.themes)
+    if theme in known:
+        return
+    if theme in themes.broken:
+        raise ChattermError(themes.broken[theme])
+    raise ChattermError(f"unknown theme {theme!r}; valid themes: {', '.join(sorted(known))}")
 
 
 def make_app(
@@ -72,8 +76,8 @@ def make_app(
         notices.append(settings.error)
     themes = load_themes(theme_folders)
     notices += themes.errors
+    require_theme(theme, themes)
     known = set(BUILTIN_THEMES) | set(themes.themes)
-    require_theme(theme, known)
     chosen = theme or settings.theme or DEFAULT_THEME
     if chosen not in known:
         notices.append(f"remembered theme {chosen!r} is not available; using {DEFAULT_THEME}")

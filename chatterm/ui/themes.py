@@ -10,7 +10,8 @@ Contract:
   it is selected. Variables whose name contains "style" are text styles
   ("bold", "b reverse") and are checked as such.
 - A broken file never stops the others: it is skipped and its one-line error
-  (file and reason) is returned in `ThemeSet.errors`, for the app to report once.
+  (file and reason) is returned in `ThemeSet.errors`, for the app to report once,
+  and in `ThemeSet.broken` under the theme's name, for `--theme` to give.
 - User themes override bundled ones of the same name.
 """
 
@@ -42,6 +43,9 @@ _KNOWN_KEYS = {"name", "dark", "variables", "luminosity_spread", "text_alpha", *
 class ThemeSet:
     themes: dict[str, Theme] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
+    broken: dict[str, str] = field(default_factory=dict)
+    """A skipped file's theme name (its `name`, when that much reads, and its
+    file name) -> its error: `--theme NAME` says why, not "unknown theme"."""
 
 
 def _colour(path: Path, key: str, value: Any) -> str:
@@ -100,6 +104,15 @@ def theme_folders() -> list[Path]:
     return [resources.bundled_themes_dir(), paths.user_themes_dir()]
 
 
+def _names_of(path: Path) -> list[str]:
+    """The names a skipped theme file would have gone by."""
+    try:
+        name = read_toml(path).get("name")
+    except ChattermError:  # not even TOML
+        name = None
+    return [n.strip() for n in (name, path.stem) if isinstance(n, str) and n.strip()]
+
+
 def load_themes(folders: list[Path] | None = None) -> ThemeSet:
     result = ThemeSet()
     for folder in theme_folders() if folders is None else folders:
@@ -110,6 +123,8 @@ def load_themes(folders: list[Path] | None = None) -> ThemeSet:
                 theme = theme_from_file(path)
             except ChattermError as exc:
                 result.errors.append(f"theme skipped: {exc}")
+                for name in _names_of(path):
+                    result.broken.setdefault(name, str(exc))
                 continue
             result.themes[theme.name] = theme
     return result

@@ -277,8 +277,11 @@ async def test_broken_theme_file_is_reported_once_and_skipped(build, isolated_di
         assert "bad" not in app.available_themes and "mine" in app.available_themes
         app.theme = "mine"
         await pilot.pause(0.1)
-    with pytest.raises(ChattermError, match="unknown theme 'bad'"):
+    # Asked for by name, the skipped theme gives its file's reason, not "unknown theme".
+    with pytest.raises(ChattermError, match=r"bad\x1b\[31m\.toml: primary = '#12345G' is not a colour"):
         build(theme="bad")
+    with pytest.raises(ChattermError, match="unknown theme 'nosuch'"):
+        build(theme="nosuch")
 
 
 async def test_broken_persona_file_is_reported_once_and_skipped(isolated_dirs, tmp_path):

@@ -28,6 +28,7 @@ from __future__ import annotations
 import os
 import re
 import time
+from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -113,13 +114,18 @@ def fmt_tok_s(rate: float | None) -> str:
 
 
 USD_DECIMALS = 6
+_USD_STEP = Decimal(1).scaleb(-USD_DECIMALS)
 """A millionth of a dollar: a few tokens' worth at a public API's prices."""
 
 
 def usd_number(usd: float, sign: str = "") -> str:
     """A dollar amount with `USD_DECIMALS` decimals (`0.000081`), `sign` before it;
     a non-zero amount too small for them is `<0.000001`, never a zero."""
-    text = f"{usd:,.{USD_DECIMALS}f}"
+    # Half a millionth is common (cached input at $0.50 per million, an odd
+    # token count), and float noise put one amount either side of it in two
+    # sums of it ($0.003474 on the dashboard, $0.003475 in F3): the noise is
+    # rounded off first (9 places), then the half goes up.
+    text = f"{Decimal(f'{usd:.9f}').quantize(_USD_STEP, ROUND_HALF_UP):,.{USD_DECIMALS}f}"
     if usd > 0 and not text.strip("0."):  # rounded to zero
         return f"<{sign}{10.0**-USD_DECIMALS:.{USD_DECIMALS}f}"
     return sign + text

@@ -59,6 +59,10 @@ def test_printable_makes_escapes_visible_and_inert():
 def test_units():
     assert fmt_ms(9_999.4) == "9,999 ms" and fmt_ms(10_000) == "10.0 s" and fmt_ms(None) == "–"
     assert fmt_usd(0.00001234) == "$0.000012" and fmt_usd(None) == "–"
+    # One amount, summed in two orders, lands either side of half a millionth:
+    # both read the same (the dashboard said $0.003474 where F3 said $0.003475).
+    costs = [0.0000005, 0.003474]
+    assert fmt_usd(sum(costs)) == fmt_usd(sum(reversed(costs))) == fmt_usd(0.00347449999999) == "$0.003475"
 
 
 def test_a_prefix_prefilled_at_switch_time_is_not_called_this_turns_cold_prefill():
@@ -91,7 +95,7 @@ def test_dollars_have_one_precision_whatever_the_amount():
 
 def test_a_non_zero_amount_too_small_to_show_is_never_a_zero():
     assert fmt_usd(0.0000003) == "<$0.000001" and words.usd(0.0000003) == "<0.000001"
-    assert fmt_usd(0.0000005) == "<$0.000001" and fmt_usd(0.0000006) == "$0.000001"
+    assert fmt_usd(0.0000004) == "<$0.000001" and fmt_usd(0.0000005) == "$0.000001"  # half goes up
 
 
 def test_the_footer_and_the_reports_follow_the_rule():
