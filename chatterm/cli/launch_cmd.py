@@ -21,6 +21,7 @@ from typing import Iterator
 from chatterm.cli import early_keys
 from chatterm.cli.common import add_model_persona_options, db_path, workspace
 from chatterm.core.config import paths
+from chatterm.core.metrics.format import printable
 from chatterm.errors import ChattermError
 
 
@@ -133,6 +134,8 @@ def run(args: argparse.Namespace) -> int:
             app.run()
     finally:
         store.close()
+    if app.fatal is not None:  # the terminal is the user's again: the line the CLI gives any error
+        print(f"chatterm: error: {printable(app.fatal)}", file=sys.stderr)
     if app.model_loading:
         # The user quit during the load: the terminal is already restored and
         # every turn is committed; waiting for llama.cpp would only show a blank

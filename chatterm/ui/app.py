@@ -44,6 +44,7 @@ from textual.screen import Screen
 from chatterm.core.config.personas import Persona
 from chatterm.core.engine.conversation import Conversation
 from chatterm.core.metrics.format import SEP, printable
+from chatterm.errors import ChattermError
 from chatterm.ui import terminal
 from chatterm.ui.chat_session import ChatSession
 from chatterm.ui.chat_view import ChatView
@@ -139,9 +140,22 @@ class ChatApp(App[None]):
         self._load_thread: threading.Thread | None = None
         self._quit_asked = -QUIT_AGAIN_S
         """When Ctrl+Q last stopped to say a typed message would be lost (monotonic s)."""
+        self.fatal: str | None = None
+        """The line a ChattermError nothing caught ended the app with (`_handle_exception`)."""
         for theme_obj in (themes.themes.values() if themes else ()):
             self.register_theme(theme_obj)
         self.theme = theme
+
+    def _handle_exception(self, error: Exception) -> None:
+        # A ChattermError is a line for the user (a database damaged past its
+        # header, found by a read after the start): the app ends with it and
+        # exit status 2, as the CLI does (`chatterm launch` prints `fatal`),
+        # not with a traceback. Anything else is a bug: Textual's report stands.
+        if isinstance(error, ChattermError):
+            self.fatal = str(error)
+            self.exit(return_code=2)
+            return
+        super()._handle_exception(error)
 
     # -- layout ---------------------------------------------------------------
     def compose(self):

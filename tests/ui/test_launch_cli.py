@@ -1,6 +1,7 @@
 """`chatterm launch` refuses bad input with one line and exit status 2, before drawing."""
 
 import os
+import re
 import subprocess
 import sys
 
@@ -47,3 +48,46 @@ def test_without_a_terminal_it_says_so_instead_of_drawing_into_a_pipe(isolated_d
     assert out.returncode == 2 and out.stdout == ""
     assert "stdin and stdout must be a terminal" in out.stderr and "chatterm ask" in out.stderr
     assert not (isolated_dirs["CHATTERM_DATA_DIR"] / "chatterm.db").exists()
+
+
+def test_a_database_damaged_past_its_header_ends_the_app_with_one_line(isolated_dirs):
+    """The file opens (its header and schema page are whole); the first read of
+    a session fails inside the running app. It ends with the CLI's one line and
+    status 2, not a traceback over the user's terminal."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    from chatterm.core.store.session_store import SessionStore
+    from tests.core.store.test_store import full_metrics, new_session
+
+    db = isolated_dirs["CHATTERM_DATA_DIR"] / "chatterm.db"
+    db.parent.mkdir(parents=True)
+    with SessionStore(db) as store:
+        sid = new_session(store)
+        for n in range(40):
+            store.record_turn(sid, f"question {n} " + "word " * 200, "answer " * 100, full_metrics())
+    data = bytearray(db.read_bytes())
+    data[8192:40000] = b"\xab" * (40000 - 8192)  # pages 3-9: the turns and their indexes
+    db.write_bytes(bytes(data))
+    primary, secondary = pty.openpty()
+    fcntl.ioctl(secondary, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
+    # Textual draws on stderr: both go to the terminal, as in a user's.
+    with subprocess.Popen([sys.executable, "-m", "chatterm", "launch"], stdin=secondary, stdout=secondary,
+                          stderr=secondary, env=dict(os.environ)) as proc:
+        os.close(secondary)
+        screen = b""
+        try:
+            while chunk := os.read(primary, 65536):
+                screen += chunk
+        except OSError:  # the child closed its side
+            pass
+        assert proc.wait(timeout=120) == 2, screen[-2000:]
+    os.close(primary)
+    text = screen.decode(errors="replace")
+    assert "Traceback" not in text and "╭" not in text
+    # After the app gave the terminal back (alternate screen left): the one line.
+    after = text.rsplit("\x1b[?1049l", 1)[-1]
+    (line,) = [x for x in re.sub(r"\x1b\[[0-9;?<>=$]*[a-zA-Z~]", "", after).splitlines() if x.strip()]
+    assert line.startswith("chatterm: error: ") and "cannot read the session database" in line
