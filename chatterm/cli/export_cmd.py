@@ -103,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
         if output is None:
             write_stdout(chunks)
         else:
-            write_atomic(output, chunks)
+            write_atomic(output, chunks, database=db)
     if output is not None:
         print(f"wrote {counted(len(sessions), 'session')} to {output}", file=sys.stderr)
     elif args.output is None and sys.stdout.isatty():  # `-o -` chose stdout

@@ -430,3 +430,36 @@ def test_a_reader_that_stops_early_ends_the_worker_and_its_temp_file(sample, tmp
         chunks.close()
     assert not list(tmp_path.glob("chatterm-export-*"))
     assert not multiprocessing.active_children()
+
+
+def test_export_never_replaces_the_database_a_device_a_fifo_or_a_link(env, tmp_path, capsys):
+    import threading
+
+    build_sample(env)
+    before = env.read_bytes()
+    # The database itself (a new user's slip: -o with the --db path), or its WAL.
+    for target in (env, Path(f"{env}-wal")):
+        if target.exists():
+            assert main(["export", "1", "--format", "jsonl", "-o", str(target)]) == 2
+            assert "is the session database" in one_line_error(capsys)
+    assert env.read_bytes() == before
+    with SessionStore(env, readonly=True) as store:
+        assert store.session(1).turns >= 1
+    # /dev/null stays a device; a FIFO is written to, not replaced by a file.
+    assert main(["export", "1", "-o", os.devnull]) == 0
+    assert os.path.exists(os.devnull) and not Path(os.devnull).is_file()
+    fifo = tmp_path / "pipe.jsonl"
+    os.mkfifo(fifo)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()))
+    reader.start()
+    assert main(["export", "1", "-o", str(fifo)]) == 0
+    reader.join(10)
+    assert fifo.is_fifo() and json.loads(got[0].splitlines()[0])["session_id"] == 1
+    # A link to a file: the file it names is replaced, the link stays a link.
+    real = tmp_path / "real.jsonl"
+    real.write_text("old\n")
+    link = tmp_path / "link.jsonl"
+    link.symlink_to(real)
+    assert main(["export", "1", "-o", str(link)]) == 0
+    assert link.is_symlink() and json.loads(real.read_text().splitlines()[0])["session_id"] == 1
