@@ -49,6 +49,9 @@ from chatterm.core.config.tomlfile import read_toml
 from chatterm.errors import ChattermError
 
 KV_TYPES = ("f16", "q8_0", "q4_0")
+MAX_THREADS = 512
+"""llama.cpp's GGML_MAX_N_THREADS: its thread pool has room for no more (more
+crashed the process, and a few thousand hung it)."""
 ENGINE_KINDS = ("local", "openai")
 OVERFLOW_POLICIES = ("auto", "shift", "truncate")
 STORE_PREFIXES = ("ollama:", "lmstudio:", "hf:")
@@ -113,11 +116,11 @@ class ModelSpec:
     """A conversation longer than the context: "shift" removes its oldest turns
     from the live KV state and keeps the rest, "truncate" drops them from the
     prompt and prefills what is kept; "auto": shift where the model's memory can."""
-    n_threads: int | None = key(None, check=integer(1))
+    n_threads: int | None = key(None, check=integer(1, MAX_THREADS))
     """CPU threads for decoding; None: one per physical core this process may
     run on, less those other processes keep busy, chosen before each prefill
     (`chatterm.core.engine.local.model.Threads`)."""
-    n_threads_batch: int | None = key(None, check=integer(1))
+    n_threads_batch: int | None = key(None, check=integer(1, MAX_THREADS))
     """CPU threads for prefill; None: as `n_threads`, chosen the same way."""
     chat_template: str | None = key(None, check=non_empty_text)
     """Local: the chat template when the GGUF has none or a wrong one: a Jinja

@@ -100,7 +100,7 @@ def from_table(
         try:
             values[f.name] = check(value)
         except NotShown as exc:
-            raise bad(path, where, f"{name} {exc}") from None
+            raise bad(path, where, f"{name} {exc} (its value is not shown)") from None
         except ValueError as exc:
             raise bad(path, where, f"{name} {_shown(value)} {exc}") from None
     try:
@@ -134,8 +134,7 @@ def env_var_name(value: Any) -> str:
     """The name of an environment variable, or "": a key pasted here by mistake
     is refused without being echoed."""
     if not isinstance(value, str) or (value and not _ENV_NAME.fullmatch(value)):
-        raise NotShown("must be the name of an environment variable (letters, digits, _), "
-                       "not the key itself (the value is not shown)")
+        raise NotShown("must be the name of an environment variable (letters, digits, _), not the key itself")
     return value
 
 
@@ -149,10 +148,10 @@ INT_MAX = 2**31 - 1
 """Integers go to llama.cpp's C ints: larger ones would overflow there."""
 
 
-def integer(minimum: int) -> Check:
+def integer(minimum: int, maximum: int = INT_MAX) -> Check:
     def check(value: Any) -> int:
-        if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= INT_MAX:
-            raise ValueError(f"must be an integer from {minimum} to {INT_MAX}")
+        if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
+            raise ValueError(f"must be an integer from {minimum} to {maximum}")
         return value
 
     return check

