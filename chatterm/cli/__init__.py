@@ -79,7 +79,24 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def _not_utf8(argv: list[str]) -> str | None:
+    """The first argument that is not UTF-8, as its bytes (Python hands such
+    bytes over as lone surrogates, which fail wherever the text is written)."""
+    for arg in argv:
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError:
+            return repr(arg.encode("utf-8", "surrogateescape"))
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
+    bad = _not_utf8(sys.argv[1:] if argv is None else argv)
+    if bad is not None or sys.stdout is None:  # None: started with stdout closed (`>&-`)
+        if sys.stderr is not None:
+            why = f"argument {bad} is not UTF-8" if bad is not None else "standard output is closed"
+            print(f"chatterm: error: {why}", file=sys.stderr)
+        return 2
     parser = build_parser(argv)
     args = parser.parse_args(argv)
     for name, default in (("models", None), ("db", None), ("verbose", False)):

@@ -69,9 +69,15 @@ def register(sub, common) -> None:
 def _message(args: argparse.Namespace) -> str:
     if args.message is not None:
         text = args.message
-    elif not sys.stdin.isatty():
-        # `echo ... |` and heredocs end with a newline the user did not write.
-        text = sys.stdin.read().rstrip("\r\n")
+    elif sys.stdin is not None and not sys.stdin.isatty():  # None: started with stdin closed
+        data = sys.stdin.buffer.read()
+        try:
+            # `echo ... |` and heredocs end with a newline the user did not write.
+            text = data.decode("utf-8").rstrip("\r\n")
+        except UnicodeDecodeError as exc:
+            raise ChattermError(
+                f"the message on standard input is not UTF-8 (byte {data[exc.start]:#04x} at offset {exc.start})"
+            ) from None
     else:
         raise ChattermError("no message: pass it as an argument or on standard input")
     if not text.strip():

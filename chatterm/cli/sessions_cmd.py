@@ -185,12 +185,16 @@ def run_delete(args: argparse.Namespace) -> int:
     with _writable_store(args) as store:
         info = store.session(args.session_id)  # unknown id: named, before any question
         if not args.yes:
-            if not sys.stdin.isatty():
+            if sys.stdin is None or not sys.stdin.isatty():
                 raise ChattermError(
                     f"not deleting session {info.id} without confirmation: pass --yes (no terminal to ask on)"
                 )
-            answer = input(f"Delete session {info.id} ({printable(info.title)!r}, {counted(info.turns, 'turn')}) "
-                           "and its KV states? [y/N] ")
+            try:
+                answer = input(f"Delete session {info.id} ({printable(info.title)!r}, "
+                               f"{counted(info.turns, 'turn')}) and its KV states? [y/N] ")
+            except EOFError:  # Ctrl+D: no answer is a no
+                print()
+                answer = ""
             if answer.strip().lower() not in ("y", "yes"):
                 print("Nothing deleted.")
                 return 1

@@ -274,3 +274,26 @@ def test_an_interrupt_while_the_command_line_imports_is_one_line(tmp_path):
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=subprocess_env(tmp_path))
     assert out.returncode == 130 and out.stderr == "chatterm: interrupted\n", out.stderr
+
+
+# -- bytes that are not text, closed streams --------------------------------------------
+CHATTERM_CMD = f"{sys.executable} -m chatterm"
+
+
+@pytest.mark.parametrize("args", [["ask", "--no-store", b"\xff\xfe bad"], ["sessions", "rename", "1", b"\xff"],
+                                  ["sessions", "--search", b"\xff"]], ids=["ask", "rename", "search"])
+def test_an_argument_that_is_not_utf8_is_one_line(args, isolated_dirs):
+    out = subprocess.run([sys.executable, "-m", "chatterm", *args], capture_output=True, timeout=60)
+    assert out.returncode == 2 and b"Traceback" not in out.stderr
+    assert out.stderr.decode().strip() == f"chatterm: error: argument {args[-1]!r} is not UTF-8"
+
+
+@pytest.mark.parametrize(("command", "line"), [
+    (f"printf '\\377\\376 bad' | {CHATTERM_CMD} ask --no-store",
+     "the message on standard input is not UTF-8 (byte 0xff at offset 0)"),
+    (f"{CHATTERM_CMD} ask --no-store <&-", "no message: pass it as an argument or on standard input"),
+    (f"{CHATTERM_CMD} sessions >&-", "standard output is closed"),
+], ids=["stdin not UTF-8", "stdin closed", "stdout closed"])
+def test_standard_streams_that_hold_no_text_or_are_closed_are_one_line(command, line, isolated_dirs):
+    out = subprocess.run(command, shell=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=60)
+    assert out.returncode == 2 and out.stderr.decode().strip() == f"chatterm: error: {line}", out.stderr

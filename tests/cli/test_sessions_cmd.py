@@ -105,6 +105,9 @@ def test_delete_asks_on_a_terminal_and_needs_yes_without_one(env, capsys, monkey
     monkeypatch.setattr("sys.stdin", Terminal("n\n"))
     assert main(["sessions", "delete", str(first)]) == 1
     assert "Nothing deleted" in capsys.readouterr().out
+    monkeypatch.setattr("sys.stdin", Terminal(""))  # Ctrl+D: no answer is a no
+    assert main(["sessions", "delete", str(first)]) == 1
+    assert "Nothing deleted" in capsys.readouterr().out
     with SessionStore(env, readonly=True) as store:
         assert store.session(first).turns == 1
     assert kv_files(Slot.session(first))
