@@ -22,12 +22,18 @@ def workspace(args: argparse.Namespace) -> Workspace:
     """The workspace, with one warning per skipped models.toml entry and per
     skipped persona file (the rest still works). A command that loads a model
     (it has --model) leaves out the entry it will ask for, and one that uses a
-    persona (it has --persona) the file of the persona it will ask for: asking
-    for either fails with that same line as the error."""
+    persona (it has --persona) the file of the persona it will ask for, when
+    asking for it fails with that same line as the error (not when a bundled
+    entry of that name answers instead)."""
     ws = Workspace.load(models_file=args.models, db_path=_named_db(args)[0])
-    wanted = ws.catalog.broken.get(args.model or ws.catalog.default_model) if hasattr(args, "model") else None
+    # Left out only when asking for it will fail: a user's broken entry that
+    # overrides a bundled one is skipped, and the bundled one answers.
+    model = getattr(args, "model", None) or ws.catalog.default_model
+    wanted = ws.catalog.broken.get(model) if hasattr(args, "model") and model not in ws.catalog.models else None
     _warn_skipped(ws.catalog.errors, wanted)
-    wanted = ws.personas.broken.get(args.persona or DEFAULT_PERSONA) if hasattr(args, "persona") else None
+    persona = getattr(args, "persona", None) or DEFAULT_PERSONA
+    wanted = (ws.personas.broken.get(persona)
+              if hasattr(args, "persona") and persona not in ws.personas.personas else None)
     _warn_skipped(ws.personas.errors, wanted)
     return ws
 

@@ -234,3 +234,13 @@ def test_malformed_persona_file_is_reported_and_others_still_load(tmp_path):
     assert bad.returncode == 2 and bad.stderr.count("broken.toml") == 1  # why it is missing, said once
     other = chatterm(tmp_path, "ask", "--persona", "nobody", "hi")
     assert other.returncode == 2 and "assistant" in other.stderr  # the others are listed
+
+
+def test_a_broken_override_of_a_bundled_model_is_warned_about_when_the_bundled_one_answers(tmp_path):
+    config = tmp_path / "config"
+    config.mkdir()
+    (config / "models.toml").write_text("[models.smollm2-135m]\nn_ctx = -5\n")
+    result = chatterm(tmp_path, "ask", "--no-store", "hi")
+    assert result.returncode == 0, result.stderr
+    (line,) = [x for x in result.stderr.splitlines() if "warning: skipped" in x]
+    assert "[models.smollm2-135m] n_ctx -5" in line
