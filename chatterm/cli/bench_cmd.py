@@ -7,6 +7,7 @@ are imported when the benchmark runs, not when another command starts.
 from __future__ import annotations
 
 import argparse
+import tempfile
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -78,8 +79,8 @@ def run(args: argparse.Namespace) -> int:
     err = Console(stderr=True)
     require_positive("--runs", args.runs)
     require_positive("--max-tokens", args.max_tokens)
-    if args.json is not None and not args.json.parent.is_dir():
-        raise ChattermError(f"{args.json}: folder {args.json.parent} does not exist")
+    if args.json is not None:
+        _require_writable(args.json)  # before minutes of runs, not after
     ws = workspace(args)
     spec = ws.catalog.get(args.model)
     persona = ws.personas.get(args.persona)
@@ -109,9 +110,6 @@ def run(args: argparse.Namespace) -> int:
             )
         finally:
             engine.close()
-    if args.json:
-        write_json(result, args.json)
-
     table = Table(title=literal(f"chatterm bench · {spec.id} · persona {persona.id} · median of {args.runs}"))
     table.add_column("measure")
     table.add_column("value", justify="right")
@@ -167,5 +165,19 @@ def run(args: argparse.Namespace) -> int:
     for warning in result["warnings"]:
         err.print(literal(f"warning: {warning}"), style="yellow")
     if args.json:
+        write_json(result, args.json)  # after the table: a write that fails now loses no figure
         err.print(f"wrote {args.json}")
     return 0
+
+
+def _require_writable(path: Path) -> None:
+    """A ChattermError naming `path` when the JSON could not be written there."""
+    if not path.parent.is_dir():
+        raise ChattermError(f"{path}: folder {path.parent} does not exist")
+    if path.is_dir():
+        raise ChattermError(f"{path} is a folder; name a file for --json")
+    try:  # the way it will be written: a new file beside it, renamed
+        with tempfile.TemporaryFile(dir=path.parent):
+            pass
+    except OSError as exc:
+        raise ChattermError(f"cannot write {path}: {exc.strerror or exc}") from None

@@ -105,3 +105,16 @@ def test_ids_from_files_are_shown_as_written_never_as_markup_or_escapes(tmp_path
     assert "\x1b" not in listing.stdout
     verify = chatterm(tmp_path, "cache", "verify", "--all")
     assert "m␛[31mx" in verify.stdout and "\x1b" not in verify.stdout
+
+
+def test_clear_counts_only_what_it_removed_and_names_what_it_could_not(tmp_path):
+    seed(tmp_path)
+    # A folder where a state file should be: it cannot be unlinked.
+    stuck = tmp_path / "cache" / "kv" / "smollm2-135m" / "session-9.kvstate"
+    stuck.mkdir()
+    (stuck / "x").write_text("x")
+    listed = chatterm(tmp_path, "cache", "ls", COLUMNS="200").stdout
+    assert "session 9" in listed, listed
+    out = chatterm(tmp_path, "cache", "clear", "--kind", "session")
+    assert "removed 1 state file" in out.stdout  # session 7; session 9 is still there
+    assert out.returncode == 2 and "1 state file could not be removed" in out.stderr and str(stuck) in out.stderr

@@ -297,3 +297,12 @@ def test_an_argument_that_is_not_utf8_is_one_line(args, isolated_dirs):
 def test_standard_streams_that_hold_no_text_or_are_closed_are_one_line(command, line, isolated_dirs):
     out = subprocess.run(command, shell=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=60)
     assert out.returncode == 2 and out.stderr.decode().strip() == f"chatterm: error: {line}", out.stderr
+
+
+def test_bench_checks_its_json_file_before_the_runs(tmp_path, capsys, isolated_dirs):
+    # It failed after minutes of runs, and the table was never printed.
+    assert main(["bench", "--json", str(tmp_path)]) == 2
+    assert one_line_error(capsys) == f"chatterm: error: {tmp_path} is a folder; name a file for --json"
+    missing = tmp_path / "no" / "b.json"
+    assert main(["bench", "--json", str(missing)]) == 2
+    assert f"folder {missing.parent} does not exist" in one_line_error(capsys)

@@ -599,11 +599,15 @@ class BlockStore:
         return view, release
 
     @staticmethod
-    def _delete(path: Path) -> None:
+    def _delete(path: Path) -> bool:
+        """Whether `path` is gone now (a read-only folder, or a folder in its place, keeps it)."""
         try:
             path.unlink()
+        except FileNotFoundError:
+            return True
         except OSError:
-            pass
+            return False
+        return True
 
     def drop_chain(self, chain: Chain, reason: str) -> None:
         """Forget a chain that failed to restore; a disk chain's blocks whose
@@ -653,8 +657,7 @@ class BlockStore:
             for chain in self.disk_chains(model.name):
                 if matches(chain.kind, chain.key):
                     path = chain.path
-                    if path is not None:
-                        self._delete(path)
+                    if path is not None and self._delete(path):
                         count += 1
                 elif isinstance(chain, Chain):
                     kept.update(k for k, _ in chain.segments)

@@ -328,3 +328,16 @@ def test_a_restore_while_its_memory_is_reserved_waits_for_that_buffer(tmp_path, 
         assert opened.payload.obj is cache.blocks._scratch
     finally:
         opened.close()
+
+
+def test_clear_counts_a_chain_only_when_its_record_is_gone(tmp_path):
+    cache = PromptCache(tmp_path / "kv", block_tokens=64)
+    for session in (1, 2):
+        tokens = toks(200, start=1000 * session)
+        cache.save("m", Slot.session(session), tokens, fake_state(tokens), COMPAT)
+    record = cache.blocks.record_path("m", "session", "2")
+    record.unlink()
+    record.mkdir()  # a folder where the chain record was: it cannot be unlinked
+    fresh = PromptCache(tmp_path / "kv", block_tokens=64)
+    assert fresh.clear(kind="session") == 1  # session 1; "2" was counted though it stayed
+    assert record.is_dir()
