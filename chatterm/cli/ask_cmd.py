@@ -278,7 +278,11 @@ def run(args: argparse.Namespace) -> int:
         if m.stop_reason == StopReason.ERROR:
             print(f"chatterm: error: {printable(m.error or '')}", file=sys.stderr)
             return 1
-        return 130 if m.stop_reason == StopReason.CANCELLED else 0
+        if m.stop_reason == StopReason.CANCELLED:
+            return 130
+        # Answered, but not stored (a read-only or damaged database): a script
+        # continuing with --session must know, as the warning tells a reader.
+        return 1 if conversation.store_error else 0
     finally:
         if store is not None:
             store.close()

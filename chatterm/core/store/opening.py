@@ -3,7 +3,8 @@
 Contract:
 - `connect` opens with explicit transactions (nothing stays open between
   calls) and a busy timeout of BUSY_TIMEOUT_S; read-only opens never create
-  or write the file.
+  or write the file (`immutable`: nor its -shm, for a folder that cannot be
+  written; `unwritable_folder` says whether it can).
 - `prepare` checks the version before anything writes (a refused file stays
   byte for byte as it was): a newer schema, or an SQLite file that is not a
   chatterm database, is a ChattermError naming the file. A writable database
@@ -15,6 +16,7 @@ Contract:
 from __future__ import annotations
 
 import sqlite3
+import tempfile
 import time
 from pathlib import Path
 
@@ -25,10 +27,13 @@ BUSY_TIMEOUT_S = 10.0
 """How long a write waits for another process's write to finish."""
 
 
-def connect(path: Path, readonly: bool) -> sqlite3.Connection:
-    """A connection with explicit transactions and the busy timeout."""
+def connect(path: Path, readonly: bool, immutable: bool = False) -> sqlite3.Connection:
+    """A connection with explicit transactions and the busy timeout;
+    `immutable` (read-only only): SQLite takes no locks and makes no -shm
+    file, for a database in a folder that cannot be written and with no
+    -wal file (nothing uncommitted: no writer can be there)."""
     if readonly:
-        target, uri = path.resolve().as_uri() + "?mode=ro", True
+        target, uri = path.resolve().as_uri() + ("?mode=ro&immutable=1" if immutable else "?mode=ro"), True
     else:
         path.parent.mkdir(parents=True, exist_ok=True)
         target, uri = str(path), False
@@ -39,6 +44,16 @@ def connect(path: Path, readonly: bool) -> sqlite3.Connection:
     )
     conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
     return conn
+
+
+def unwritable_folder(path: Path) -> str | None:
+    """Why the database's folder cannot be written (SQLite makes its -wal and
+    -shm files there, and needs to even to read a WAL database), else None."""
+    try:
+        with tempfile.TemporaryFile(dir=path.parent):
+            return None
+    except OSError as exc:
+        return exc.strerror or str(exc)
 
 
 def prepare(conn: sqlite3.Connection, path: Path, readonly: bool) -> None:

@@ -130,8 +130,24 @@ class SessionStore:
         if readonly and not existed:
             return  # nothing stored yet; reading gives empty results
         try:
-            self._conn = opening.connect(self.path, readonly)
-            opening.prepare(self._conn, self.path, readonly)
+            try:
+                self._conn = opening.connect(self.path, readonly)
+                opening.prepare(self._conn, self.path, readonly)
+            except sqlite3.Error as exc:
+                folder = self._folder_problem(exc, existed)
+                if folder is None:
+                    raise
+                if not readonly or Path(f"{self.path}-wal").exists():
+                    raise ChattermError(
+                        f"cannot open {self.path}: its folder {self.path.parent} cannot be written ({folder}), "
+                        f"and SQLite keeps the database's -wal and -shm files there; make it writable, or pass "
+                        "--db with a database in a folder that is"
+                    ) from None
+                # Read-only, nothing uncommitted: read it as it is (export, sessions).
+                self.close()
+                self._closed = False
+                self._conn = opening.connect(self.path, readonly, immutable=True)
+                opening.prepare(self._conn, self.path, readonly)
             self._read_schema()
         except sqlite3.Error as exc:
             self.close()
@@ -156,6 +172,14 @@ class SessionStore:
         except BaseException:
             self.close()
             raise
+
+    def _folder_problem(self, exc: sqlite3.Error, existed: bool) -> str | None:
+        """Why the folder of an existing database cannot be written, when that is
+        why SQLite could not open it (it said only "unable to open database
+        file", which read as a corrupt database)."""
+        if not existed or getattr(exc, "sqlite_errorname", "") != "SQLITE_CANTOPEN":
+            return None
+        return opening.unwritable_folder(self.path)
 
     def _read_schema(self) -> None:
         conn = self._require()

@@ -483,3 +483,42 @@ def test_sessions_json_is_one_session_info_per_line(env, capsys):
     assert rows[1]["active_at"] == 2000.0 and rows[0]["active_at"] > 2000.0
     assert main(["sessions", "--json", "-n", "1"]) == 0
     assert [json.loads(line)["id"] for line in capsys.readouterr().out.splitlines()] == [first]
+
+
+@pytest.fixture
+def read_only_folder(tmp_path):
+    """A folder holding a database, made so that it cannot be written (chmod;
+    as root, which chmod does not stop, the immutable flag), or a skip."""
+    import subprocess
+
+    from chatterm.core.store.opening import unwritable_folder
+
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    db = folder / "chatterm.db"
+    with SessionStore(db) as store:
+        store.record_turn(new_session(store), "kept", "safe", full_metrics())
+    folder.chmod(0o555)
+    flagged = False
+    if unwritable_folder(db) is None:
+        flagged = subprocess.run(["chattr", "+i", str(folder)], capture_output=True).returncode == 0
+    try:
+        if unwritable_folder(db) is None:
+            pytest.skip("cannot make a folder read-only here")
+        yield db
+    finally:
+        if flagged:
+            subprocess.run(["chattr", "-i", str(folder)], check=True)
+        folder.chmod(0o755)
+
+
+def test_a_database_in_a_folder_that_cannot_be_written(read_only_folder):
+    db = read_only_folder
+    # Read-only uses read it (export, sessions): SQLite's WAL needs the folder even
+    # to read, and said "unable to open database file", reported as a corrupt file.
+    with SessionStore(db, readonly=True) as store:
+        assert [r.user_text for r in store.turns(store.latest_session_id())] == ["kept"]
+    with pytest.raises(ChattermError) as refused:
+        SessionStore(db)
+    message = str(refused.value)
+    assert f"its folder {db.parent} cannot be written" in message and "not a usable" not in message
