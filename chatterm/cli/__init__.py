@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from chatterm import __version__
+from chatterm.core.config import paths
 from chatterm.core.metrics.format import printable
 from chatterm.errors import ChattermError
 
@@ -99,6 +100,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     parser = build_parser(argv)
     args = parser.parse_args(argv)
+    folder = paths.folder_problem()
+    if folder is not None:
+        print(f"chatterm: error: {printable(folder)}", file=sys.stderr)
+        return 2
     for name, default in (("models", None), ("db", None), ("verbose", False)):
         if not hasattr(args, name):
             setattr(args, name, default)

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Iterable
 from chatterm.core.config import paths
 from chatterm.core.config.catalog import ModelCatalog, load_catalog
 from chatterm.core.config.personas import DEFAULT_PERSONA
+from chatterm.core.config.schema import INT_MAX
 from chatterm.core.metrics.format import printable
 from chatterm.core.workspace import Workspace
 from chatterm.errors import ChattermError
@@ -95,6 +96,8 @@ def require_positive(option: str, value: int) -> None:
     number would otherwise quietly mean "all" or "none"."""
     if value < 1:
         raise ChattermError(f"{option} must be at least 1 (got {value})")
+    if value > INT_MAX:  # llama.cpp and SQLite take C ints
+        raise ChattermError(f"{option} must be at most {INT_MAX:,} (got {value:,})")
 
 
 def write_stdout(chunks: Iterable[bytes]) -> None:
@@ -109,6 +112,15 @@ def write_stdout(chunks: Iterable[bytes]) -> None:
     sys.stdout.flush()
 
 
+def named(value: str) -> str:
+    """An argparse type for an option that names something: "" is a mistake
+    (an unset shell variable), not "the default"."""
+    if not value.strip():
+        raise argparse.ArgumentTypeError("needs a name, not an empty string")
+    return value
+
+
 def add_model_persona_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", metavar="ID", help="model id from models.toml (default: the catalog default)")
-    parser.add_argument("--persona", metavar="NAME", help="persona id (default: assistant)")
+    parser.add_argument("--model", metavar="ID", type=named,
+                        help="model id from models.toml (default: the catalog default)")
+    parser.add_argument("--persona", metavar="NAME", type=named, help="persona id (default: assistant)")

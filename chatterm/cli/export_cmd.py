@@ -18,7 +18,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from chatterm.cli.common import catalog, db_path, write_stdout
+from chatterm.cli.common import catalog, db_path, named, write_stdout
 from chatterm.core.metrics.format import counted
 from chatterm.core.report.export import FORMATS, REPORT_FORMATS, export_chunks, sessions_to_export, write_atomic
 from chatterm.core.store.session_store import SessionStore
@@ -54,7 +54,7 @@ def register(sub, common) -> None:
         "jsonl for stdout or a file without a suffix)",
     )
     p.add_argument(
-        "-o", "--output", metavar="FILE",
+        "-o", "--output", metavar="FILE", type=named,
         help="write to FILE (replaced atomically) instead of stdout; - is stdout",
     )
     p.set_defaults(func=run)

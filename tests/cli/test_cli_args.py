@@ -306,3 +306,28 @@ def test_bench_checks_its_json_file_before_the_runs(tmp_path, capsys, isolated_d
     missing = tmp_path / "no" / "b.json"
     assert main(["bench", "--json", str(missing)]) == 2
     assert f"folder {missing.parent} does not exist" in one_line_error(capsys)
+
+
+@pytest.mark.parametrize(("args", "line"), [
+    (["ask", "--model", "", "hi"], "argument --model: needs a name, not an empty string"),
+    (["ask", "--persona", " ", "hi"], "argument --persona: needs a name, not an empty string"),
+    (["export", "1", "-o", ""], "argument -o/--output: needs a name, not an empty string"),
+    (["bench", "--max-tokens", "99999999999"], "--max-tokens must be at most 2,147,483,647 (got 99,999,999,999)"),
+], ids=["model", "persona", "output", "max-tokens"])
+def test_an_empty_name_or_a_count_past_a_c_int_is_one_line(args, line, capsys, isolated_dirs):
+    code = None
+    try:
+        code = main(args)
+    except SystemExit as stop:  # argparse's own errors
+        code = stop.code
+    assert code == 2 and line in capsys.readouterr().err
+
+
+def test_a_folder_variable_naming_a_file_is_one_line(tmp_path, monkeypatch, capsys, isolated_dirs):
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    for name in ("CHATTERM_CONFIG_DIR", "CHATTERM_DATA_DIR", "CHATTERM_CACHE_DIR"):
+        with monkeypatch.context() as env:
+            env.setenv(name, str(afile))
+            assert main(["sessions"]) == 2
+            assert one_line_error(capsys) == f"chatterm: error: ${name} {afile} is a file, not a folder"

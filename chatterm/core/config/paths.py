@@ -37,6 +37,19 @@ def cache_dir() -> Path:
     return _dir("CHATTERM_CACHE_DIR", platformdirs.user_cache_path(APP_NAME))
 
 
+def folder_problem() -> str | None:
+    """A config, data or cache folder that is there and is not a folder (a
+    variable pointing at a file): one line naming it, else None. Without the
+    check a file there was read as an empty folder, or gave "File exists"."""
+    for env_var, name, folder in (("CHATTERM_CONFIG_DIR", "config", config_dir),
+                                  ("CHATTERM_DATA_DIR", "data", data_dir), ("CHATTERM_CACHE_DIR", "cache", cache_dir)):
+        path = folder()
+        if path.exists() and not path.is_dir():
+            named = f"${env_var} {path}" if os.environ.get(env_var) else f"chatterm's {name} folder {path}"
+            return f"{named} is a file, not a folder"
+    return None
+
+
 def kv_cache_dir() -> Path:
     return cache_dir() / "kv"
 
