@@ -247,18 +247,11 @@ def test_a_broken_override_of_a_bundled_model_is_warned_about_when_the_bundled_o
 
 
 def test_an_answer_that_could_not_be_stored_exits_1(tmp_path):
-    from chatterm.core.store.session_store import SessionStore
-    from tests.core.store.test_store import full_metrics, new_session
+    from tests.core.store.test_store import damaged_past_its_header
 
     db = tmp_path / "data" / "chatterm.db"
     db.parent.mkdir(parents=True)
-    with SessionStore(db) as store:
-        sid = new_session(store)
-        for n in range(40):
-            store.record_turn(sid, f"question {n} " + "word " * 200, "answer " * 100, full_metrics())
-    data = bytearray(db.read_bytes())
-    data[8192:40000] = b"\xab" * (40000 - 8192)  # it opens; writes fail ("malformed")
-    db.write_bytes(bytes(data))
+    damaged_past_its_header(db)  # it opens; writes fail ("malformed")
     result = chatterm(tmp_path, "ask", "Say hi.")
     assert result.stdout.strip()  # answered
     assert result.returncode == 1 and "warning: Turns are no longer being stored" in result.stderr

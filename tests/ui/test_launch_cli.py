@@ -59,18 +59,11 @@ def test_a_database_damaged_past_its_header_ends_the_app_with_one_line(isolated_
     import struct
     import termios
 
-    from chatterm.core.store.session_store import SessionStore
-    from tests.core.store.test_store import full_metrics, new_session
+    from tests.core.store.test_store import damaged_past_its_header
 
     db = isolated_dirs["CHATTERM_DATA_DIR"] / "chatterm.db"
     db.parent.mkdir(parents=True)
-    with SessionStore(db) as store:
-        sid = new_session(store)
-        for n in range(40):
-            store.record_turn(sid, f"question {n} " + "word " * 200, "answer " * 100, full_metrics())
-    data = bytearray(db.read_bytes())
-    data[8192:40000] = b"\xab" * (40000 - 8192)  # pages 3-9: the turns and their indexes
-    db.write_bytes(bytes(data))
+    damaged_past_its_header(db)
     primary, secondary = pty.openpty()
     fcntl.ioctl(secondary, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
     # Textual draws on stderr: both go to the terminal, as in a user's.

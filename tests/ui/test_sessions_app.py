@@ -42,6 +42,17 @@ def store(workspace):
         yield store
 
 
+async def open_sessions(pilot, rows: int | None = None) -> DataTable:
+    """F3, and the sessions table once the screen is up (with `rows` rows)."""
+    app = pilot.app
+    await pilot.press("f3")
+    await wait_for(pilot, lambda: isinstance(app.screen, SessionsScreen), what="the sessions screen")
+    table = app.screen.query_one(DataTable)
+    if rows is not None:
+        await wait_for(pilot, lambda: table.row_count == rows, what="the rows")
+    return table
+
+
 async def pick_persona(pilot, persona_id: str) -> PersonaPicker:
     app = pilot.app
     await pilot.press("f2")
@@ -115,10 +126,7 @@ async def test_the_rename_box_shows_a_titles_escape_sequence_as_symbols(build, s
     app, _ = build(store=store)
     async with app.run_test(size=SIZE) as pilot:
         await loaded(pilot)
-        await pilot.press("f3")
-        await wait_for(pilot, lambda: isinstance(app.screen, SessionsScreen), what="the sessions screen")
-        table = app.screen.query_one(DataTable)
-        await wait_for(pilot, lambda: table.row_count == 1, what="the row")
+        table = await open_sessions(pilot, 1)
         table.focus()
         await pilot.press("r")
         await wait_for(pilot, lambda: isinstance(app.screen, RenameScreen), what="the rename box")
@@ -131,10 +139,7 @@ async def test_home_and_end_go_to_the_first_and_last_session_at_80_columns(build
     app, _ = build(store=store)
     async with app.run_test(size=(80, 24)) as pilot:
         await loaded(pilot)
-        await pilot.press("f3")
-        await wait_for(pilot, lambda: isinstance(app.screen, SessionsScreen), what="the sessions screen")
-        table = app.screen.query_one(DataTable)
-        await wait_for(pilot, lambda: table.row_count == 4, what="the rows")
+        table = await open_sessions(pilot, 4)
         table.focus()
         await pilot.press("end")
         # The last row, and the table not scrolled sideways (it hid the ids).
@@ -222,9 +227,7 @@ async def test_sessions_screen_title_preview_search_rename_delete(build, store):
         assert app.focused is app.query_one("#conversation") and reply.has_class("-selected")
 
         # Delete the other session after the confirmation.
-        await pilot.press("f3")
-        await wait_for(pilot, lambda: isinstance(app.screen, SessionsScreen), what="the sessions screen")
-        table = app.screen.query_one(DataTable)
+        table = await open_sessions(pilot)
         table.focus()
         table.move_cursor(row=cells(table, 0).index(str(current)))
         await pilot.press("d")
@@ -264,9 +267,7 @@ async def test_fork_from_a_turn_continues_with_its_history(build, store):
         # From the sessions screen: f forks the highlighted session at its current turn,
         # once: with the conversation focused behind the screen, its own `f` forked too.
         app.query_one("#conversation").focus()
-        await pilot.press("f3")
-        await wait_for(pilot, lambda: isinstance(app.screen, SessionsScreen), what="the sessions screen")
-        table = app.screen.query_one(DataTable)
+        table = await open_sessions(pilot)
         table.focus()
         table.move_cursor(row=cells(table, 0).index(str(parent)))
         await pilot.press("f")
@@ -305,10 +306,7 @@ async def test_the_sessions_table_fits_its_box_without_scrolling_sideways_from_1
     async with app.run_test(size=(columns, 40)) as pilot:
         await loaded(pilot)
         await send(pilot, message)
-        await pilot.press("f3")
-        await wait_for(pilot, lambda: isinstance(app.screen, SessionsScreen), what="the sessions screen")
-        table = app.screen.query_one(DataTable)
-        await wait_for(pilot, lambda: table.row_count == 13, what="the rows")
+        table = await open_sessions(pilot, 13)
         await pilot.pause()
         assert table.virtual_size.width <= table.scrollable_content_region.width, (
             table.virtual_size.width, table.scrollable_content_region.width)

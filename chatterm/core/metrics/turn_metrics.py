@@ -254,15 +254,6 @@ class SessionSummary:
     energy_wh: float | None = None
 
     @property
-    def unreached_tokens(self) -> int:
-        """Prompt tokens the turn never prefilled: stopped during its prefill,
-        it went through `cached_tokens + prefilled_tokens` of them. Not input
-        it computed, so not charged (the next turn prefills them, and pays)."""
-        if self.stop_reason != StopReason.CANCELLED or self.ttft_ms is not None:
-            return 0
-        return max(self.prompt_tokens - self.cached_tokens - self.prefilled_tokens, 0)
-
-    @property
     def early_tokens(self) -> int:
         """Of `cached_tokens`, those prefilled for their turn before it was sent
         (`TurnMetrics.early_tokens`)."""

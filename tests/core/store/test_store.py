@@ -522,3 +522,15 @@ def test_a_database_in_a_folder_that_cannot_be_written(read_only_folder):
         SessionStore(db)
     message = str(refused.value)
     assert f"its folder {db.parent} cannot be written" in message and "not a usable" not in message
+
+
+def damaged_past_its_header(db) -> None:
+    """A database at `db` that opens (its header and schema are whole) and
+    fails on the first read of a turn, and on writes: pages 3-9 overwritten."""
+    with SessionStore(db) as store:
+        sid = new_session(store)
+        for n in range(40):
+            store.record_turn(sid, f"question {n} " + "word " * 200, "answer " * 100, full_metrics())
+    data = bytearray(db.read_bytes())
+    data[8192:40000] = b"\xab" * (40000 - 8192)
+    db.write_bytes(bytes(data))
