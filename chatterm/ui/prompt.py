@@ -43,8 +43,10 @@ PLACEHOLDERS = ("Message â€” Enter sends, Ctrl+J new line, F1 help", "Message â€
 
 
 def pasted_text(text: str) -> str:
-    """What a paste puts in the prompt: `text` without ANSI escape sequences
-    (SGR, OSC 8 links, cursor moves), other controls made visible."""
+    """What a paste puts in the prompt: its line breaks as "\n" (most terminals
+    send a pasted line break as CR), without ANSI escape sequences (SGR, OSC 8
+    links, cursor moves), other controls made visible."""
+    text = text.replace("\r\n", "\n").replace("\r", "\n")
     return printable(Text.from_ansi(text).plain) if "\x1b" in text or "\x9b" in text else printable(text)
 
 

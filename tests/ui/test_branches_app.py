@@ -304,6 +304,10 @@ async def test_keys_typed_beside_the_prompt_a_tick_apart_stay_in_order(build):
         prompt.clear()
         app.post_message(events.Paste("\x1b[31merror\x1b[0m: \x1b]8;;https://evil.example\x1b\\link\x1b]8;;\x1b\\\x01"))
         await wait_for(pilot, lambda: prompt.text == "error: link␁", what="the cleaned paste")
+        # Most terminals send a pasted line break as CR: lines stay lines.
+        prompt.clear()
+        app.post_message(events.Paste("one\rtwo\r\n\x1b[1mthree\x1b[0m\rfour"))
+        await wait_for(pilot, lambda: prompt.text == "one\ntwo\nthree\nfour", what="the lines of the paste")
 
 
 async def test_empty_edit_and_actions_before_any_turn_are_one_line_and_lose_nothing(build, store):
