@@ -156,6 +156,7 @@ class ChatSession(Horizontal):
         self.dashboard.show_model(self.spec.label, None, None, None, status="loading…")
         resume = self._resume
         if resume is not None:
+            self._hold(resume.session_id)  # from now, not once the model is loaded
             await self.chat.messages.show_records(self.persona.name, resume.tail, self._older_turns(resume))
             await self.chat.messages.add_notice(resumed_notice(resume))
             self.chat.show_last_stored(resume.tail)
@@ -359,6 +360,7 @@ class ChatSession(Horizontal):
         if prepare and loaded:
             self.persona_state = "preparing…"
         self.chat.persona_name = self.persona.name
+        self._hold(resume.session_id if resume is not None else None)
         self._resume = resume  # taken up once the model is loaded and the history read
         conversation = self._new_conversation_object() if resume is None and loaded else None
         await self.chat.start_over(conversation, notice, resume.tail if resume else (), self._older_turns(resume))
@@ -371,6 +373,13 @@ class ChatSession(Horizontal):
         self._show_persona()
         if prepare and loaded:
             self._run_setup(self.setup.prepare, self.persona, group="prepare")
+
+    def _hold(self, session_id: int | None) -> None:
+        """Mark the session now on screen as open (another chatterm's delete of
+        it is refused): at once, though its conversation comes with the model
+        and the history; the conversation then holds it in its turn."""
+        if self.store is not None:
+            self.store.hold(session_id, self)
 
     def _new_conversation_object(self, resume: Resume | None = None) -> Conversation:
         engine = self.lease.engine

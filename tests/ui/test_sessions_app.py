@@ -148,6 +148,46 @@ async def test_home_and_end_go_to_the_first_and_last_session_at_80_columns(build
         assert table.cursor_row == 0
 
 
+async def test_a_resumed_session_is_marked_open_while_the_model_still_loads(build, store, workspace):
+    import threading
+
+    sid = new_session(store)
+    store.record_turn(sid, "kept", "safe", full_metrics())
+    gate = threading.Event()
+    app, engines = build(store=store, resume=sid, load_gate=gate)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: engines and engines[0].loading.is_set(), what="the load to start")
+        with SessionStore(workspace.db_path) as other:
+            with pytest.raises(ChattermError, match=f"session {sid} is open in another chatterm"):
+                other.delete_session(sid)
+        gate.set()
+        await loaded(pilot)
+
+
+async def test_a_late_first_turn_does_not_take_the_mark_from_the_session_opened_since(build, store, workspace):
+    opened = new_session(store)
+    store.record_turn(opened, "opened later", "yes", full_metrics())
+    app, engines = build(["slow reply " * 20], store=store)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        engines[0].hold_after = 2  # the first reply stops there until the gate opens
+        prompt = app.query_one("#prompt")
+        prompt.insert("a new conversation's first message")
+        await pilot.press("enter")
+        await wait_for(pilot, engines[0].held.is_set, what="the reply to start")
+        app.session.open_session(opened)  # as F3 does, while the first reply streams
+        await wait_for(pilot, lambda: app.conversation is not None and app.conversation.session_id == opened,
+                       what="the opened session")
+        engines[0].gate.set()  # the stopped turn ends now, after the session was opened
+        await wait_for(pilot, lambda: len(store.sessions()) == 2, what="the stopped turn's new session")
+        await pilot.pause(0.2)
+        late = max(s.id for s in store.sessions())
+        with SessionStore(workspace.db_path) as other:
+            with pytest.raises(ChattermError, match=f"session {opened} is open"):
+                other.delete_session(opened)
+            assert other.delete_session(late) == 1  # the session left behind is not the one on screen
+
+
 async def test_sessions_screen_title_preview_search_rename_delete(build, store):
     app, engines = build(store=store)
     async with app.run_test(size=SIZE) as pilot:

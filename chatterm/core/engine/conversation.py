@@ -46,7 +46,7 @@ class TurnStore(Protocol):
 
     def take_write_notice(self) -> str | None: ...
 
-    def hold(self, session_id: int | None) -> None: ...
+    def hold(self, session_id: int | None, holder: object = None, *, only_if_holder: bool = False) -> None: ...
 
     def turn_metrics(self, session_id: int) -> list[TurnMetrics]: ...
 
@@ -101,7 +101,7 @@ class Conversation:
         """The session is on this engine's model in the store (a new one is created there)."""
         engine.note_conversation(session_id)
         if store is not None:
-            store.hold(session_id)  # the store's open session is the newest conversation's
+            store.hold(session_id, self)  # the store's open session is the newest conversation's
 
     def _model_fields(self) -> dict[str, str]:
         """What the store records of the model a session is on."""
@@ -138,7 +138,8 @@ class Conversation:
                     **self._model_fields(), persona_id=self.persona.id,
                     started_at=m.submitted_at,  # the session began with its first message
                 )
-                self.store.hold(self.session_id)
+                # Unless something was opened since (this turn ran on after it).
+                self.store.hold(self.session_id, self, only_if_holder=True)
             elif not self._moved:
                 # A stored session carried on, maybe on another model: a resume
                 # must come back to the model its last turn ran on.

@@ -3,11 +3,16 @@ a second terminal, `chatterm sessions delete`) does not delete one under it.
 
 Contract:
 - `SessionHolds(store_path)` marks at most one session as open by its owner:
-  `hold(session_id)` marks it (and unmarks the one held before; None marks
-  none), `release()` unmarks. A mark is a shared `flock` on the empty file
-  `<store>-open/<id>` (beside SQLite's `-wal` and `-shm`): several
-  processes may hold one session, and the kernel drops a mark when its
-  process ends, a crash included, so no mark outlives its holder.
+  `hold(session_id, holder)` marks it (and unmarks the one held before; None
+  marks none) for `holder` (whoever asked: a conversation, the TUI), and
+  with `only_if_holder` only while `holder` is the one that asked last (a
+  conversation whose late first turn creates its session must not take the
+  mark from the session the user opened since). `release()` unmarks. A mark
+  is a shared `flock` on the empty file `<store>-open/<id>`, beside SQLite's
+  `-wal` and `-shm` (the database's real path: a link to it shares its
+  marks): several processes may hold one session, and the kernel drops a
+  mark when its process ends, a crash included, so no mark outlives its
+  holder. The UI thread and turn workers may call it: one lock guards it.
 - `deleting(session_id)` is the context a delete runs in: it takes the mark
   exclusively, so it raises a one-line `ChattermError` when any other holder
   has the session open (this owner's own mark is dropped first: the caller
@@ -24,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import threading
 from pathlib import Path
 from typing import Iterator
 
@@ -41,9 +47,12 @@ class SessionHolds:
     """The session one store's owner has open. See the module contract."""
 
     def __init__(self, store_path: Path):
-        self.folder = Path(f"{store_path}-open")
+        self.folder = Path(f"{os.path.realpath(store_path)}-open")
+        self._lock = threading.Lock()
         self._held: tuple[int, int] | None = None
         """(session id, descriptor holding its shared lock)."""
+        self._holder: object = None
+        """Who asked for the mark last (`hold`)."""
 
     def _open(self, session_id: int) -> int | None:
         if fcntl is None:
@@ -55,29 +64,38 @@ class SessionHolds:
             log.info("session %s not marked open: %s", session_id, exc)
             return None
 
-    def hold(self, session_id: int | None) -> None:
-        if self._held is not None and self._held[0] == session_id:
-            return
-        self.release()
-        if session_id is None or (fd := self._open(session_id)) is None:
-            return
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except OSError as exc:  # a delete holds it right now: the session is going
-            log.info("session %s not marked open: %s", session_id, exc)
-            os.close(fd)
-            return
-        self._held = (session_id, fd)
+    def hold(self, session_id: int | None, holder: object = None, *, only_if_holder: bool = False) -> None:
+        with self._lock:
+            if only_if_holder and holder is not self._holder:
+                return
+            self._holder = holder
+            if self._held is not None and self._held[0] == session_id:
+                return
+            self._release()
+            if session_id is None or (fd := self._open(session_id)) is None:
+                return
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except OSError as exc:  # a delete holds it right now: the session is going
+                log.info("session %s not marked open: %s", session_id, exc)
+                os.close(fd)
+                return
+            self._held = (session_id, fd)
 
     def release(self) -> None:
+        with self._lock:
+            self._release()
+
+    def _release(self) -> None:
         if self._held is not None:
             os.close(self._held[1])  # closing the descriptor drops its lock
             self._held = None
 
     @contextlib.contextmanager
     def deleting(self, session_id: int) -> Iterator[None]:
-        if self._held is not None and self._held[0] == session_id:
-            self.release()
+        with self._lock:
+            if self._held is not None and self._held[0] == session_id:
+                self._release()
         fd = self._open(session_id)
         if fd is None:
             yield

@@ -336,12 +336,13 @@ class SessionStore:
             removed = self._write(f"could not delete session {session_id}", delete, strict=True)
         return int(removed or 0)
 
-    def hold(self, session_id: int | None) -> None:
-        """Mark `session_id` as the one this store's owner has open (None: none),
-        so another chatterm's delete of it is refused
+    def hold(self, session_id: int | None, holder: object = None, *, only_if_holder: bool = False) -> None:
+        """Mark `session_id` as the one this store's owner has open (None: none)
+        for `holder`, so another chatterm's delete of it is refused; with
+        `only_if_holder`, only while `holder` asked last
         (`chatterm.core.store.session_holds`). A read-only store marks nothing."""
         if not self.readonly:
-            self._holds.hold(session_id)
+            self._holds.hold(session_id, holder, only_if_holder=only_if_holder)
 
     def fork_session(self, session_id: int, turn_index: int | None = None) -> tuple[int, int]:
         """A new session holding the path up to turn `turn_index` (None: the current

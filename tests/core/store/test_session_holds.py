@@ -86,3 +86,28 @@ def test_a_read_only_store_marks_nothing(tmp_path):
     assert not (tmp_path / "s.db-open").exists()
     with SessionStore(path) as store:
         assert store.delete_session(sid) == 0
+
+
+def test_a_hold_only_if_holder_yields_to_whoever_asked_since(tmp_path):
+    path = tmp_path / "s.db"
+    with SessionStore(path) as mine, SessionStore(path) as theirs:
+        first, opened = new_session(mine), new_session(mine)
+        conversation, screen = object(), object()
+        theirs.hold(None, conversation)
+        theirs.hold(opened, screen)  # the user opened a session meanwhile
+        theirs.hold(first, conversation, only_if_holder=True)  # the late first turn: not its mark now
+        assert mine.delete_session(first) == 0
+        with pytest.raises(ChattermError, match=f"session {opened} is open"):
+            mine.delete_session(opened)
+
+
+def test_a_link_to_the_database_shares_its_marks(tmp_path):
+    real = tmp_path / "s.db"
+    link = tmp_path / "link.db"
+    with SessionStore(real) as store:
+        sid = new_session(store)
+    link.symlink_to(real)
+    with SessionStore(link) as tui, SessionStore(real) as cli:
+        tui.hold(sid)
+        with pytest.raises(ChattermError, match=f"session {sid} is open"):
+            cli.delete_session(sid)
