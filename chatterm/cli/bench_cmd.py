@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from chatterm.cli.common import literal, require_positive, workspace
 from chatterm.core.metrics.format import counted, fmt_ms, fmt_tok_s
+from chatterm.core.system.atomic import refuse_database
 from chatterm.errors import ChattermError
 
 if TYPE_CHECKING:  # rich is imported when the benchmark runs
@@ -79,9 +80,9 @@ def run(args: argparse.Namespace) -> int:
     err = Console(stderr=True)
     require_positive("--runs", args.runs)
     require_positive("--max-tokens", args.max_tokens)
-    if args.json is not None:
-        _require_writable(args.json)  # before minutes of runs, not after
     ws = workspace(args)
+    if args.json is not None:
+        _require_writable(args.json, ws.db_path)  # before minutes of runs, not after
     spec = ws.catalog.get(args.model)
     persona = ws.personas.get(args.persona)
     engine = ws.make_engine(spec)
@@ -165,13 +166,14 @@ def run(args: argparse.Namespace) -> int:
     for warning in result["warnings"]:
         err.print(literal(f"warning: {warning}"), style="yellow")
     if args.json:
-        write_json(result, args.json)  # after the table: a write that fails now loses no figure
+        write_json(result, args.json, ws.db_path)  # after the table: a write that fails now loses no figure
         err.print(f"wrote {args.json}")
     return 0
 
 
-def _require_writable(path: Path) -> None:
+def _require_writable(path: Path, database: Path) -> None:
     """A ChattermError naming `path` when the JSON could not be written there."""
+    refuse_database(path, database)
     if not path.parent.is_dir():
         raise ChattermError(f"{path}: folder {path.parent} does not exist")
     if path.is_dir():

@@ -18,10 +18,11 @@ import argparse
 import sys
 from pathlib import Path
 
-from chatterm.cli.common import catalog, db_path, named, write_stdout
+from chatterm.cli.common import catalog, db_path, named, session_id, write_stdout
 from chatterm.core.metrics.format import counted
-from chatterm.core.report.export import FORMATS, REPORT_FORMATS, export_chunks, sessions_to_export, write_atomic
+from chatterm.core.report.export import FORMATS, REPORT_FORMATS, export_chunks, sessions_to_export
 from chatterm.core.store.session_store import SessionStore
+from chatterm.core.system.atomic import replace_output
 from chatterm.errors import ChattermError
 
 _SUFFIX_FORMATS = {
@@ -42,7 +43,7 @@ def register(sub, common) -> None:
     )
     which = p.add_mutually_exclusive_group()
     which.add_argument(
-        "session_ids", nargs="*", type=int, default=[], metavar="ID",
+        "session_ids", nargs="*", type=session_id, default=[], metavar="ID",
         help="sessions to export, in this order (default: the session last talked in)",
     )
     which.add_argument("--all", action="store_true", help="export every session, oldest first")
@@ -103,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
         if output is None:
             write_stdout(chunks)
         else:
-            write_atomic(output, chunks, database=db)
+            replace_output(output, chunks, database=db)
     if output is not None:
         print(f"wrote {counted(len(sessions), 'session')} to {output}", file=sys.stderr)
     elif args.output is None and sys.stdout.isatty():  # `-o -` chose stdout

@@ -39,7 +39,7 @@ from chatterm.core.cache.prompt_cache import DISK, Candidate, Entry, Miss, Promp
 from chatterm.core.config.personas import Persona
 from chatterm.core.engine.interface import Engine
 from chatterm.core.metrics.turn_metrics import CacheOutcome, StopReason
-from chatterm.core.system.atomic import atomic_write_bytes
+from chatterm.core.system.atomic import replace_output
 from chatterm.core.system.machine import (
     BUSY_WARNING,
     busy_fraction,
@@ -429,8 +429,7 @@ def _bench_baseline(engine, persona: Persona, runs: int, say: Report) -> dict[st
     return {k: _median(v) for k, v in out.items()}
 
 
-def write_json(result: dict[str, Any], path: Path) -> None:
-    try:
-        atomic_write_bytes(path, (json.dumps(result, indent=2) + "\n").encode(), mode=0o644)
-    except OSError as exc:
-        raise ChattermError(f"{path}: cannot write benchmark JSON: {exc.strerror or exc}") from None
+def write_json(result: dict[str, Any], path: Path, database: Path | None = None) -> None:
+    """The results as JSON at `path`, a file the user named (`replace_output`:
+    never over the session `database`, a FIFO streamed to, a link followed)."""
+    replace_output(path, [(json.dumps(result, indent=2) + "\n").encode()], database)

@@ -38,7 +38,6 @@ import math
 import multiprocessing
 import operator
 import os
-import stat
 import tempfile
 from dataclasses import fields
 from datetime import datetime, timezone
@@ -53,7 +52,7 @@ from chatterm.core.report.figures import Exported, build
 from chatterm.core.report.html import render_html
 from chatterm.core.report.markdown import render_markdown
 from chatterm.core.store.session_store import SessionInfo, SessionStore, TurnRecord
-from chatterm.core.system.atomic import atomic_write_chunks
+from chatterm.core.system.atomic import replace_output
 from chatterm.errors import ChattermError
 
 FORMATS = ("jsonl", "csv", "md", "html")
@@ -283,44 +282,8 @@ def export_session(
             path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise ChattermError(f"cannot create {path.parent}: {exc.strerror or exc}") from None
-    write_atomic(Path(path), export_chunks(store, sessions, fmt, prices), database=store.path)
+    replace_output(Path(path), export_chunks(store, sessions, fmt, prices), database=store.path)
     return Path(path)
-
-
-def write_atomic(path: Path, chunks: Iterable[bytes], database: Path | None = None) -> None:
-    """Replace `path` with `chunks` all at once, or raise ChattermError and
-    leave nothing behind. A new file gets a new file's usual mode (0666 less
-    the umask, as the database): an export is made to be shared, and a user
-    who keeps conversations private sets a umask for that. An existing file
-    keeps its mode, and a link to one is followed (the file it names is
-    replaced, not the link). A path that is there and is not a file (a FIFO,
-    /dev/null, a shell's /dev/fd/N) is written to as a stream: replacing it
-    would put a file in its place. `database` (the session database the
-    export reads, with its -wal and -shm) is refused: the export would
-    replace every session."""
-    try:
-        info = path.stat() if path.exists() else None
-        if info is not None and database is not None and any(
-            _same_file(info, Path(f"{database}{suffix}")) for suffix in ("", "-wal", "-shm")
-        ):
-            raise ChattermError(f"{path} is the session database the export reads; write the export to another file")
-        if info is not None and not stat.S_ISREG(info.st_mode) and not stat.S_ISDIR(info.st_mode):
-            with open(path, "wb") as out:
-                for chunk in chunks:
-                    out.write(chunk)
-            return
-        target = Path(os.path.realpath(path)) if path.is_symlink() else path
-        atomic_write_chunks(target, chunks, info.st_mode & 0o777 if info is not None else None)
-    except OSError as exc:
-        raise ChattermError(f"cannot write {path}: {exc.strerror or exc}") from None
-
-
-def _same_file(info: os.stat_result, other: Path) -> bool:
-    try:
-        theirs = other.stat()
-    except OSError:
-        return False
-    return (info.st_dev, info.st_ino) == (theirs.st_dev, theirs.st_ino)
 
 
 # -- helpers -------------------------------------------------------------------

@@ -7,15 +7,22 @@ writer killed mid-write leaves only its temp file, `.NAME.*.tmp` beside NAME;
 The file gets the mode asked for (0600 unless told otherwise: state files and
 caches stay private), or with `mode=None` the usual mode of a new file, 0666
 less the umask (exports, which are made to be shared).
+
+`replace_output` writes a file the user named (an export, benchmark JSON):
+atomically, but a link is followed, a FIFO or device is streamed to, and the
+session database is refused; every failure is one ChattermError line.
 """
 
 from __future__ import annotations
 
 import os
 import secrets
+import stat
 import time
 from pathlib import Path
 from typing import Iterable
+
+from chatterm.errors import ChattermError
 
 TEMP_SUFFIX = ".tmp"
 
@@ -88,3 +95,43 @@ def atomic_write_chunks(path: Path, chunks: Iterable[bytes | memoryview], mode: 
 
 def atomic_write_bytes(path: Path, data: bytes, mode: int = 0o600) -> None:
     atomic_write_chunks(path, [data], mode)
+
+
+def replace_output(path: Path, chunks: Iterable[bytes], database: Path | None = None) -> None:
+    """Replace `path`, a file the user named, with `chunks` all at once, or
+    raise ChattermError and leave nothing behind. A new file gets a new
+    file's usual mode (0666 less the umask, as the database): an output is
+    made to be shared, and a user who keeps conversations private sets a
+    umask for that. An existing file keeps its mode, and a link to one is
+    followed (the file it names is replaced, not the link). A path that is
+    there and is not a file (a FIFO, /dev/null, a shell's /dev/fd/N) is
+    written to as a stream: replacing it would put a file in its place.
+    `database` (the session database, with its -wal and -shm) is refused:
+    writing there would replace every session."""
+    try:
+        refuse_database(path, database)
+        info = path.stat() if path.exists() else None
+        if info is not None and not stat.S_ISREG(info.st_mode) and not stat.S_ISDIR(info.st_mode):
+            with open(path, "wb") as out:
+                for chunk in chunks:
+                    out.write(chunk)
+            return
+        target = Path(os.path.realpath(path)) if path.is_symlink() else path
+        atomic_write_chunks(target, chunks, info.st_mode & 0o777 if info is not None else None)
+    except OSError as exc:
+        raise ChattermError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+def refuse_database(path: Path, database: Path | None) -> None:
+    """A ChattermError when `path` is the session database `database` (or its
+    -wal or -shm file), however it is reached."""
+    if database is None or not path.exists():
+        return
+    info = path.stat()
+    for suffix in ("", "-wal", "-shm"):
+        try:
+            theirs = Path(f"{database}{suffix}").stat()
+        except OSError:
+            continue
+        if (info.st_dev, info.st_ino) == (theirs.st_dev, theirs.st_ino):
+            raise ChattermError(f"{path} is the session database; write to another file")

@@ -260,7 +260,7 @@ def test_unwritable_path_leaves_nothing(tmp_path, where):
     before = sorted(p.name for p in tmp_path.iterdir())
     target = tmp_path / where
     with pytest.raises(ChattermError, match="cannot write") as err:
-        export.write_atomic(target, [b"data"])
+        atomic.replace_output(target, [b"data"])
     assert str(target) in str(err.value)
     assert sorted(p.name for p in tmp_path.iterdir()) == before
 
@@ -275,11 +275,11 @@ def test_failed_replace_keeps_the_old_file(tmp_path, monkeypatch):
 
     monkeypatch.setattr(atomic.os, "replace", fail)
     with pytest.raises(ChattermError, match="No space left"):
-        export.write_atomic(target, [b"new report"])
+        atomic.replace_output(target, [b"new report"])
     assert target.read_text() == "old report"
     assert [p.name for p in tmp_path.iterdir()] == ["out.md"]
     monkeypatch.undo()
-    export.write_atomic(target, [b"new report"])
+    atomic.replace_output(target, [b"new report"])
     assert target.read_text() == "new report" and target.stat().st_mode & 0o777 == 0o644
 
 
