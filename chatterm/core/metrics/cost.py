@@ -3,8 +3,9 @@
 Prompt tokens reused from earlier prompts (`TurnMetrics.reused_tokens`) are
 charged at the cached input price, the rest of the prompt (type-ahead tokens
 included: they are new text) at the input price, generated tokens at the output
-price; a turn stopped during its prefill pays only for the tokens it got
-through (`unreached_tokens` are the next turn's). "Saved" is what the reused tokens would have cost at the full input
+price (`TurnMetrics.uncached_tokens`); a turn stopped or failed during its
+prefill pays only for the tokens it got through (`unreached_tokens` are the
+next turn's). "Saved" is what the reused tokens would have cost at the full input
 price, minus what they did cost.
 
 Dollar amounts go through `metrics.usd` (no floating point noise in the stored
@@ -22,7 +23,7 @@ PER_TOKEN = 1e-6  # prices are per 1M tokens
 def apply_cost(metrics: TurnMetrics, price: PriceProfile) -> None:
     """Fill the cost fields of `metrics` from its token counts."""
     reused = metrics.reused_tokens
-    uncached = max(metrics.prompt_tokens - reused - metrics.unreached_tokens, 0)
+    uncached = metrics.uncached_tokens
     metrics.price_profile = price.id
     metrics.cost_input_usd = usd(uncached * price.input_per_m * PER_TOKEN)
     metrics.cost_cached_input_usd = usd(reused * price.cached_input_per_m * PER_TOKEN)

@@ -114,8 +114,8 @@ def fmt_tok_s(rate: float | None) -> str:
 
 
 USD_DECIMALS = 6
-_USD_STEP = Decimal(1).scaleb(-USD_DECIMALS)
 """A millionth of a dollar: a few tokens' worth at a public API's prices."""
+_USD_STEP = Decimal(1).scaleb(-USD_DECIMALS)
 
 
 def usd_number(usd: float, sign: str = "") -> str:

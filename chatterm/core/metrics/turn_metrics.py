@@ -159,12 +159,18 @@ class TurnMetrics:
 
     @property
     def unreached_tokens(self) -> int:
-        """Prompt tokens the turn never prefilled: stopped during its prefill,
-        it went through `cached_tokens + prefilled_tokens` of them. Not input
-        it computed, so not charged (the next turn prefills them, and pays)."""
-        if self.stop_reason != StopReason.CANCELLED or self.ttft_ms is not None:
+        """Prompt tokens the turn never prefilled: stopped (or failed) during its
+        prefill, it went through `cached_tokens + prefilled_tokens` of them. Not
+        input it computed, so not charged (the next turn prefills them, and pays)."""
+        if self.stop_reason not in (StopReason.CANCELLED, StopReason.ERROR) or self.ttft_ms is not None:
             return 0
         return max(self.prompt_tokens - self.cached_tokens - self.prefilled_tokens, 0)
+
+    @property
+    def uncached_tokens(self) -> int:
+        """Prompt tokens charged at the input price: those the turn went through,
+        less the reused ones (type-ahead tokens included: they are new text)."""
+        return max(self.prompt_tokens - self.reused_tokens - self.unreached_tokens, 0)
 
     @property
     def early_tokens(self) -> int:

@@ -3,7 +3,8 @@
 Contract:
 - `cost_split(turns)`: input (uncached / cached) against output, in tokens and
   in the dollars stored with each turn (the profile the session was priced at),
-  with the input share of both. Uncached input = prompt - reused tokens, as in
+  with the input share of both. Uncached input = `TurnMetrics.uncached_tokens`
+  (the prompt tokens a turn went through, less the reused ones), as in
   `chatterm.core.metrics.cost`; `switch_tokens` says how much of it was
   prefilled with the persona when it was loaded (in the context before
   Enter, but prefilled for that turn:
@@ -67,10 +68,6 @@ class CostSplit:
         return _share(self.input_usd, self.total_usd)
 
 
-def _uncached(m: TurnMetrics) -> int:
-    return max(m.prompt_tokens - m.reused_tokens, 0)
-
-
 def switch_tokens(m: TurnMetrics) -> int:
     """The prompt tokens of `m` prefilled with the persona when it was loaded, just
     before it (at launch or a switch; 0 for other turns)."""
@@ -82,7 +79,7 @@ def switch_tokens(m: TurnMetrics) -> int:
 def cost_split(turns: Iterable[TurnMetrics]) -> CostSplit:
     turns = list(turns)
     return CostSplit(
-        uncached_tokens=sum(_uncached(m) for m in turns),
+        uncached_tokens=sum(m.uncached_tokens for m in turns),
         cached_tokens=sum(m.reused_tokens for m in turns),
         output_tokens=sum(m.generated_tokens for m in turns),
         uncached_usd=sum(m.cost_input_usd for m in turns),
@@ -106,7 +103,7 @@ class WhatIf:
 
     @property
     def without_cache_usd(self) -> float:
-        """Every prompt token at the full input price."""
+        """Every prompt token the turns went through at the full input price."""
         return self.total_usd + self.saved_usd
 
     @property

@@ -47,6 +47,14 @@ def test_a_turn_stopped_during_its_prefill_pays_for_what_it_went_through():
     part = turn(prompt_tokens=3825, cached_tokens=171, prefilled_tokens=512, stop_reason="cancelled")
     apply_cost(part, PRICE)
     assert part.cost_input_usd == pytest.approx(512 * 2.0e-6)
+    # The breakdown ("where the money went") counts the same tokens.
+    from chatterm.core.metrics.whatif import cost_split
+
+    assert cost_split([stopped]).uncached_tokens == 32
+    # A turn that failed mid-prefill likewise.
+    failed = turn(prompt_tokens=3825, cached_tokens=171, prefilled_tokens=512, stop_reason="error")
+    apply_cost(failed, PRICE)
+    assert failed.cost_input_usd == pytest.approx(512 * 2.0e-6)
     # Stopped once the reply had begun, the whole prompt was computed.
     replying = turn(prompt_tokens=3825, cached_tokens=171, prefilled_tokens=3654, ttft_ms=900.0,
                     generated_tokens=3, stop_reason="cancelled")

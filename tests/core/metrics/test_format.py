@@ -61,8 +61,10 @@ def test_units():
     assert fmt_usd(0.00001234) == "$0.000012" and fmt_usd(None) == "–"
     # One amount, summed in two orders, lands either side of half a millionth:
     # both read the same (the dashboard said $0.003474 where F3 said $0.003475).
-    costs = [0.0000005, 0.003474]
-    assert fmt_usd(sum(costs)) == fmt_usd(sum(reversed(costs))) == fmt_usd(0.00347449999999) == "$0.003475"
+    costs = [n * 1e-7 for n in (4843, 9248, 8754)]  # 0.0022845 one way, 0.0022844999999999996 the other
+    assert sum(costs) != sum(reversed(costs)) and f"{sum(costs):.6f}" != f"{sum(reversed(costs)):.6f}"
+    assert fmt_usd(sum(costs)) == fmt_usd(sum(reversed(costs))) == "$0.002285"
+    assert fmt_usd(0.00347449999999) == "$0.003475"
 
 
 def test_a_prefix_prefilled_at_switch_time_is_not_called_this_turns_cold_prefill():
