@@ -16,8 +16,8 @@ Contract:
   the index: a query made only of such words is a plain scan.
 - Without FTS5 (or for such words) the scan is SQL LIKE over both texts, with
   `%`, `_` and `\\` escaped: case is ignored for ASCII letters only.
-- `holds_every_word(body, text)`: every word of `text` is in `body`, folded
-  as the index folds (a substring test: a reply on its own).
+- `holds_every_word(body, text)`: `body` alone holds every word of `text` as
+  the index matches them (whole words, the last as a prefix, folded).
 - `snippet(user_text, reply, text)` says where the match is and gives plain
   text around it, on one line: where a word of `text` begins, compared as the
   index does (case and diacritics ignored), before a match inside a word.
@@ -93,10 +93,16 @@ def _fold_char(c: str) -> str:
 
 
 def holds_every_word(body: str, text: str) -> bool:
-    """Whether every word of `text` occurs in `body`, compared as the index
-    does (case and diacritics ignored)."""
+    """Whether `body` holds every word of `text` as the index matches them:
+    whole words, the last one as the start of a word (search as you type),
+    case and diacritics ignored. ("cat" is not in "concatenate".)"""
     folded = _fold(body)
-    return all(_fold(word) in folded for word in text.split())
+    words = text.split()
+    starts, ends = r"(?<![^\W_])", r"(?![^\W_])"  # no letter or digit before (after) it
+    return all(
+        re.search(starts + re.escape(_fold(word)) + ("" if n == len(words) - 1 else ends), folded)
+        for n, word in enumerate(words)
+    )
 
 
 def snippet(user_text: str, reply: str, text: str) -> tuple[str, str]:

@@ -91,6 +91,15 @@ def test_deleting_the_middle_of_a_fork_line_lists_each_turn_once(store):
     assert store.session(last).forked_from is None and not any(r.inherited for r in store.turns(last))
 
 
+def test_an_older_regeneration_is_a_hit_only_where_its_reply_matches_as_the_index_does(store):
+    sid = new_session(store)
+    store.record_turn(sid, "tell me about the cat", "concatenate strings instead", full_metrics())
+    store.record_turn(sid, "tell me about the cat", "a cat is a feline", full_metrics(), after=0)
+    store.record_turn(sid, "tell me about the cat", "the cat purrs", full_metrics(), after=0)
+    # The newest is the message's hit; "a cat is…" holds "cat" too; "concatenate" does not.
+    assert [(h.turn_index, h.role) for h in store.search("cat")] == [(3, "user"), (2, "assistant")]
+
+
 def test_a_hits_snippet_shows_the_word_that_matched():
     from chatterm.core.store.search import snippet
 

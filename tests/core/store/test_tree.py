@@ -57,6 +57,7 @@ def test_regenerate_keeps_the_old_reply_and_makes_the_new_one_current(tmp_path):
         assert [h.turn_index for h in store.search("answer")] == [5, 4, 3, 2, 1]
         # Where the older reply holds every word too, it is a hit of its own.
         assert [(h.turn_index, h.role) for h in store.search("4")] == [(5, "user"), (4, "assistant")]
+        assert [(h.turn_index, h.role) for h in store.search("4 answ")] == [(5, "user"), (4, "assistant")]
         # The next turn continues the new reply.
         store.record_turn(sid, "question 6", "answer 6", full_metrics())
         assert [r.index for r in store.turns(sid)] == [1, 2, 3, 5, 6]
