@@ -80,26 +80,36 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     return parser
 
 
-def _not_utf8(argv: list[str]) -> str | None:
-    """The first argument that is not UTF-8, as its bytes (Python hands such
-    bytes over as lone surrogates, which fail wherever the text is written)."""
-    for arg in argv:
-        try:
-            arg.encode("utf-8")
-        except UnicodeEncodeError:
-            return repr(arg.encode("utf-8", "surrogateescape"))
+PATH_OPTIONS = {"db", "models", "output", "json"}
+"""Options that only name a file: on Linux a file name may be any bytes."""
+
+
+def _not_utf8(args: argparse.Namespace) -> str | None:
+    """The first argument that becomes text (a message, a title, a search, an
+    id) and is not UTF-8, as its bytes: Python hands such bytes over as lone
+    surrogates, which fail wherever the text is written."""
+    for dest, value in vars(args).items():
+        for item in value if isinstance(value, list) else [value]:
+            if dest in PATH_OPTIONS or not isinstance(item, str):
+                continue
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return repr(item.encode("utf-8", "surrogateescape"))
     return None
 
 
 def main(argv: list[str] | None = None) -> int:
-    bad = _not_utf8(sys.argv[1:] if argv is None else argv)
-    if bad is not None or sys.stdout is None:  # None: started with stdout closed (`>&-`)
+    if sys.stdout is None:  # started with stdout closed (`>&-`)
         if sys.stderr is not None:
-            why = f"argument {bad} is not UTF-8" if bad is not None else "standard output is closed"
-            print(f"chatterm: error: {why}", file=sys.stderr)
+            print("chatterm: error: standard output is closed", file=sys.stderr)
         return 2
     parser = build_parser(argv)
     args = parser.parse_args(argv)
+    bad = _not_utf8(args)
+    if bad is not None:
+        print(f"chatterm: error: argument {bad} is not UTF-8", file=sys.stderr)
+        return 2
     folder = paths.folder_problem()
     if folder is not None:
         print(f"chatterm: error: {printable(folder)}", file=sys.stderr)

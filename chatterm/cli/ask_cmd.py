@@ -28,7 +28,7 @@ import sys
 import threading
 from typing import TYPE_CHECKING, Callable
 
-from chatterm.cli.common import add_model_persona_options, db_path, workspace
+from chatterm.cli.common import add_model_persona_options, db_path, session_id, workspace
 from chatterm.core.config.catalog import ModelSpec
 from chatterm.core.config.personas import Persona
 from chatterm.core.engine.context_window import one_turn_context
@@ -57,7 +57,7 @@ def register(sub, common) -> None:
     add_model_persona_options(p)
     p.add_argument("message", nargs="?", help="the message (default: read standard input)")
     p.add_argument("--json", action="store_true", help="print one JSON object with the reply and all metrics")
-    p.add_argument("--session", type=int, metavar="ID", help="continue stored session ID")
+    p.add_argument("--session", type=session_id, metavar="ID", help="continue stored session ID")
     p.add_argument(
         "--fork", metavar="ID[:TURN]",
         help="ask in a new session that starts as session ID up to turn TURN (default: its current reply)",
@@ -154,9 +154,9 @@ def _fork_point(value: str) -> tuple[int, int | None]:
     """`--fork ID[:TURN]` as (session id, turn index or None)."""
     sid, sep, turn = value.partition(":")
     try:
-        return int(sid), int(turn) if sep else None
-    except ValueError:
-        raise ChattermError(f"--fork takes ID or ID:TURN (numbers), not {value!r}") from None
+        return session_id(sid), session_id(turn) if sep else None  # a turn index is as wide
+    except argparse.ArgumentTypeError:
+        raise ChattermError(f"--fork takes ID or ID:TURN (numbers from 1), not {value!r}") from None
 
 
 def _fork(store: "SessionStore", ws: Workspace, args: argparse.Namespace) -> int:

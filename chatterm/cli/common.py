@@ -112,6 +112,21 @@ def write_stdout(chunks: Iterable[bytes]) -> None:
     sys.stdout.flush()
 
 
+SESSION_ID_MAX = 2**63 - 1
+"""SQLite's largest integer: an id past it cannot be looked up (OverflowError)."""
+
+
+def session_id(value: str) -> int:
+    """An argparse type for a session id: a number from 1 to SESSION_ID_MAX."""
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"session id must be a number, not {value!r}") from None
+    if not 1 <= number <= SESSION_ID_MAX:
+        raise argparse.ArgumentTypeError(f"session id must be from 1 to {SESSION_ID_MAX}, not {value!r}")
+    return number
+
+
 def named(value: str) -> str:
     """An argparse type for an option that names something: "" is a mistake
     (an unset shell variable), not "the default"."""

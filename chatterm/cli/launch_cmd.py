@@ -19,7 +19,7 @@ import sys
 from typing import Iterator
 
 from chatterm.cli import early_keys
-from chatterm.cli.common import add_model_persona_options, db_path, workspace
+from chatterm.cli.common import add_model_persona_options, db_path, session_id, workspace
 from chatterm.core.config import paths
 from chatterm.core.metrics.format import printable
 from chatterm.errors import ChattermError
@@ -28,13 +28,7 @@ from chatterm.errors import ChattermError
 def _session_id(value: str) -> int | str:
     if value == "latest":  # argparse passes the const through `type` too
         return value
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"session id must be a number, not {value!r}") from None
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"session id must be 1 or more, not {value!r}")
-    return number
+    return session_id(value)
 
 
 def register(sub, common) -> None:
@@ -73,8 +67,9 @@ def _logging_to_file() -> Iterator[None]:
     path = paths.launch_log_file()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.touch(mode=0o600)  # the user's own: it may quote prompts and server replies
-        path.chmod(0o600)
+        if not path.is_symlink():  # a link the user made (to /dev/null, say) is theirs to keep as it is
+            path.touch(mode=0o600)  # the user's own: it may quote prompts and server replies
+            path.chmod(0o600)
         handler: logging.Handler = logging.FileHandler(path, encoding="utf-8")
     except OSError:
         handler = logging.NullHandler()

@@ -37,7 +37,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from chatterm.cli.common import catalog, db_path, literal, require_positive, workspace, write_stdout
+from chatterm.cli.common import catalog, db_path, literal, require_positive, session_id, workspace, write_stdout
 from chatterm.core.metrics.format import counted, fmt_local_time, fmt_ms, printable, usd_number
 from chatterm.core.report.escape import json_line
 from chatterm.core.store.lifecycle import delete_session
@@ -75,11 +75,11 @@ def register(sub, common) -> None:
     p.set_defaults(func=run)
     actions = p.add_subparsers(dest="sessions_action", metavar="ACTION")
     rename = actions.add_parser("rename", parents=[common], help="give a session a title")
-    rename.add_argument("session_id", type=int, metavar="ID")
+    rename.add_argument("session_id", type=session_id, metavar="ID")
     rename.add_argument("title", metavar="TITLE")
     rename.set_defaults(func=run_rename)
     delete = actions.add_parser("delete", parents=[common], help="delete a session and its KV states")
-    delete.add_argument("session_id", type=int, metavar="ID")
+    delete.add_argument("session_id", type=session_id, metavar="ID")
     delete.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     delete.set_defaults(func=run_delete)
 

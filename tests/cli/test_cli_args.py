@@ -218,8 +218,8 @@ def test_verbose_logs_chatterm_detail_without_markdown_it_s_rule_trace(tmp_path)
 
 
 @pytest.mark.parametrize("argv, words", [
-    (["export", "abc"], "argument ID: invalid int value: 'abc' (see `chatterm export --help`)"),
-    (["ask", "--session", "x", "hi"], "argument --session: invalid int value: 'x'"),
+    (["export", "abc"], "argument ID: session id must be a number, not 'abc' (see `chatterm export --help`)"),
+    (["ask", "--session", "x", "hi"], "argument --session: session id must be a number, not 'x'"),
     (["bogus"], "invalid choice: 'bogus'"),
 ])
 def test_a_usage_error_is_one_line_too(argv, words, capsys):
@@ -331,3 +331,36 @@ def test_a_folder_variable_naming_a_file_is_one_line(tmp_path, monkeypatch, caps
             env.setenv(name, str(afile))
             assert main(["sessions"]) == 2
             assert one_line_error(capsys) == f"chatterm: error: ${name} {afile} is a file, not a folder"
+
+
+def test_bench_json_is_never_written_over_the_database(tmp_path, capsys, isolated_dirs):
+    db = tmp_path / "s.db"
+    build_sample(db)
+    before = db.read_bytes()
+    assert main(["--db", str(db), "bench", "--json", str(db)]) == 2
+    assert one_line_error(capsys) == f"chatterm: error: {db} is the session database; write to another file"
+    assert db.read_bytes() == before
+
+
+HUGE = "99999999999999999999"  # past SQLite's integers: it raised OverflowError
+
+
+@pytest.mark.parametrize("args", [["sessions", "delete", HUGE, "--yes"], ["sessions", "rename", HUGE, "x"],
+                                  ["export", HUGE], ["ask", "--session", HUGE, "hi"], ["launch", "--resume", HUGE]],
+                         ids=["delete", "rename", "export", "ask", "launch"])
+def test_a_session_id_past_sqlites_integers_is_one_line(args, capsys, isolated_dirs):
+    with pytest.raises(SystemExit) as stop:
+        main(args)
+    assert stop.value.code == 2
+    assert f"session id must be from 1 to 9223372036854775807, not '{HUGE}'" in capsys.readouterr().err
+    assert main(["ask", "--fork", f"1:{HUGE}", "hi"]) == 2
+    assert "--fork takes ID or ID:TURN (numbers from 1)" in capsys.readouterr().err
+
+
+def test_a_file_name_that_is_not_utf8_still_works(tmp_path, isolated_dirs):
+    db = tmp_path / "s.db"
+    build_sample(db)
+    out = subprocess.run([sys.executable, "-m", "chatterm", "--db", str(db), "export", "1", "-o",
+                          bytes(tmp_path) + b"/caf\xe9.jsonl"], capture_output=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert (bytes(tmp_path) + b"/caf\xe9.jsonl") in [bytes(p) for p in tmp_path.iterdir()]
