@@ -194,6 +194,21 @@ class BlockStore:
                 del self._records[gone]
         return found
 
+    def _touch_record(self, chain: Chain, path: Path) -> None:
+        """The record's time is the chain's "last used" (`cache ls`; its blocks,
+        touched as they are read, are what eviction goes by). Touched, not
+        changed: the parsed record stays the one known, not parsed again."""
+        try:
+            os.utime(path)
+            st = path.stat()
+        except OSError:
+            return
+        with self._lock:
+            known = self._records.get(path)
+            if known is not None and known[1] is chain:
+                self._records[path] = (_stamp(st), chain)
+        chain.last_used = st.st_mtime
+
     def _read_record(self, path: Path) -> Chain | BadRecord:
         st = path.stat()
         with self._lock:
@@ -531,6 +546,8 @@ class BlockStore:
         if chain.tier == RAM:
             close()
             return Assembled(out, None, release)
+        if chain.path is not None:
+            self._touch_record(chain, chain.path)
         blocks = list(mapped)
 
         def verify() -> bool:

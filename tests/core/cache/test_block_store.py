@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from fake_states import BPT, fake_state
 
 from chatterm.core.cache import state_file, state_layout
@@ -341,3 +342,23 @@ def test_clear_counts_a_chain_only_when_its_record_is_gone(tmp_path):
     fresh = PromptCache(tmp_path / "kv", block_tokens=64)
     assert fresh.clear(kind="session") == 1  # session 1; "2" was counted though it stayed
     assert record.is_dir()
+
+
+def test_a_restore_from_disk_moves_the_chains_last_used(tmp_path):
+    import os
+    import time
+
+    cache = PromptCache(tmp_path / "kv", block_tokens=64)
+    tokens = toks(200)
+    cache.save("m", Slot.session(1), tokens, fake_state(tokens), COMPAT)
+    record = cache.blocks.record_path("m", "session", "1")
+    long_ago = time.time() - 3600
+    os.utime(record, (long_ago, long_ago))
+    fresh = PromptCache(tmp_path / "kv", block_tokens=64)
+    (entry,) = [e for e in fresh.entries() if e.tier == "disk"]
+    assert entry.last_used == pytest.approx(long_ago, abs=1)
+    parsed = fresh.blocks._read_record(record)
+    assert restored(fresh, tokens + [7]) == (tokens, bytes(fake_state(tokens)))
+    (entry,) = [e for e in fresh.entries() if e.tier == "disk"]
+    assert entry.last_used > long_ago + 3000  # `cache ls` showed the save time
+    assert fresh.blocks._read_record(record) is parsed  # touched, not parsed again
