@@ -7,14 +7,13 @@ are imported when the benchmark runs, not when another command starts.
 from __future__ import annotations
 
 import argparse
-import tempfile
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from chatterm.cli.common import literal, require_positive, workspace
 from chatterm.core.metrics.format import counted, fmt_ms, fmt_tok_s
-from chatterm.core.system.atomic import refuse_database
+from chatterm.core.system.atomic import cannot_create_in, refuse_database
 from chatterm.errors import ChattermError
 
 if TYPE_CHECKING:  # rich is imported when the benchmark runs
@@ -178,8 +177,6 @@ def _require_writable(path: Path, database: Path) -> None:
         raise ChattermError(f"{path}: folder {path.parent} does not exist")
     if path.is_dir():
         raise ChattermError(f"{path} is a folder; name a file for --json")
-    try:  # the way it will be written: a new file beside it, renamed
-        with tempfile.TemporaryFile(dir=path.parent):
-            pass
-    except OSError as exc:
-        raise ChattermError(f"cannot write {path}: {exc.strerror or exc}") from None
+    why = cannot_create_in(path.parent)  # the way it is written: a new file beside it, renamed
+    if why is not None:
+        raise ChattermError(f"cannot write {path}: {why}")

@@ -123,8 +123,7 @@ def run_clear(args: argparse.Namespace) -> int:
             raise ChattermError(f"no cached state for {kind} {key!r} (cached: {valid})")
     removed = cache.clear(kind, key)
     print(f"removed {counted(removed, 'state file')}")
-    left = [e for e in cache.entries() if e.tier == "disk" and (kind is None or e.slot.kind == kind)
-            and (key is None or e.slot.key == key)]
+    left = [e for e in cache.entries() if e.tier == "disk" and e.slot.is_of(kind, key)]
     if left:
         where = left[0].path or cache.folder
         raise ChattermError(f"{counted(len(left), 'state file')} could not be removed, such as {where}: "

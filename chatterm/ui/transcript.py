@@ -109,7 +109,7 @@ class MarkdownLines:
 
 def render_markdown(text: str, width: int, console: Console, first: bool = True) -> list[Strip]:
     """Printable Markdown as lines `width` wide (a blank line first unless `first`)."""
-    lines = console.render_lines(_markdown(text), console.options.update_width(max(width, 1)), pad=False)
+    lines = console.render_lines(LiteralMarkdown(text), console.options.update_width(max(width, 1)), pad=False)
     strips = Strip.from_lines(lines)
     return strips if first else [Strip.blank(0), *strips]
 
@@ -320,11 +320,6 @@ class AssistantReply(Widget):
         if y >= len(lines):
             return Strip.blank(width, style)
         return lines[y].crop_extend(0, width, style).apply_style(style)
-
-
-def _markdown(text: str) -> LiteralMarkdown:
-    """Printable text as Markdown: no console markup, no links that open, nothing hidden."""
-    return LiteralMarkdown(text)
 
 
 _parser = None

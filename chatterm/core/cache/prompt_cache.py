@@ -100,6 +100,10 @@ class Slot:
     def session(cls, session_id: int | str) -> "Slot":
         return cls("session", str(session_id))
 
+    def is_of(self, kind: str | None, key: str | None) -> bool:
+        """Whether the slot is one `clear(kind, key)` removes (None: any)."""
+        return (kind is None or self.kind == kind) and (key is None or self.key == key)
+
     @property
     def label(self) -> str:
         """"persona shop-support" or "session 12"."""
@@ -633,7 +637,7 @@ class PromptCache:
     def clear(self, kind: str | None = None, key: str | None = None) -> int:
         """Remove entries (RAM and disk) of one kind and/or one key; all by default."""
         def matches(slot: Slot) -> bool:
-            return (kind is None or slot.kind == kind) and (key is None or slot.key == key)
+            return slot.is_of(kind, key)
 
         with self._lock:
             gone = [k for k, e in self._ram.items() if matches(e.slot)]

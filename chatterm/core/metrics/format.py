@@ -41,13 +41,11 @@ if TYPE_CHECKING:  # the engine module (and what it imports) is not needed at ru
 SEP = " · "
 
 # C0 controls except \t and \n, DEL, and C1 controls (U+0080..U+009F: 8-bit CSI
-# and friends, which some terminals still obey).
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
-# Bidi embeddings, overrides and isolates: a bidi-aware terminal (VTE, Konsole,
-# mlterm) reorders the rest of the line after one ("Trojan Source"). The marks
-# (LRM, RLM, ALM) only steer neutral characters and stay: right-to-left text
-# uses them.
-_BIDI_OVERRIDE = re.compile("[\u202a-\u202e\u2066-\u2069]")
+# and friends, which some terminals still obey); then bidi embeddings,
+# overrides and isolates: a bidi-aware terminal (VTE, Konsole, mlterm) reorders
+# the rest of the line after one ("Trojan Source"). The marks (LRM, RLM, ALM)
+# only steer neutral characters and stay: right-to-left text uses them.
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 
 
 def _control_picture(match: re.Match[str]) -> str:
@@ -56,6 +54,8 @@ def _control_picture(match: re.Match[str]) -> str:
         return chr(0x2400 + code)  # U+2400 block: ␀ .. ␟, e.g. ESC -> ␛
     if code == 0x7F:
         return "\u2421"  # ␡
+    if code > 0x9F:
+        return "\ufffd"  # a bidi control
     return f"\\x{code:02x}"
 
 
@@ -63,7 +63,7 @@ def printable(text: str) -> str:
     """`text` with control characters (ANSI escapes included) made visible and
     inert, and bidi overrides replaced by U+FFFD."""
     text = text.replace("\r\n", "\n")
-    return _BIDI_OVERRIDE.sub("\ufffd", _CONTROL.sub(_control_picture, text))
+    return _CONTROL.sub(_control_picture, text)
 
 
 def counted(n: int, noun: str) -> str:

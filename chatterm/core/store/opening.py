@@ -4,7 +4,7 @@ Contract:
 - `connect` opens with explicit transactions (nothing stays open between
   calls) and a busy timeout of BUSY_TIMEOUT_S; read-only opens never create
   or write the file (`immutable`: nor its -shm, for a folder that cannot be
-  written; `unwritable_folder` says whether it can).
+  written).
 - `prepare` checks the version before anything writes (a refused file stays
   byte for byte as it was): a newer schema, or an SQLite file that is not a
   chatterm database, is a ChattermError naming the file. A writable database
@@ -16,7 +16,6 @@ Contract:
 from __future__ import annotations
 
 import sqlite3
-import tempfile
 import time
 from pathlib import Path
 
@@ -44,16 +43,6 @@ def connect(path: Path, readonly: bool, immutable: bool = False) -> sqlite3.Conn
     )
     conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
     return conn
-
-
-def unwritable_folder(path: Path) -> str | None:
-    """Why the database's folder cannot be written (SQLite makes its -wal and
-    -shm files there, and needs to even to read a WAL database), else None."""
-    try:
-        with tempfile.TemporaryFile(dir=path.parent):
-            return None
-    except OSError as exc:
-        return exc.strerror or str(exc)
 
 
 def prepare(conn: sqlite3.Connection, path: Path, readonly: bool) -> None:

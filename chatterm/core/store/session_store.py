@@ -75,6 +75,7 @@ from chatterm.core.store.records import (
 )
 from chatterm.core.store.schema import FTS_TABLE, NEW_SESSION_ID, SCHEMA_VERSION
 from chatterm.core.store.session_holds import SessionHolds
+from chatterm.core.system.atomic import cannot_create_in
 from chatterm.errors import ChattermError
 
 __all__ = ["SCHEMA_VERSION", "SearchHit", "SessionInfo", "SessionStore", "TurnRecord"]
@@ -144,8 +145,8 @@ class SessionStore:
                         "--db with a database in a folder that is"
                     ) from None
                 # Read-only, nothing uncommitted: read it as it is (export, sessions).
-                self.close()
-                self._closed = False
+                if self._conn is not None:
+                    self._conn.close()
                 self._conn = opening.connect(self.path, readonly, immutable=True)
                 opening.prepare(self._conn, self.path, readonly)
             self._read_schema()
@@ -179,7 +180,7 @@ class SessionStore:
         file", which read as a corrupt database)."""
         if not existed or getattr(exc, "sqlite_errorname", "") != "SQLITE_CANTOPEN":
             return None
-        return opening.unwritable_folder(self.path)
+        return cannot_create_in(self.path.parent)  # SQLite needs it even to read a WAL database
 
     def _read_schema(self) -> None:
         conn = self._require()

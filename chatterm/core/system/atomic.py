@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import secrets
 import stat
+import tempfile
 import time
 from pathlib import Path
 from typing import Iterable
@@ -125,13 +126,22 @@ def replace_output(path: Path, chunks: Iterable[bytes], database: Path | None = 
 def refuse_database(path: Path, database: Path | None) -> None:
     """A ChattermError when `path` is the session database `database` (or its
     -wal or -shm file), however it is reached."""
-    if database is None or not path.exists():
+    if database is None:
         return
-    info = path.stat()
     for suffix in ("", "-wal", "-shm"):
         try:
-            theirs = Path(f"{database}{suffix}").stat()
-        except OSError:
+            same = path.samefile(f"{database}{suffix}")
+        except OSError:  # either is not there
             continue
-        if (info.st_dev, info.st_ino) == (theirs.st_dev, theirs.st_ino):
+        if same:
             raise ChattermError(f"{path} is the session database; write to another file")
+
+
+def cannot_create_in(folder: Path) -> str | None:
+    """Why no file can be created in `folder` (where atomic writes put their
+    temp file, and SQLite its -wal and -shm), else None."""
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            return None
+    except OSError as exc:
+        return exc.strerror or str(exc)

@@ -491,7 +491,7 @@ def read_only_folder(tmp_path):
     as root, which chmod does not stop, the immutable flag), or a skip."""
     import subprocess
 
-    from chatterm.core.store.opening import unwritable_folder
+    from chatterm.core.system.atomic import cannot_create_in
 
     folder = tmp_path / "ro"
     folder.mkdir()
@@ -500,10 +500,10 @@ def read_only_folder(tmp_path):
         store.record_turn(new_session(store), "kept", "safe", full_metrics())
     folder.chmod(0o555)
     flagged = False
-    if unwritable_folder(db) is None:
+    if cannot_create_in(folder) is None:
         flagged = subprocess.run(["chattr", "+i", str(folder)], capture_output=True).returncode == 0
     try:
-        if unwritable_folder(db) is None:
+        if cannot_create_in(folder) is None:
             pytest.skip("cannot make a folder read-only here")
         yield db
     finally:
