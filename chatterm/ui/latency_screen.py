@@ -58,7 +58,7 @@ from chatterm.core.metrics.format import (
     printable,
 )
 from chatterm.core.metrics.timeline import PART_LABELS, TTFT_PARTS, Timeline, session_token_costs, timeline, token_costs
-from chatterm.core.metrics.turn_metrics import TurnMetrics
+from chatterm.core.metrics.turn_metrics import StopReason, TurnMetrics
 from chatterm.core.metrics.whatif import cost_split, priced_with, what_if
 from chatterm.core.report.svg_charts import nice_ticks, tick_label
 from chatterm.ui.key_footer import KeyFooter
@@ -326,7 +326,8 @@ class TurnDetailScreen(ModalScreen[None]):
                 lines.append(f"  {note}")
         approx = "~" if m.tokens_estimated else ""
         before = input_breakdown(m)
-        unreached = f", {fmt_int(m.unreached_tokens)} not reached: stopped" if m.unreached_tokens else ""
+        why = "stopped" if m.stop_reason == StopReason.CANCELLED else "failed"
+        unreached = f", {fmt_int(m.unreached_tokens)} not reached: {why}" if m.unreached_tokens else ""
         lines.append(
             f"tokens: {approx}{fmt_int(m.prompt_tokens)} prompt ({before + ', ' if before else ''}"
             f"{fmt_int(m.prefilled_tokens)} prefilled{unreached}){SEP}{approx}{fmt_int(m.generated_tokens)} generated"

@@ -284,3 +284,17 @@ def test_a_restore_at_the_persona_switch_is_drawn_apart_from_the_turn():
     lines = timeline_legend(tl).plain.splitlines()
     assert not any(line.lstrip(PART_GLYPHS["restore"]).strip().startswith("restore") for line in lines)
     assert lines[-1] == "before the turn: state restored, 40 ms"
+
+
+@pytest.mark.parametrize(("stop", "why"), [("cancelled", "stopped"), ("error", "failed")])
+async def test_the_turn_detail_names_the_prompt_a_turn_never_reached(build, stop, why):
+    from chatterm.core.metrics.turn_metrics import TurnMetrics
+
+    m = TurnMetrics(engine="local", model_id="m", persona_id="p", submitted_at=1.0, prompt_tokens=3825,
+                    cached_tokens=203, ahead_tokens=32, prefilled_tokens=512, stop_reason=stop)
+    app, _ = build()
+    async with app.run_test(size=(100, 30)) as pilot:
+        await app.push_screen(TurnDetailScreen(1, m))
+        await pilot.pause()
+        details = str(app.screen.query_one("#turn-details", Static).render())
+        assert f"3,110 not reached: {why}" in details
