@@ -13,6 +13,9 @@ driver (Windows, or a headless test), `driver_class` returns that one unchanged.
 
 `placed` makes a whole-screen redraw position each widget's part of a row, as
 Textual's partial redraws already do (docs/tui.md, "Wide characters").
+
+The Linux driver's input is parsed by `paste_input.PasteSafeParser`, so a
+paste that holds escape sequences arrives whole (docs/tui.md, "Pasting").
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ def driver_class(default: type[Driver]) -> type[Driver]:
 
     if not issubclass(default, LinuxDriver):
         return default
+    _parse_pastes_whole()
 
     class PrivateTerminalDriver(default):  # type: ignore[valid-type, misc]
         def __init__(self, *args, **kwargs) -> None:
@@ -52,6 +56,22 @@ def driver_class(default: type[Driver]) -> type[Driver]:
             self._file.close()
 
     return PrivateTerminalDriver
+
+
+def _parse_pastes_whole() -> None:
+    """Make the Linux driver's input thread parse with `PasteSafeParser`.
+
+    The driver builds its parser from its module's `XTermParser` name when the
+    input thread starts, and offers no other way in; where that name is not
+    Textual's own parser (another Textual), it is left alone.
+    """
+    from textual._xterm_parser import XTermParser
+    from textual.drivers import linux_driver
+
+    from chatterm.ui.paste_input import PasteSafeParser
+
+    if linux_driver.XTermParser is XTermParser:
+        linux_driver.XTermParser = PasteSafeParser  # type: ignore[misc]
 
 
 def placed(update: object) -> object:

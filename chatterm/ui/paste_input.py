@@ -1,0 +1,106 @@
+"""Terminal input with a bracketed paste kept whole, whatever escape sequences it holds.
+
+Textual's `XTermParser` reads a bracketed paste one character at a time, but
+an ESC inside it starts its escape-sequence search, and the characters that
+search consumes are re-issued as key presses instead of joining the paste. A
+pasted line of coloured terminal output (`tmux paste-buffer -p` keeps its SGR
+codes; some terminals do too) thus became keys: its CR pressed Enter, part of
+the paste went off as a message and the rest was lost. `PasteFilter` removes
+the escape sequences inside a paste before the parser sees them, as xterm and
+Alacritty do when they paste (a lone ESC goes too), so the parser collects the
+paste as text and emits one Paste event. Outside a paste the input passes
+through unchanged and at once: an Escape key press is never held back.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Iterable
+
+from textual._xterm_parser import XTermParser
+from textual.message import Message
+
+PASTE_START = "\x1b[200~"
+PASTE_END = "\x1b[201~"
+
+# ECMA-48: CSI, OSC (ended by BEL or ST), DCS/SOS/PM/APC (ended by ST), and
+# the two-character escapes, whose final byte is none of the introducers above.
+_ESCAPE = re.compile(
+    r"\x1b(?:\[[0-?]*[ -/]*[@-~]"
+    r"|\][^\x07\x1b]*(?:\x07|\x1b\\)"
+    r"|[PX^_][^\x1b]*\x1b\\"
+    r"|[ -/]*[0-OQ-WYZ\\`a-~])"
+)
+# The start of one of those, cut off by the end of the text read so far.
+_STARTED = re.compile(r"\x1b(?:\[[0-?]*[ -/]*|\][^\x07\x1b]*\x1b?|[PX^_][^\x1b]*\x1b?|[ -/]*)\Z")
+# An unfinished sequence held back longer than this is let go (its ESC dropped):
+# a terminal's chunk of input is 4 KiB, and no real sequence comes near it.
+_LONGEST_HELD = 4096
+
+
+def _without_escapes(text: str) -> str:
+    return _ESCAPE.sub("", text).replace("\x1b", "")
+
+
+def _unfinished(text: str) -> int:
+    """How many characters at the end of `text` (inside a paste) may be the
+    start of an escape sequence, or of the paste's end, still to arrive."""
+    at = 0
+    while (start := text.find("\x1b", at)) >= 0:
+        if whole := _ESCAPE.match(text, start):
+            at = whole.end()
+        elif len(text) - start <= _LONGEST_HELD and _STARTED.match(text, start):
+            return len(text) - start
+        else:
+            at = start + 1
+    return 0
+
+
+class PasteFilter:
+    """Called with each chunk of decoded terminal input; returns the chunk to
+    parse. Keeps its state (inside a paste or not, what is held back) between
+    chunks, since a paste and its markers may be split anywhere."""
+
+    def __init__(self) -> None:
+        self._pasting = False
+        self._held = ""  # outside a paste: the last characters passed, to find a split PASTE_START
+
+    def __call__(self, data: str) -> str:
+        out: list[str] = []
+        while data:
+            seen = self._held + data
+            if not self._pasting:
+                at = seen.find(PASTE_START)
+                if at < 0:
+                    out.append(data)
+                    self._held = seen[-(len(PASTE_START) - 1) :]
+                    break
+                after = at + len(PASTE_START) - len(self._held)  # in `data`: the held part was passed already
+                out.append(data[:after])
+                data, self._held, self._pasting = data[after:], "", True
+            else:
+                at = seen.find(PASTE_END)
+                if at < 0:
+                    keep = _unfinished(seen)
+                    out.append(_without_escapes(seen[: len(seen) - keep]))
+                    self._held = seen[len(seen) - keep :]
+                    break
+                out.append(_without_escapes(seen[:at]) + PASTE_END)
+                data, self._held, self._pasting = seen[at + len(PASTE_END) :], "", False
+        return "".join(out)
+
+
+class PasteSafeParser(XTermParser):
+    """Textual's parser, fed through a `PasteFilter`."""
+
+    def __init__(self, debug: bool = False) -> None:
+        self._paste_filter = PasteFilter()
+        super().__init__(debug)
+
+    def feed(self, data: str) -> Iterable[Message]:
+        if not data:  # the end of input, as Textual signals it
+            return super().feed(data)
+        kept = self._paste_filter(data)
+        # Everything held back (the start of a sequence inside a paste) is not
+        # fed: an empty feed would tell the parser that input has ended.
+        return super().feed(kept) if kept else ()
