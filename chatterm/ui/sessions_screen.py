@@ -3,8 +3,12 @@
 Contract:
 - It lists the store's sessions, newest activity first (the store's order):
   each row shows the session's title over a preview of its last exchange, its
-  persona, model, turns, last activity and cost. Titles, previews and search
-  snippets come from the database and model output: shown literally.
+  turns, last activity, cost, persona and model. Where the persona and model
+  columns do not fit beside a title of `TITLE_CELL` cells (under about 110
+  columns, 80 included), they are left out rather than scrolled to sideways,
+  and the screen's title line names them for the highlighted row. Titles,
+  previews and search snippets come from the database and model output:
+  shown literally.
 - Typing in the search box searches user messages and replies
   (`SessionStore.search`, in a thread worker shortly after each change); the
   table then lists the hits (session, turn, where and a snippet) and Esc in the
@@ -117,28 +121,38 @@ def _cut_keeping_note(text: str, cells: int) -> str:
 @dataclass(frozen=True)
 class _Table:
     """What the sessions table shows: column labels, and rows of cells whose
-    second (the title column) is its two lines of text, cut to the column."""
+    second (the title column) is its two lines of text, cut to the column.
+    The last `optional` columns are left out where they do not fit."""
 
     labels: tuple[str, ...]
     rows: list[tuple]
     keys: list[str]
     floor: int
     """The title column's least width, in cells."""
+    optional: int = 0
 
-    def title_cells(self, table: DataTable) -> int:
-        """The title column's width: its widest line, as far as `table` has
-        room after the other columns' widest cells, every column's padding
-        and a scrollbar, and at least `floor`."""
+    def layout(self, table: DataTable) -> tuple[int, int]:
+        """(how many columns are shown, the title column's width). Columns
+        from the last optional one back are left out while the rest with a
+        title of `floor` cells is wider than `table`; the title is then its
+        widest line, as far as the room left after the other columns' widest
+        cells, every column's padding and a scrollbar, and at least `floor`."""
         widest = [
-            max([cell_len(label), *(row[n].cell_len for row in self.rows)])
-            for n, label in enumerate(self.labels) if n != 1
+            max([cell_len(label), *(row[n].cell_len for row in self.rows)]) if n != 1 else 0
+            for n, label in enumerate(self.labels)
         ]
         # As if the vertical scrollbar were there: it comes with the rows, after
         # this width is chosen, and would then cover the last column.
         width = table.content_region.width - table.styles.scrollbar_size_vertical
-        room = width - sum(widest) - 2 * table.cell_padding * len(self.labels)
+
+        def room(columns: int) -> int:
+            return width - sum(widest[:columns]) - 2 * table.cell_padding * columns
+
+        columns = len(self.labels)
+        while columns > len(self.labels) - self.optional and room(columns) < self.floor:
+            columns -= 1
         title = max((cell_len(_flat(line)) for row in self.rows for line in row[1]), default=0)
-        return max(self.floor, min(room, title))
+        return columns, max(self.floor, min(room(columns), title))
 
 
 class SessionsScreen(ModalScreen["SessionChoice | None"]):
@@ -148,10 +162,12 @@ class SessionsScreen(ModalScreen["SessionChoice | None"]):
     ]
     AUTO_FOCUS = "#sessions-table"
     VERTICAL_BREAKPOINTS = [(0, "-short"), (SHORT_ROWS, "-tall")]
-    # At 80 columns the last ones scroll sideways: the turns (which the note under
-    # the table explains), the last activity and the cost stay in view, the
-    # persona and model ids go first.
+    # The persona and model are left out first where the width is short: the
+    # turns (which the note under the table explains), the last activity and
+    # the cost stay in view, and the title line names the two for the
+    # highlighted row. Scrolled to sideways, they hid the ids at 80 columns.
     COLUMNS = ("id", "title · last exchange", "turns", "active", "cost", "persona", "model")
+    OPTIONAL_COLUMNS = 2
     HIT_COLUMNS = ("id", "title · match", "turn")
 
     @dataclass
@@ -189,12 +205,12 @@ class SessionsScreen(ModalScreen["SessionChoice | None"]):
         """Enter was pressed before the list was drawn."""
         self._done = ""
         """The last rename's or delete's outcome, said once under the list."""
-        self._shown_cells = 0
-        """The title column's width in the table shown."""
+        self._shown_layout = (0, 0)
+        """The table shown: how many columns, the title column's width."""
 
     def compose(self):
         with Vertical(id="sessions-box", classes="modal-box"):
-            yield Static(Content("Sessions"), classes="modal-title")
+            yield Static(Content("Sessions"), classes="modal-title", id="sessions-title")
             yield Input(placeholder="Search messages and replies (/)", id="sessions-search")
             yield RowTable(id="sessions-table", zebra_stripes=True)
             yield Static(Content(""), id="sessions-note")
@@ -235,7 +251,8 @@ class SessionsScreen(ModalScreen["SessionChoice | None"]):
             )
             for info in self._sessions
         ]
-        self._fill(_Table(self.COLUMNS, rows, [str(info.id) for info in self._sessions], TITLE_CELL))
+        self._fill(_Table(self.COLUMNS, rows, [str(info.id) for info in self._sessions], TITLE_CELL,
+                          self.OPTIONAL_COLUMNS))
         self._say_note()
 
     def _show_hits(self, query: str, hits: "list[SearchHit]") -> None:
@@ -257,23 +274,36 @@ class SessionsScreen(ModalScreen["SessionChoice | None"]):
         width before the table is laid out)."""
         table = self._table()
         table.clear(columns=True)
-        cells = shown.title_cells(table)
-        self._shown, self._shown_cells = shown, cells
-        for n, label in enumerate(shown.labels):
+        columns, cells = shown.layout(table)
+        self._shown, self._shown_layout = shown, (columns, cells)
+        for n, label in enumerate(shown.labels[:columns]):
             table.add_column(label, width=cells if n == 1 else None)
         for key, (first, (title, second), *rest) in zip(shown.keys, shown.rows, strict=True):
-            table.add_row(first, _two_lines(title, second, cells), *rest, key=key, height=2)
+            table.add_row(first, _two_lines(title, second, cells), *rest[: columns - 2], key=key, height=2)
+        self._name_left_out()
 
     def _fit_title(self) -> None:
         """After a resize (the first layout too): the table again if the title
         column's width changed, the highlight kept on its row. At 150 columns
         a title was cut at 36 cells beside empty room."""
-        if self._shown is None or self._shown.title_cells(self._table()) == self._shown_cells:
+        if self._shown is None or self._shown.layout(self._table()) == self._shown_layout:
             return
         table = self._table()
         row = table.cursor_row
         self._fill(self._shown)
         table.move_cursor(row=row)
+
+    @on(DataTable.RowHighlighted, "#sessions-table")
+    def _name_left_out(self) -> None:
+        """The title line: "Sessions", and where the table leaves out the
+        persona and model, the highlighted session's."""
+        title = "Sessions"
+        chosen = self._chosen_row() if self._hits is None and self._shown is not None else None
+        if chosen is not None and self._shown_layout[0] < len(self.COLUMNS):
+            info = next((s for s in self._sessions if s.id == chosen[0]), None)
+            if info is not None:
+                title += f" · session {info.id}: {printable(info.persona_id)} on {printable(info.model_id)}"
+        self.query_one("#sessions-title", Static).update(Content(title))
 
     def _say_note(self) -> None:
         """The note under the session list: the last rename's or delete's outcome, then the turns note."""

@@ -148,6 +148,31 @@ async def test_home_and_end_go_to_the_first_and_last_session_at_80_columns(build
         assert table.cursor_row == 0
 
 
+async def test_at_80_columns_the_persona_and_model_are_named_for_the_highlighted_row(build, store):
+    """Under the width that holds them, the persona and model columns are
+    left out (scrolled to sideways, they hid the ids) and the title line names
+    them for the highlighted session; wide enough, they are columns again."""
+    for persona in ("shop-support", "terse-coder"):
+        store.record_turn(new_session(store, persona), f"question for {persona}", "answer", full_metrics())
+    app, _ = build(store=store)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await loaded(pilot)
+        table = await open_sessions(pilot, 2)
+        table.focus()
+        title = app.screen.query_one("#sessions-title")
+        await wait_for(pilot, lambda: "terse-coder" in str(title.render()), what="the first row's persona")
+        assert [str(c.label) for c in table.columns.values()] == ["id", "title · last exchange", "turns",
+                                                                  "active", "cost"]
+        assert str(title.render()) == "Sessions · session 2: terse-coder on smollm2-135m"
+        assert table.virtual_size.width <= table.scrollable_content_region.width  # nothing to scroll to
+        await pilot.press("down")
+        await wait_for(pilot, lambda: "session 1: shop-support" in str(title.render()), what="the second row's")
+        await pilot.resize_terminal(160, 40)
+        await wait_for(pilot, lambda: len(table.columns) == 7, what="all the columns")
+        assert str(title.render()) == "Sessions" and cells(table, 5) == ["terse-coder", "shop-support"]
+        assert table.cursor_row == 1  # the highlight kept on its row
+
+
 async def test_a_resumed_session_is_marked_open_while_the_model_still_loads(build, store, workspace):
     import threading
 
@@ -414,9 +439,9 @@ async def test_the_sessions_screen_keeps_its_hint_and_the_turns_column_in_view_a
     for n in range(8):
         sid = store.create_session(model_id="smollm2-135m", model_identity="x", engine="local", device="CPU",
                                    persona_id="assistant")
-        store.record_turn(sid, f"Question {n}", "An answer.", metrics)
-    store.record_turn(sid, "Question 7", "Another answer.", metrics, after=0)  # "1 +1", explained by the note
-    store.fork_session(sid)  # its title, "Question 7 (fork of …)", is wider than the column
+        store.record_turn(sid, f"Question number {n}", "An answer.", metrics)
+    store.record_turn(sid, "Question number 7", "Another answer.", metrics, after=0)  # "1 +1", explained by the note
+    store.fork_session(sid)  # its title, "Question number 7 (fork of …)", is wider than the column
     app, _ = build(store=store)
     async with app.run_test(size=(80, 24)) as pilot:
         await loaded(pilot)
@@ -430,7 +455,7 @@ async def test_the_sessions_screen_keeps_its_hint_and_the_turns_column_in_view_a
         width, height = table.scrollable_content_region.size
         shown = "\n".join(strip.text for strip in table.render_lines(Region(0, 0, width, height)))
         assert "turns" in shown and "1 +1" in shown
-        assert f"Questio… (fork of session {sid}, turn 2)" in shown  # the text is cut, not where it came from
+        assert f"Question… (fork of session {sid}, turn 2)" in shown  # the text is cut, not where it came from
         assert "Turns such as 1 +1:" in str(screen.query_one("#sessions-note").render())
 
 
