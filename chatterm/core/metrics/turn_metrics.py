@@ -194,6 +194,9 @@ class TurnMetrics:
         data["stop_reason"] = str(self.stop_reason)
         data["decode_tok_s"] = self.decode_tok_s
         data["cost_usd"] = self.cost_usd
+        for name, digits in _ROUNDED:
+            if data[name] is not None:
+                data[name] = round(data[name], digits)
         return data
 
     def __post_init__(self) -> None:
@@ -218,6 +221,17 @@ TURN_FIELDS: tuple[str, ...] = _FIELD_NAMES + (
     "cost_usd",
 )
 """Every key of `TurnMetrics.to_dict()`, in a stable order."""
+
+MEASURED_DIGITS = 3
+"""`to_dict()` rounds times in ms and the decode rate to this many decimals (a
+microsecond; a thousandth of a token/s), far below what a measurement
+resolves, so storage and exports read `161.131`, not `161.1311270007718`;
+`submitted_at` (Unix seconds) to the microsecond."""
+_ROUNDED: tuple[tuple[str, int], ...] = (
+    *((name, MEASURED_DIGITS) for name in TURN_FIELDS if name.endswith("_ms")),
+    ("decode_tok_s", MEASURED_DIGITS),
+    ("submitted_at", 6),
+)
 
 
 USD_DIGITS = 12

@@ -95,6 +95,17 @@ def test_dollar_amounts_carry_no_floating_point_noise():
     assert repr(turn(cost_input_usd=0.1, cost_cached_input_usd=0.2).cost_usd) == "0.3"
 
 
+def test_stored_times_and_rates_are_rounded_to_a_microsecond_and_a_thousandth():
+    m = turn(prefill_ms=161.1311270007718, ttft_ms=164.990012999624, decode_ms=152.93654999913997,
+             generated_tokens=26, restore_ms=None)
+    m.submitted_at = 1796655952.0651107
+    data = m.to_dict()
+    assert (data["prefill_ms"], data["ttft_ms"], data["decode_ms"]) == (161.131, 164.99, 152.937)
+    assert data["decode_tok_s"] == 163.466 and data["restore_ms"] is None
+    assert data["submitted_at"] == 1796655952.065111
+    assert m.prefill_ms == 161.1311270007718  # the live figure keeps its precision
+
+
 def write_user_models(isolated_dirs, text: str):
     config = isolated_dirs["CHATTERM_CONFIG_DIR"]
     config.mkdir(parents=True, exist_ok=True)
