@@ -8,13 +8,11 @@ terminal, with the text intact. Real default model; skipped when tmux is missing
 from __future__ import annotations
 
 import os
-import shlex
 import shutil
 import subprocess
-import sys
 
 import pytest
-from test_tmux_e2e import FOOTER, REPO, Tmux, flat, title
+from test_tmux_e2e import FOOTER, Tmux, flat, launch_command, title
 
 from chatterm.core.store.session_store import SessionStore
 
@@ -33,16 +31,7 @@ def buffer(tmux: Tmux) -> str | None:
 def test_copy_reply_emits_osc_52_in_tmux(tmp_path):
     db = tmp_path / "data" / "chatterm.db"
     db.parent.mkdir()
-    env = {
-        "CHATTERM_CONFIG_DIR": str(tmp_path / "config"),
-        "CHATTERM_DATA_DIR": str(tmp_path / "data"),
-        "CHATTERM_CACHE_DIR": str(tmp_path / "cache"),
-        "TERM": "xterm-256color",
-    }
-    launch = shlex.join(
-        ["env", *(f"{k}={v}" for k, v in env.items()), sys.executable, "-m", "chatterm", "launch", "--db", str(db)]
-    )
-    command = f"cd {shlex.quote(str(REPO))} && {launch}; echo CHATTERM-EXIT=$?; sleep 120"
+    command = launch_command(tmp_path, "--db", str(db))
     tmux = Tmux(f"chatterm-copy-{os.getpid()}", tmp_path / "tmux.sock")
     try:
         # The option is set before the app starts: the pane begins with a shell

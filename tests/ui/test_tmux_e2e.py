@@ -73,6 +73,22 @@ class Tmux:
         subprocess.run(self._tmux("kill-server"), capture_output=True)
 
 
+def launch_command(tmp_path, *args: str, program: tuple[str, ...] = ("-m", "chatterm"), **env: str) -> str:
+    """The shell command for a tmux pane: `chatterm launch ARGS` (or another
+    `program` given to Python) in the repository, with config, data and cache
+    folders under `tmp_path` and `env` added. The pane outlives the app, so
+    its exit status can be read from the screen."""
+    env = {
+        "CHATTERM_CONFIG_DIR": str(tmp_path / "config"),
+        "CHATTERM_DATA_DIR": str(tmp_path / "data"),
+        "CHATTERM_CACHE_DIR": str(tmp_path / "cache"),
+        "TERM": "xterm-256color",
+        **env,
+    }
+    launch = shlex.join(["env", *(f"{k}={v}" for k, v in env.items()), sys.executable, *program, "launch", *args])
+    return f"cd {shlex.quote(str(REPO))} && {launch}; echo CHATTERM-EXIT=$?; sleep 120"
+
+
 def stty(tty: str) -> str:
     return subprocess.run(["stty", "-a", "-F", tty], capture_output=True, text=True).stdout
 
@@ -99,17 +115,7 @@ def flat(text: str) -> str:
 def test_launch_answers_a_question_in_tmux(tmp_path):
     db = tmp_path / "data" / "chatterm.db"
     db.parent.mkdir()  # an explicit --db must name an existing folder
-    env = {
-        "CHATTERM_CONFIG_DIR": str(tmp_path / "config"),
-        "CHATTERM_DATA_DIR": str(tmp_path / "data"),
-        "CHATTERM_CACHE_DIR": str(tmp_path / "cache"),
-        "TERM": "xterm-256color",
-    }
-    launch = shlex.join(
-        ["env", *(f"{k}={v}" for k, v in env.items()), sys.executable, "-m", "chatterm", "launch", "--db", str(db)]
-    )
-    # The pane outlives the app so its exit status can be read from the screen.
-    command = f"cd {shlex.quote(str(REPO))} && {launch}; echo CHATTERM-EXIT=$?; sleep 120"
+    command = launch_command(tmp_path, "--db", str(db))
     tmux = Tmux(f"chatterm-e2e-{os.getpid()}", tmp_path / "tmux.sock")
     try:
         tmux.run("new-session", "-d", "-s", tmux.target, "-x", "120", "-y", "40", command)
@@ -172,15 +178,7 @@ raise SystemExit(main(sys.argv[1:]))
 
 
 def test_quit_while_the_model_loads_ends_the_process_at_once(tmp_path):
-    env = {
-        "CHATTERM_CONFIG_DIR": str(tmp_path / "config"),
-        "CHATTERM_DATA_DIR": str(tmp_path / "data"),
-        "CHATTERM_CACHE_DIR": str(tmp_path / "cache"),
-        "PYTHONPATH": str(REPO),
-        "TERM": "xterm-256color",
-    }
-    launch = shlex.join(["env", *(f"{k}={v}" for k, v in env.items()), sys.executable, "-c", SLOW_LOAD, "launch"])
-    command = f"cd {shlex.quote(str(REPO))} && {launch}; echo CHATTERM-EXIT=$?; sleep 120"
+    command = launch_command(tmp_path, program=("-c", SLOW_LOAD), PYTHONPATH=str(REPO))
     tmux = Tmux(f"chatterm-quit-{os.getpid()}", tmp_path / "tmux.sock")
     try:
         tmux.run("new-session", "-d", "-s", tmux.target, "-x", "120", "-y", "40", command)

@@ -9,12 +9,10 @@ Real default model; skipped when tmux is missing.
 from __future__ import annotations
 
 import os
-import shlex
 import shutil
-import sys
 
 import pytest
-from test_tmux_e2e import FOOTER, REPO, Tmux, flat, title
+from test_tmux_e2e import FOOTER, Tmux, flat, launch_command, title
 
 from chatterm.core.store.session_store import SessionStore
 
@@ -35,16 +33,7 @@ def test_a_coloured_paste_lands_whole_in_the_prompt(tmp_path):
     db.parent.mkdir()
     pasted = tmp_path / "pasted.txt"
     pasted.write_bytes(PASTED.encode())
-    env = {
-        "CHATTERM_CONFIG_DIR": str(tmp_path / "config"),
-        "CHATTERM_DATA_DIR": str(tmp_path / "data"),
-        "CHATTERM_CACHE_DIR": str(tmp_path / "cache"),
-        "TERM": "xterm-256color",
-    }
-    launch = shlex.join(
-        ["env", *(f"{k}={v}" for k, v in env.items()), sys.executable, "-m", "chatterm", "launch", "--db", str(db)]
-    )
-    command = f"cd {shlex.quote(str(REPO))} && {launch}; echo CHATTERM-EXIT=$?; sleep 120"
+    command = launch_command(tmp_path, "--db", str(db))
     tmux = Tmux(f"chatterm-paste-{os.getpid()}", tmp_path / "tmux.sock")
     try:
         tmux.run("new-session", "-d", "-s", tmux.target, "-x", "120", "-y", "40", command)

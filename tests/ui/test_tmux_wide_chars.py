@@ -14,13 +14,11 @@ captured screen is checked. Real default model; skipped when tmux is missing.
 from __future__ import annotations
 
 import os
-import shlex
 import shutil
-import sys
 import time
 
 import pytest
-from test_tmux_e2e import REPO, Tmux, title
+from test_tmux_e2e import Tmux, launch_command, title
 
 pytestmark = [
     pytest.mark.tmux,
@@ -87,15 +85,7 @@ def settled(capture, predicate, timeout: float, what: str) -> str:
 
 @pytest.mark.parametrize("text", CASES.values(), ids=CASES.keys())
 def test_the_prompt_border_keeps_its_column(tmp_path, text):
-    env = {
-        "CHATTERM_CONFIG_DIR": str(tmp_path / "config"),
-        "CHATTERM_DATA_DIR": str(tmp_path / "data"),
-        "CHATTERM_CACHE_DIR": str(tmp_path / "cache"),
-        "TERM": "xterm-256color",
-        "LANG": "C.UTF-8",
-    }
-    launch = shlex.join(["env", *(f"{k}={v}" for k, v in env.items()), sys.executable, "-m", "chatterm", "launch"])
-    command = f"cd {shlex.quote(str(REPO))} && {launch}; echo CHATTERM-EXIT=$?; sleep 120"
+    command = launch_command(tmp_path, LANG="C.UTF-8")
     tmux = Tmux(f"chatterm-wide-{os.getpid()}", tmp_path / "tmux.sock")
 
     def capture() -> str:
