@@ -438,10 +438,14 @@ class SessionStore:
             conn = self._require()
             conn.execute("BEGIN IMMEDIATE")
             self._batch = True
+            seen = dict(self._leaf_seen)
             try:
                 yield self
             except BaseException:
                 conn.execute("ROLLBACK")
+                # The leaves the batch's writes noted were never committed:
+                # kept, the next `continued_elsewhere` saw a move nobody made.
+                self._leaf_seen = seen
                 raise
             else:
                 conn.execute("COMMIT")

@@ -105,6 +105,16 @@ def test_continued_elsewhere_names_only_another_stores_move_and_once(tmp_path):
             store.continued_elsewhere(99)
 
 
+def test_a_rolled_back_batch_leaves_no_move_to_report(tmp_path):
+    with SessionStore(tmp_path / "s.db") as store:
+        sid = four_turns(store)
+        with pytest.raises(RuntimeError), store.batch():
+            store.record_turn(sid, "never kept", "answer", full_metrics())
+            raise RuntimeError("the bulk load failed")
+        assert store.continued_elsewhere(sid) is None
+        assert [r.index for r in store.turns(sid)] == [1, 2, 3, 4]
+
+
 def test_an_edit_at_turn_2_of_4_branches_there_and_the_history_is_the_new_path(tmp_path):
     with SessionStore(tmp_path / "s.db") as store:
         sid = four_turns(store)
