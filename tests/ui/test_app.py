@@ -54,6 +54,23 @@ def all_text(app) -> str:
     return "\n".join(rendered(w) for w in app.screen.query(Static) if w.size.area)
 
 
+@pytest.mark.parametrize("columns", [40, 60])
+async def test_a_narrow_reply_footer_breaks_only_between_its_figures(build, columns):
+    """At 80 columns "cold prefill 161 ms" was split before its "ms"."""
+    from chatterm.core.metrics.format import SEP, footer_parts
+
+    app, _ = build(["Fine."], store=None)
+    async with app.run_test(size=(columns, 24)) as pilot:
+        await loaded(pilot)
+        await send(pilot, "Hi")
+        reply = app.query_one(AssistantReply)
+        parts = footer_parts(app.conversation.turns[0])
+        lines = [line.strip() for line in reply.footer_text.splitlines()]
+        assert len(lines) > 1  # too long for one line at these widths
+        assert SEP.join(lines) == SEP.join(parts)
+        assert all(line.split(SEP)[0] in parts and line.split(SEP)[-1] in parts for line in lines)
+
+
 async def test_reply_streams_and_dashboard_fills(build):
     app, engines = build(["Hello **there**, general Kenobi.\n\n- one\n- two"], store=None)
     async with app.run_test(size=SIZE) as pilot:

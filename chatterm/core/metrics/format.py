@@ -238,6 +238,12 @@ def context_cut_label(m: TurnMetrics) -> str:
 
 def footer_line(m: TurnMetrics) -> str:
     """The one-line summary printed under a reply (TUI) or after it (`chatterm ask`)."""
+    return SEP.join(footer_parts(m))
+
+
+def footer_parts(m: TurnMetrics) -> list[str]:
+    """`footer_line`'s parts, each a figure with its unit (what a narrow
+    footer keeps whole on its line)."""
     approx = "~" if m.tokens_estimated else ""
     parts = [f"TTFT {fmt_ms(m.ttft_ms)}"]
     if m.decode_tok_s is not None:
@@ -254,4 +260,4 @@ def footer_line(m: TurnMetrics) -> str:
     stop = stop_label(m)
     if stop and m.cache_outcome != CacheOutcome.NONE:  # its cache label already says it stopped
         parts.append(stop)
-    return SEP.join(parts)
+    return parts
