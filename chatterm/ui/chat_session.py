@@ -328,6 +328,7 @@ class ChatSession(Horizontal):
         persona's last conversation. False (and a notification) when it cannot."""
         if self.store is None:
             return False
+        await self.chat.end_turn()  # stored first: continuing this very session, it holds a stopped reply
         try:
             if turn is not None:
                 self.store.select_turn(session_id, turn)  # the hit's branch becomes the one continued
@@ -339,7 +340,6 @@ class ChatSession(Horizontal):
             notify_plain(self.app, warning, severity="warning")
         if back is None:
             self._remember_current()
-        self.chat.cancel()
         self.persona = resume.plan.persona
         if self.lease.engine is not None:
             self.chat.prefix_started()
@@ -356,6 +356,7 @@ class ChatSession(Horizontal):
     async def _start_over(self, notice: str, resume: Resume | None = None, *, prepare: bool = False) -> None:
         """Replace the conversation (and what the chat shows) with a new or resumed
         one; `prepare`: the persona changed, so its prefix is made ready."""
+        await self.chat.end_turn()
         loaded = self.lease.engine is not None
         if prepare and loaded:
             self.persona_state = "preparing…"
@@ -497,8 +498,8 @@ class ChatSession(Horizontal):
         self.call_later(self._use_model, spec, engine, device, carry_on)
 
     async def _use_model(self, spec: "ModelSpec", engine: "Engine", device: "DeviceInfo", carry_on: bool) -> None:
+        await self.chat.end_turn()  # the reply streaming on the old engine, stopped and stored
         session_id = self.session_id if carry_on else None
-        self.chat.cancel()
         self.spec = spec
         self.lease.replace(engine)
         self.engine_error = None

@@ -59,6 +59,7 @@ Contract:
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections import deque
@@ -92,6 +93,11 @@ if TYPE_CHECKING:
     from chatterm.ui.dashboard import Dashboard
 
 log = logging.getLogger(__name__)
+
+
+END_TURN_WAIT_S = 10.0
+"""How long a switch waits for the cancelled turn to end (`ChatView.end_turn`);
+the engine checks for a cancel after every token and between prefill batches."""
 
 
 class TurnPhase(Enum):
@@ -198,6 +204,9 @@ class ChatView(Vertical):
         self._lease = lease
         self._conversation: Conversation | None = None
         self._phase = TurnPhase.NO_MODEL
+        self._turn_over = asyncio.Event()
+        """Set while no turn runs (`end_turn` waits for it)."""
+        self._turn_over.set()
         self._no_model_reason: str | None = None
         self._send_when_ready = False
         """Enter was pressed while the model loaded: send the prompt once it has."""
@@ -428,6 +437,7 @@ class ChatView(Vertical):
         self._turn = None
         self._path_shown = None
         self._phase = TurnPhase.STREAMING
+        self._turn_over.clear()
         self.set_status(
             "waiting for the persona's prompt…"
             if self._prefix_pending
@@ -523,6 +533,7 @@ class ChatView(Vertical):
         finally:
             # Only now: a new turn must not start while this one is being drawn.
             self._phase = TurnPhase.IDLE if self._conversation is not None else TurnPhase.NO_MODEL
+            self._turn_over.set()
         self.collect_garbage_later()
 
     @on(ConversationView.OlderShown)
@@ -849,6 +860,21 @@ class ChatView(Vertical):
             turn = self._turn
             if turn is not None:
                 turn.cancel()
+
+    async def end_turn(self) -> None:
+        """Cancel the running turn, if any, and wait until it has ended: stored
+        (a stopped reply is a turn of its session) and drawn. A switch to
+        another conversation, or to another model continuing this one, comes
+        after it: read before, the session lacked the stopped turn (it then
+        hid from the screen, though the next prompt held it), and the turn's
+        end, drawn after the switch, put its figures on the new conversation's
+        dashboard. A worker that does not end within `END_TURN_WAIT_S` (an
+        engine that does not answer its cancel) is not waited for longer."""
+        self.cancel()
+        try:
+            await asyncio.wait_for(self._turn_over.wait(), END_TURN_WAIT_S)
+        except TimeoutError:
+            log.warning("the turn did not end within %s s of its cancel", END_TURN_WAIT_S)
 
     def stop(self) -> None:
         """Esc: stop the reply that is streaming; cancel an edit; unselect the

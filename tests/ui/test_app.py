@@ -320,6 +320,35 @@ async def test_broken_persona_file_is_reported_once_and_skipped(isolated_dirs, t
         assert "broken" not in ws.personas.personas and "assistant" in ws.personas.personas
 
 
+async def test_ctrl_n_mid_reply_stores_the_stopped_turn_and_shows_none_of_its_figures(build, workspace):
+    """The stopped turn's end used to be drawn after the new conversation was
+    shown: its TTFT, context and Turn section stayed on the new one's dashboard."""
+    import threading
+
+    from chatterm.core.store.session_store import SessionStore
+
+    with SessionStore(workspace.db_path) as store:
+        app, engines = build(["one two three four five six seven eight"], store=store)
+        async with app.run_test(size=(SIZE[0] + 40, SIZE[1])) as pilot:
+            await loaded(pilot)
+            engines[0].hold_after = 3
+            app.query_one("#prompt").insert("count")
+            await pilot.press("enter")
+            await wait_for(pilot, engines[0].held.is_set, what="the stream to be held")
+            # From a thread, once Ctrl+N has begun (a Pilot pause would wait for
+            # that handler, which waits for this turn to end).
+            threading.Timer(0.3, engines[0].gate.set).start()
+            await pilot.press("ctrl+n")
+            await wait_for(pilot, lambda: app.chat.phase is TurnPhase.IDLE and not app.query(AssistantReply),
+                           what="the new conversation")
+            await pilot.pause(0.3)
+            turn_text = rendered(app.query_one(Dashboard).query_one("#dash-turn"))
+            assert "no turn yet" in turn_text and "generated" not in turn_text
+            (session,) = store.sessions()
+            (record,) = store.turns(session.id)
+            assert record.user_text == "count" and record.metrics.stop_reason == "cancelled"
+
+
 MARKUP = (
     "[bold]not bold[/] and [/] and [link=https://example.com]not a link[/link] "
     "[@click=app.quit]quit[/] \x1b[31mnot red\x1b[0m end"

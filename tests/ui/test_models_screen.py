@@ -5,6 +5,7 @@ real default model, which a switch must load and chat with."""
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -179,6 +180,53 @@ async def test_c_continues_the_stored_session_on_the_new_model(stores, app_on, w
             await send(pilot, "And again?")
             assert [t.model_id for t in app.conversation.turns][-1] == SMOL_ID
             assert [s.id for s in store.sessions()] == [session]  # the same session, now on the new model
+    finally:
+        store.close()
+
+
+async def test_c_while_a_reply_streams_continues_with_that_reply_stopped_and_shown(stores, app_on, workspace):
+    """The session was read before the stopped reply was stored: the turn hid
+    from the screen, though the next prompt held it, and the old turn's end
+    then put its figures on the dashboard."""
+    from chatterm.ui.chat_view import TurnPhase
+    from chatterm.ui.transcript import AssistantReply, UserMessage
+
+    store = SessionStore(workspace.db_path)
+    app, engines = app_on(store=store)
+    try:
+        async with app.run_test(size=SIZE) as pilot:
+            await loaded(pilot)
+            await send(pilot, "hello")
+            session = app.conversation.session_id
+            engines[0].replies = ["one two three four five six seven eight"]
+            engines[0].hold_after = 2
+            app.query_one(PromptArea).insert("tell me more")
+            await pilot.press("enter")
+            await wait_for(pilot, engines[0].held.is_set, what="the stream to be held")
+            picker = await open_picker(pilot)
+            table = picker.query_one("#models-table")
+            table.move_cursor(row=table.get_row_index(TINY_ID))
+            await pilot.pause()
+
+            def release_once_switching() -> None:
+                # From a thread: a Pilot pause waits for every handler, the
+                # switch's own (waiting for this very turn to end) included.
+                while not (len(engines) > 1 and engines[1].loaded):
+                    time.sleep(0.01)
+                time.sleep(0.2)  # the switch has begun: the stopped turn ends only now
+                engines[0].gate.set()
+
+            threading.Thread(target=release_once_switching, daemon=True).start()
+            await pilot.press("c")
+            await wait_for(pilot, lambda: app.spec.id == TINY_ID and app.conversation is not None
+                           and app.conversation.engine is app.lease.engine
+                           and app.chat.phase is TurnPhase.IDLE, what="the switch")
+            assert app.conversation.session_id == session
+            stopped = app.conversation.turns[-1]
+            assert len(app.conversation.turns) == 2 and stopped.stop_reason == "cancelled"
+            await wait_for(pilot, lambda: [u.text for u in app.query(UserMessage)] == ["hello", "tell me more"],
+                           what="both messages on screen")
+            assert "stopped" in app.query(AssistantReply)[-1].footer_text
     finally:
         store.close()
 
