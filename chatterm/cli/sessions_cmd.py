@@ -184,6 +184,7 @@ def run_delete(args: argparse.Namespace) -> int:
     ws = workspace(args)
     with _writable_store(args) as store:
         info = store.session(args.session_id)  # unknown id: named, before any question
+        store.check_deletable(info.id)  # open in another chatterm: refused before it, too
         if not args.yes:
             if sys.stdin is None or not sys.stdin.isatty():
                 raise ChattermError(

@@ -289,7 +289,13 @@ class ChatSession(Horizontal):
         conversation): the last one talked in with it since the app started."""
         if persona_id == self.persona.id:
             return self.session_id
-        return self._last_sessions.get(persona_id)
+        back = self._last_sessions.get(persona_id)
+        if back is not None and self.store is not None and not self.store.has_session(back):
+            # Deleted since (F3, or another chatterm): the picker offered it,
+            # and choosing it said "unknown session" before a new conversation.
+            del self._last_sessions[persona_id]
+            return None
+        return back
 
     async def _switch_persona(self, persona_id: str) -> None:
         try:
@@ -300,8 +306,8 @@ class ChatSession(Horizontal):
         if persona.id == self.persona.id:
             notify_plain(self.app, f"Already talking with {persona.name}; Ctrl+N starts a new conversation.")
             return
+        back = self.return_to(persona.id)
         self._remember_current()
-        back = self._last_sessions.get(persona.id)
         if back is not None and await self._open_session(back, f"Back to your conversation with {persona.name}"):
             return
         self.persona = persona

@@ -16,7 +16,8 @@ Contract:
 - Keys on the table: Enter opens the session (a hit: at its turn), `f` forks
   it (at the hit's turn, else at its current turn), `r` renames it, `d`
   deletes it after a confirmation, `/` goes to the search box, Esc closes.
-- Deleting the session in use is refused with one line before any question;
+- Deleting the session in use, or one another chatterm has open
+  (`SessionStore.check_deletable`), is refused with one line before any question;
   an empty title is refused with one line and the old title kept. What a
   rename or delete did, and that first refusal, are said once on the line
   under the table (a toast there covered the key hint); errors are toasts.
@@ -45,6 +46,7 @@ from textual.widgets import Button, DataTable, Input, Static
 
 from chatterm.core.metrics.format import fmt_recent_time, fmt_usd, printable
 from chatterm.core.store.records import turns_note
+from chatterm.errors import ChattermError
 from chatterm.ui.fit_text import cut_to_cells
 from chatterm.ui.notices import notify_plain
 from chatterm.ui.row_table import RowTable
@@ -418,6 +420,12 @@ class SessionsScreen(ModalScreen["SessionChoice | None"]):
         if session_id == self._current:
             self._done = (f"Session {session_id} is open: start a new conversation (Ctrl+N) "
                           "or open another session before deleting it.")
+            self._say_note()
+            return
+        try:
+            self._store.check_deletable(session_id)
+        except ChattermError as exc:  # open in another chatterm: said before the question, not after it
+            self._done = f"{str(exc)[:1].upper()}{str(exc)[1:]}."
             self._say_note()
             return
 

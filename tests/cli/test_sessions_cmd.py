@@ -127,13 +127,18 @@ def test_delete_asks_on_a_terminal_and_needs_yes_without_one(env, capsys, monkey
     assert f"unknown session {second}" in capsys.readouterr().err
 
 
-def test_delete_refuses_a_session_open_in_another_chatterm(env, capsys):
+def test_delete_refuses_a_session_open_in_another_chatterm(env, capsys, monkeypatch):
     first, _ = sample(env)
     with SessionStore(env) as tui:
         tui.hold(first)
         assert main(["sessions", "delete", str(first), "--yes"]) == 2
         err = capsys.readouterr().err
         assert f"session {first} is open in another chatterm" in err and len(err.strip().splitlines()) == 1
+        # Asked on a terminal: refused before the question, not after the answer.
+        monkeypatch.setattr("sys.stdin", Terminal("y\n"))
+        assert main(["sessions", "delete", str(first)]) == 2
+        out, err = capsys.readouterr()
+        assert "[y/N]" not in out and f"session {first} is open in another chatterm" in err
         assert tui.session(first).turns == 1
     assert main(["sessions", "delete", str(first), "--yes"]) == 0  # its holder closed
 

@@ -108,6 +108,26 @@ async def test_switching_back_to_a_persona_returns_to_its_last_conversation(buil
         await pilot.press("escape")
 
 
+async def test_a_deleted_session_is_not_offered_to_go_back_to(build, store, workspace):
+    app, _ = build(store=store)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        await send(pilot, "hello assistant")
+        first = app.conversation.session_id
+        picker = await pick_persona(pilot, "terse-coder")
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: app.persona.id == "terse-coder" and app.conversation is not None,
+                       what="the switch")
+        with SessionStore(workspace.db_path) as other:  # as `chatterm sessions delete` does
+            other.delete_session(first)
+        picker = await pick_persona(pilot, "assistant")
+        assert "→ new conversation" in option_text(picker, "assistant")
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: app.persona.id == "assistant" and app.conversation is not None,
+                       what="the new conversation")
+        assert users(app) == [] and notifications(app) == []
+
+
 async def test_another_chatterm_cannot_delete_the_session_open_in_the_app(build, store, workspace):
     app, _ = build(store=store)
     async with app.run_test(size=SIZE) as pilot:
@@ -120,6 +140,26 @@ async def test_another_chatterm_cannot_delete_the_session_open_in_the_app(build,
             await pilot.press("ctrl+n")  # a new conversation: the first is no longer open
             await wait_for(pilot, lambda: users(app) == [], what="the new conversation")
             assert other.delete_session(first) == 1
+
+
+async def test_d_on_a_session_open_in_another_chatterm_is_refused_before_the_question(build, store, workspace):
+    held = new_session(store)
+    store.record_turn(held, "kept", "safe", full_metrics())
+    app, _ = build(store=store)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        with SessionStore(workspace.db_path) as other:
+            other.hold(held)  # another chatterm has it on screen
+            table = await open_sessions(pilot, 1)
+            table.focus()
+            await pilot.press("d")
+            await pilot.pause()
+            assert not isinstance(app.screen, ConfirmScreen)
+            note = str(app.screen.query_one("#sessions-note").render())
+            assert f"Session {held} is open in another chatterm" in note
+            other.hold(None)  # closed there: now it asks
+            await pilot.press("d")
+            await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="the question")
 
 
 async def test_the_rename_box_shows_a_titles_escape_sequence_as_symbols(build, store):

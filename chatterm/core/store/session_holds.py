@@ -18,7 +18,9 @@ Contract:
   has the session open (this owner's own mark is dropped first: the caller
   refuses its own open session itself), and no chatterm can open the
   session between the check and the delete. The mark file is removed after
-  the delete (tried).
+  the delete (tried). `check_not_open_elsewhere(session_id)` raises the same
+  error without deleting, so a question ("Delete session N?") is not asked
+  only to be refused after the answer.
 - Marking is best effort: where `flock` is missing (Windows) or the folder
   cannot be written, nothing is marked and nothing is refused; a chat never
   fails for it.
@@ -91,6 +93,24 @@ class SessionHolds:
             os.close(self._held[1])  # closing the descriptor drops its lock
             self._held = None
 
+    def check_not_open_elsewhere(self, session_id: int) -> None:
+        """`deleting`'s refusal, checked now (this owner's own mark aside)."""
+        with self._lock:
+            if fcntl is None or (self._held is not None and self._held[0] == session_id):
+                return
+        try:
+            fd = os.open(self.folder / str(session_id), os.O_RDWR)
+        except OSError:  # no mark file: no chatterm has it open
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise _open_elsewhere(session_id) from None
+        except OSError as exc:
+            log.info("session %s: open marks not checked: %s", session_id, exc)
+        finally:
+            os.close(fd)
+
     @contextlib.contextmanager
     def deleting(self, session_id: int) -> Iterator[None]:
         with self._lock:
@@ -104,10 +124,7 @@ class SessionHolds:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                raise ChattermError(
-                    f"session {session_id} is open in another chatterm; open another session there "
-                    "(or quit it) before deleting this one"
-                ) from None
+                raise _open_elsewhere(session_id) from None
             except OSError as exc:  # no locks on this file system (some network mounts)
                 log.info("session %s: open marks not checked: %s", session_id, exc)
             try:
@@ -117,3 +134,10 @@ class SessionHolds:
                     os.unlink(self.folder / str(session_id))
         finally:
             os.close(fd)
+
+
+def _open_elsewhere(session_id: int) -> ChattermError:
+    return ChattermError(
+        f"session {session_id} is open in another chatterm; open another session there "
+        "(or quit it) before deleting this one"
+    )

@@ -337,6 +337,12 @@ class SessionStore:
             removed = self._write(f"could not delete session {session_id}", delete, strict=True)
         return int(removed or 0)
 
+    def check_deletable(self, session_id: int) -> None:
+        """ChattermError now when `delete_session` would be refused because
+        another chatterm has the session open: asked before a question."""
+        if not self.readonly:
+            self._holds.check_not_open_elsewhere(session_id)
+
     def hold(self, session_id: int | None, holder: object = None, *, only_if_holder: bool = False) -> None:
         """Mark `session_id` as the one this store's owner has open (None: none)
         for `holder`, so another chatterm's delete of it is refused; with
@@ -476,6 +482,11 @@ class SessionStore:
             if self._empty():
                 return []
             return listing.session_infos(self._query, self._tree, where, params)
+
+    def has_session(self, session_id: int) -> bool:
+        """Whether `session_id` is stored (one row read: the UI thread may ask)."""
+        with self._lock:
+            return not self._empty() and bool(self._query("SELECT 1 FROM sessions WHERE id = ?", (session_id,)))
 
     def has_sessions(self) -> bool:
         """Whether any session is stored: one row read, so the UI thread may ask (a launch's notice)."""
