@@ -43,8 +43,11 @@ def own_tokens(engine: LocalEngine, text: str) -> int:
     return len(engine.llm.tokenize(text.encode(), add_bos=False, special=False))
 
 
-def converse(ws, policy: str, relaunch_each_turn: bool = False):
-    """TURNS turns of one stored conversation; (metrics, own tokens, engine policy, session id)."""
+def converse(ws, policy: str, relaunch_each_turn: bool = False, type_ahead: bool = False,
+             notices: list[list[str]] | None = None):
+    """TURNS turns of one stored conversation; (metrics, own tokens, engine policy, session id).
+    `type_ahead`: each message is prefilled ahead first, as the TUI does while
+    it is typed; `notices` gets each turn's notices."""
     persona = greedy(ws.personas.get("terse-coder"), max_tokens=24)
     rows, policy_used = [], None
     with SessionStore(ws.db_path) as store:
@@ -57,8 +60,12 @@ def converse(ws, policy: str, relaunch_each_turn: bool = False):
                     engine.close()
                     engine = engine_for(ws, policy)
                 conversation = Conversation(engine, persona, store=store, session_id=session_id, history=history)
+                if type_ahead:
+                    engine.prefill_ahead(persona, history, message(i))
                 turn = conversation.send(message(i))
                 list(turn.stream())
+                if notices is not None:
+                    notices.append(list(turn.notices))
                 m = turn.metrics
                 assert m.stop_reason in ("eos", "length"), m.error
                 rows.append((m, own_tokens(engine, message(i))))
@@ -85,6 +92,25 @@ def test_shift_prefills_only_new_tokens_after_every_overflow(ws):
     # Between cuts the cut holds: the turns left out stay the same number.
     dropped = [m.dropped_turns for m, _ in rows]
     assert all(b >= a for a, b in zip(dropped, dropped[1:], strict=False))
+
+
+def test_a_shift_made_while_the_message_was_typed_is_the_turns(ws):
+    """Type-ahead shifted the context before Enter: the turn's notice said "the
+    rest is prefilled once" and its shifted_tokens read 0, though nothing was
+    prefilled again."""
+    notices: list[list[str]] = []
+    rows, (policy, _, _), _ = converse(ws, "auto", type_ahead=True, notices=notices)
+    assert policy == "shift"
+    cuts = [i for i, (m, _) in enumerate(rows) if m.cut_turns]
+    assert len(cuts) >= 2
+    for i in cuts:
+        m = rows[i][0]
+        assert m.shifted_tokens > 0 and m.ahead_tokens > 0, (i, m.cache_detail)
+        assert "shifted out" in m.cache_detail
+        cut_notice = next(n for n in notices[i] if n.startswith("Context full"))
+        assert "shifted out of the cached state" in cut_notice and "prefilled once" not in cut_notice
+    for i, (m, own) in enumerate(rows[1:], 1):
+        assert m.prefilled_tokens <= own + TEMPLATE_SLACK, (i, m.prefilled_tokens, m.cache_detail)
 
 
 def test_truncate_reprefills_once_per_cut_not_every_turn(ws):

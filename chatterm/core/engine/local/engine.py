@@ -659,12 +659,14 @@ class LocalEngine(Engine):
             # cover it whole (`_reuse` leaves a prompt's last token to decode),
             # which a token past it that matches nothing allows.
             reuse = self._reuse(target if draft else [*target, -1], True, expect, len(prefix))
+            self._ahead.note_shift(reuse.shifted, reuse.shift_ms)
             live = self._live_tokens()
             if live[: len(prefix)] != prefix:
                 return None  # a restore failed and emptied the context: the turn starts over
             if reuse.restored:
                 self._ahead.restored = replace(reuse, ahead=True)
-        elif self._shift_live(target, len(prefix))[0]:
+        elif (shift := self._shift_live(target, len(prefix)))[0]:
+            self._ahead.note_shift(*shift)
             live = self._live_tokens()  # the turns the next prompt leaves out are gone
         self._threads.apply()
 
@@ -758,6 +760,11 @@ class LocalEngine(Engine):
         prepared, self._prepared = self._prepared, None
         expect = [Slot.session(self._session)] if self._session is not None else []
         reuse = self._reuse(tokens, use_cache, expect, len(pp.tokens) if pp.helps else 0)
+        if reuse.source == "live" and self._ahead.shifted:
+            # Going on in the context type-ahead shifted while the message was
+            # typed: that shift is this turn's (its notice, detail and figures).
+            reuse = replace(reuse, shifted=reuse.shifted + self._ahead.shifted,
+                            shift_ms=reuse.shift_ms + self._ahead.shift_ms)
         m.shifted_tokens, m.shift_ms = reuse.shifted, reuse.shift_ms
         if fitted.moved_turns:
             turn.notices.append(self._cut_notice(fitted.moved_turns, reuse.shifted))

@@ -85,6 +85,11 @@ class TypeAhead:
         self.restored: Reuse | None = None
         """The state restored from the prompt cache before prefilling ahead
         (a resumed conversation), for the next turn to report as its restore."""
+        self.shifted = 0
+        self.shift_ms = 0.0
+        """Tokens shifted out of the live context while prefilling ahead (under
+        `context_overflow = "shift"`), and the time: the next turn's, which
+        finds the shift done."""
 
     @property
     def began(self) -> bool:
@@ -140,7 +145,12 @@ class TypeAhead:
             return None
         return AheadCredit(start, reused, ms)
 
+    def note_shift(self, tokens: int, ms: float) -> None:
+        self.shifted += tokens
+        self.shift_ms += ms
+
     def forget(self) -> None:
         self._from = None
         self._ms = 0.0
         self.restored = None
+        self.shifted, self.shift_ms = 0, 0.0
