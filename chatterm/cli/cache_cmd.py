@@ -23,7 +23,7 @@ import datetime as dt
 from rich.console import Console
 from rich.table import Table
 
-from chatterm.cli.common import literal, workspace
+from chatterm.cli.common import literal, session_id, workspace
 from chatterm.core.cache.prompt_cache import KINDS, PromptCache
 from chatterm.core.discovery.row_text import fmt_bytes
 from chatterm.core.metrics.format import counted, fmt_recent_time, printable
@@ -42,7 +42,7 @@ def register(sub, common) -> None:
     # load a persona (and leaves its file out of the skipped-file warnings).
     clear.add_argument("persona_id", nargs="?", metavar="PERSONA", help="only this persona's prefix state")
     clear.add_argument("--kind", choices=KINDS, help="only persona prefixes, or only conversations")
-    clear.add_argument("--session", metavar="ID", help="only this session's conversation state")
+    clear.add_argument("--session", metavar="ID", type=session_id, help="only this session's conversation state")
     clear.set_defaults(func=run_clear)
     verify = actions.add_parser("verify", parents=[common], help="check every state file's digests")
     verify.add_argument("--all", action="store_true", help="list every block file, not only the bad ones")
@@ -115,7 +115,7 @@ def run_clear(args: argparse.Namespace) -> int:
     elif args.session is not None:
         if kind == "persona":
             raise ChattermError(f"--kind persona does not go with --session {args.session}")
-        kind, key = "session", args.session
+        kind, key = "session", str(args.session)  # the cache keys sessions by their id as text
     if key is not None:
         known = sorted({e.slot.key for e in cache.entries() if e.slot.kind == kind})
         if key not in known:

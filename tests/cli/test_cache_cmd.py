@@ -59,6 +59,8 @@ def test_clear_takes_either_kind_one_persona_or_one_session(tmp_path):
     assert "No cached states" in chatterm(tmp_path, "cache", "ls").stdout
     mixed = chatterm(tmp_path, "cache", "clear", "quick", "--session", "7")
     assert mixed.returncode == 2 and "not both" in mixed.stderr
+    word = chatterm(tmp_path, "cache", "clear", "--session", "abc")  # refused as every other id is
+    assert word.returncode == 2 and "session id must be a number, not 'abc'" in word.stderr
 
 
 def test_verify_checks_payload_sha256_and_exits_1_on_a_bad_file(tmp_path):

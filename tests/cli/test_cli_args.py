@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -91,6 +92,16 @@ def test_an_export_suffix_that_names_no_format_is_an_error_and_writes_nothing(tm
     assert (out / "r").read_text().startswith('{"session_id":')
     assert main(["--db", str(db), "export", str(first), "-o", str(out / "R.HTM")]) == 0
     assert (out / "R.HTM").read_text(encoding="utf-8").startswith("<!DOCTYPE html>")
+
+
+def test_an_export_to_a_folder_says_it_is_one(tmp_path, capsys, monkeypatch):
+    """`-o .` said "Device or resource busy", `-o DIR/` "Is a directory"."""
+    db = tmp_path / "s.db"
+    first, _ = build_sample(db)
+    monkeypatch.chdir(tmp_path)
+    for folder in (".", f"{tmp_path}/"):
+        assert main(["--db", str(db), "export", str(first), "-o", folder]) == 2
+        assert one_line_error(capsys) == f"chatterm: error: {Path(folder)} is a folder; name a file in it"
 
 
 def test_an_export_without_ids_names_the_session_it_chose_on_stderr_only(tmp_path, capsys, monkeypatch):

@@ -31,7 +31,9 @@ def test_ask_with_a_missing_model_file_leaves_no_database(tmp_path):
     result = chatterm(tmp_path, "ask", "--model", "gone", "hi")
     assert result.returncode == 2 and "Traceback" not in result.stderr
     path = tmp_path / "config" / "missing" / "model.gguf"
-    assert result.stderr.strip() == f"chatterm: error: {path}: model file not found"
+    models = tmp_path / "config" / "models.toml"
+    assert result.stderr.strip() == (
+        f"chatterm: error: {path}: model file not found (model 'gone', [models.gone] in {models})")
     assert not database(tmp_path).exists()
 
 
@@ -43,7 +45,9 @@ def test_launch_with_a_missing_model_file_is_one_line_before_the_screen(tmp_path
                             stdin=subprocess.DEVNULL, env=subprocess_env(tmp_path), cwd=tmp_path, timeout=120)
     assert result.returncode == 2 and result.stdout == ""
     path = tmp_path / "config" / "missing" / "model.gguf"
-    assert result.stderr.strip() == f"chatterm: error: {path}: model file not found"
+    models = tmp_path / "config" / "models.toml"
+    assert result.stderr.strip() == (
+        f"chatterm: error: {path}: model file not found (model 'gone', [models.gone] in {models})")
     assert not database(tmp_path).exists()
 
 
@@ -56,7 +60,7 @@ def test_launch_resuming_a_session_whose_model_file_is_gone_says_so(tmp_path):
     result = subprocess.run([*CHATTERM, "launch", "--resume"], capture_output=True, text=True,
                             stdin=subprocess.DEVNULL, env=subprocess_env(tmp_path), cwd=tmp_path, timeout=120)
     assert result.returncode == 2 and result.stdout == ""
-    assert result.stderr.strip().endswith("model.gguf: model file not found")
+    assert "model.gguf: model file not found (model 'smollm2-135m', [models.smollm2-135m] in " in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
 
 

@@ -163,17 +163,23 @@ class ModelSpec:
         """`model_path()`, checked to be a readable file that starts like a GGUF."""
         path = self.model_path()
         if not path.exists():
-            raise ChattermError(f"{path}: model file not found")
+            raise self._file_error(path, "model file not found")
         if not path.is_file():
-            raise ChattermError(f"{path}: not a file")
+            raise self._file_error(path, "not a file")
         try:
             with open(path, "rb") as fh:
                 magic = fh.read(4)
         except OSError as exc:
-            raise ChattermError(f"{path}: cannot read model file: {exc.strerror}") from None
+            raise self._file_error(path, f"cannot read model file: {exc.strerror}") from None
         if magic != b"GGUF":
-            raise ChattermError(f"{path}: not a GGUF model file (bad magic {magic!r})")
+            raise self._file_error(path, f"not a GGUF model file (bad magic {magic!r})")
         return path
+
+    def _file_error(self, path: Path, problem: str) -> ChattermError:
+        """`path`'s `problem`, naming the model and the file its source is in
+        (the path alone left a user to find which entry pointed there)."""
+        where = f", [models.{self.id}] in {self.defined_in}" if self.defined_in is not None else ""
+        return ChattermError(f"{path}: {problem} (model {self.id!r}{where})")
 
     def check_file(self) -> None:
         """The error a load would give at once, found without loading: a local

@@ -112,7 +112,10 @@ def replace_output(path: Path, chunks: Iterable[bytes], database: Path | None = 
     try:
         refuse_database(path, database)
         info = path.stat() if path.exists() else None
-        if info is not None and not stat.S_ISREG(info.st_mode) and not stat.S_ISDIR(info.st_mode):
+        if info is not None and stat.S_ISDIR(info.st_mode):
+            # Said as such: the rename onto "." said "Device or resource busy".
+            raise ChattermError(f"{path} is a folder; name a file in it")
+        if info is not None and not stat.S_ISREG(info.st_mode):
             with open(path, "wb") as out:
                 for chunk in chunks:
                     out.write(chunk)

@@ -259,7 +259,7 @@ def test_unwritable_path_leaves_nothing(tmp_path, where):
     (tmp_path / "a-file").write_text("not a folder")
     before = sorted(p.name for p in tmp_path.iterdir())
     target = tmp_path / where
-    with pytest.raises(ChattermError, match="cannot write") as err:
+    with pytest.raises(ChattermError, match="cannot write|is a folder") as err:
         atomic.replace_output(target, [b"data"])
     assert str(target) in str(err.value)
     assert sorted(p.name for p in tmp_path.iterdir()) == before
