@@ -6,22 +6,30 @@ search consumes are re-issued as key presses instead of joining the paste. A
 pasted line of coloured terminal output (`tmux paste-buffer -p` keeps its SGR
 codes; some terminals do too) thus became keys: its CR pressed Enter, part of
 the paste went off as a message and the rest was lost. `PasteFilter` removes
-the escape sequences inside a paste before the parser sees them, as xterm and
-Alacritty do when they paste (a lone ESC goes too), so the parser collects the
-paste as text and emits one Paste event. Outside a paste the input passes
-through unchanged and at once: an Escape key press is never held back.
+the escape sequences inside a paste before the parser sees them (xterm and
+Alacritty drop the ESC byte alone and leave `[31m` as text; here the whole
+sequence goes, and a lone ESC), so the parser collects the paste as text and
+emits one Paste event. Reports the terminal sends in the middle of a paste
+(focus in or out, an in-band resize) are passed on right after it. Outside a
+paste the input passes through unchanged and at once: an Escape key press is
+never held back. A paste's start is looked for across reads only while they
+come within the parser's ESCAPE_DELAY: later, the parser has given up on the
+sequence (an Esc, then `[200~` typed, is keys), and so does the filter.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Iterable
+import time
+from typing import Callable, Iterable
 
+from textual import constants
+from textual._xterm_parser import BRACKETED_PASTE_END as PASTE_END
+from textual._xterm_parser import BRACKETED_PASTE_START as PASTE_START
 from textual._xterm_parser import XTermParser
 from textual.message import Message
 
-PASTE_START = "\x1b[200~"
-PASTE_END = "\x1b[201~"
+__all__ = ["PASTE_END", "PASTE_START", "PasteFilter", "PasteSafeParser"]
 
 # ECMA-48: CSI, OSC (ended by BEL or ST), DCS/SOS/PM/APC (ended by ST), and
 # the two-character escapes, whose final byte is none of the introducers above.
@@ -31,6 +39,9 @@ _ESCAPE = re.compile(
     r"|[PX^_][^\x1b]*\x1b\\"
     r"|[ -/]*[0-OQ-WYZ\\`a-~])"
 )
+# What the terminal reports mid-paste and the app still needs: focus in and
+# out, an in-band resize (Textual's own patterns).
+_REPORT = re.compile(r"\x1b\[[IO]|\x1b\[48;[\d:;]*t")
 # The start of one of those, cut off by the end of the text read so far.
 _STARTED = re.compile(r"\x1b(?:\[[0-?]*[ -/]*|\][^\x07\x1b]*\x1b?|[PX^_][^\x1b]*\x1b?|[ -/]*)\Z")
 # An unfinished sequence held back longer than this is let go (its ESC dropped):
@@ -38,8 +49,15 @@ _STARTED = re.compile(r"\x1b(?:\[[0-?]*[ -/]*|\][^\x07\x1b]*\x1b?|[PX^_][^\x1b]*
 _LONGEST_HELD = 4096
 
 
-def _without_escapes(text: str) -> str:
-    return _ESCAPE.sub("", text).replace("\x1b", "")
+def _without_escapes(text: str, reports: list[str]) -> str:
+    """`text` without its escape sequences; the reports among them added to `reports`."""
+
+    def drop(match: re.Match[str]) -> str:
+        if _REPORT.fullmatch(match.group()):
+            reports.append(match.group())
+        return ""
+
+    return _ESCAPE.sub(drop, text).replace("\x1b", "")
 
 
 def _unfinished(text: str) -> int:
@@ -61,11 +79,19 @@ class PasteFilter:
     parse. Keeps its state (inside a paste or not, what is held back) between
     chunks, since a paste and its markers may be split anywhere."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._pasting = False
         self._held = ""  # outside a paste: the last characters passed, to find a split PASTE_START
+        self._reports: list[str] = []
+        """Reports read inside the paste, passed on after its end."""
+        self._clock = clock
+        self._last_read = float("-inf")
 
     def __call__(self, data: str) -> str:
+        now = self._clock()
+        if not self._pasting and now - self._last_read > constants.ESCAPE_DELAY:
+            self._held = ""  # the parser has timed that sequence out: nothing left to complete
+        self._last_read = now
         out: list[str] = []
         while data:
             seen = self._held + data
@@ -82,10 +108,12 @@ class PasteFilter:
                 at = seen.find(PASTE_END)
                 if at < 0:
                     keep = _unfinished(seen)
-                    out.append(_without_escapes(seen[: len(seen) - keep]))
+                    out.append(_without_escapes(seen[: len(seen) - keep], self._reports))
                     self._held = seen[len(seen) - keep :]
                     break
-                out.append(_without_escapes(seen[:at]) + PASTE_END)
+                out.append(_without_escapes(seen[:at], self._reports) + PASTE_END)
+                out.extend(self._reports)
+                self._reports.clear()
                 data, self._held, self._pasting = seen[at + len(PASTE_END) :], "", False
         return "".join(out)
 

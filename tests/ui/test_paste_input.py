@@ -80,3 +80,23 @@ def test_end_of_input_still_ends_the_parser():
     assert not parser.is_eof
     list(parser.feed(""))
     assert parser.is_eof
+
+
+def test_a_paste_start_typed_after_an_escape_key_is_keys_not_a_paste():
+    """Esc, then `[200~` typed: the parser timed the ESC out as the Escape key
+    and reads the rest as keys; the filter must not think a paste began (it
+    then stripped arrow keys, and the next real paste became keys)."""
+    now = [0.0]
+    paste_filter = PasteFilter(clock=lambda: now[0])
+    assert paste_filter("\x1b") == "\x1b"
+    now[0] += 0.5  # past ESCAPE_DELAY: the Escape key
+    for ch in "[200~":
+        assert paste_filter(ch) == ch
+    assert paste_filter("\x1b[A") == "\x1b[A"  # still outside a paste: the arrow key passes
+    assert paste_filter(PASTE_START + "one\x1b[1mtwo" + PASTE_END) == PASTE_START + "onetwo" + PASTE_END
+
+
+def test_focus_and_resize_reports_inside_a_paste_are_passed_on_after_it():
+    out = parsed(PasteSafeParser(), [PASTE_START + "abc\x1b[O\x1b[48;40;120;800;1200t" + "def" + PASTE_END])
+    assert [type(e).__name__ for e in out] == ["Paste", "AppBlur", "Resize"]
+    assert out[0].text == "abcdef" and out[2].size == (120, 40)

@@ -137,9 +137,7 @@ class TurnMetrics:
 
     @property
     def decode_tok_s(self) -> float | None:
-        if self.generated_tokens < 2 or self.decode_ms <= 0:
-            return None
-        return (self.generated_tokens - 1) / (self.decode_ms / 1000.0)
+        return decode_rate(self.generated_tokens, self.decode_ms)
 
     @property
     def typed_ahead_tokens(self) -> int:
@@ -192,11 +190,14 @@ class TurnMetrics:
         # Plain strings outside the process: JSON, CSV and SQLite see the values.
         data["cache_outcome"] = str(self.cache_outcome)
         data["stop_reason"] = str(self.stop_reason)
-        data["decode_tok_s"] = self.decode_tok_s
+        data["decode_tok_s"] = None  # set below; here for TURN_FIELDS' order
         data["cost_usd"] = self.cost_usd
         for name, digits in _ROUNDED:
             if data[name] is not None:
                 data[name] = round(data[name], digits)
+        # From the decode time stored: the rate read back from that time is the one stored.
+        rate = decode_rate(data["generated_tokens"], data["decode_ms"])
+        data["decode_tok_s"] = round(rate, MEASURED_DIGITS) if rate is not None else None
         return data
 
     def __post_init__(self) -> None:
@@ -222,15 +223,23 @@ TURN_FIELDS: tuple[str, ...] = _FIELD_NAMES + (
 )
 """Every key of `TurnMetrics.to_dict()`, in a stable order."""
 
+def decode_rate(generated_tokens: int, decode_ms: float) -> float | None:
+    """Tokens/s after the first token: (K - 1) / decode time; None under 2 tokens."""
+    if generated_tokens < 2 or decode_ms <= 0:
+        return None
+    return (generated_tokens - 1) / (decode_ms / 1000.0)
+
+
 MEASURED_DIGITS = 3
 """`to_dict()` rounds times in ms and the decode rate to this many decimals (a
 microsecond; a thousandth of a token/s), far below what a measurement
 resolves, so storage and exports read `161.131`, not `161.1311270007718`;
 `submitted_at` (Unix seconds) to the microsecond."""
+STAMP_DIGITS = 6
+"""Unix seconds are stored to the microsecond (`submitted_at`, a session's start)."""
 _ROUNDED: tuple[tuple[str, int], ...] = (
     *((name, MEASURED_DIGITS) for name in TURN_FIELDS if name.endswith("_ms")),
-    ("decode_tok_s", MEASURED_DIGITS),
-    ("submitted_at", 6),
+    ("submitted_at", STAMP_DIGITS),
 )
 
 

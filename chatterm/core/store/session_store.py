@@ -56,12 +56,12 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager, nullcontext, suppress
 from pathlib import Path
 from typing import Callable, Iterator, TypeVar
 
 from chatterm.core.metrics.format import counted
-from chatterm.core.metrics.turn_metrics import TURN_FIELDS, TurnMetrics
+from chatterm.core.metrics.turn_metrics import STAMP_DIGITS, TURN_FIELDS, TurnMetrics
 from chatterm.core.store import listing, opening, tree
 from chatterm.core.store import search as text_search
 from chatterm.core.store.records import (
@@ -85,6 +85,9 @@ _ENVIRONMENT_ERRORS = ("SQLITE_IOERR", "SQLITE_FULL", "SQLITE_READONLY", "SQLITE
 
 T = TypeVar("T")
 
+_UNSEEN = object()
+"""A session whose leaf this store had not noted (`batch`'s rollback)."""
+
 _TREE_COLUMNS = {"id", "session_id", "turn_index", "parent_index", "branch", "inherited"}
 """Turn columns a fork sets itself rather than copies."""
 
@@ -101,7 +104,9 @@ class SessionStore:
         self.path = Path(path)
         self.readonly = readonly
         self._lock = threading.RLock()  # re-entered by writes inside batch()
-        self._batch = False
+        self._batch: dict[int, object] | None = None
+        """Inside batch(): each session whose leaf its writes noted, with what
+        was noted before (`_UNSEEN`: nothing), put back on a rollback."""
         self._conn: sqlite3.Connection | None = None
         self._turn_columns: set[str] = set()
         """Empty when there is no schema yet (a missing or new file opened read-only)."""
@@ -202,9 +207,10 @@ class SessionStore:
         persona_id: str,
         started_at: float | None = None,
     ) -> int | None:
-        """Create a session row and return its id (`started_at` defaults to now);
-        None when the database refused the write (see `write_error`)."""
-        start = time.time() if started_at is None else started_at
+        """Create a session row and return its id (`started_at` defaults to now;
+        to the microsecond, as a turn's `submitted_at`); None when the database
+        refused the write (see `write_error`)."""
+        start = round(time.time() if started_at is None else started_at, STAMP_DIGITS)
         values = (start, model_id, model_identity, engine, device, persona_id, start)
 
         def insert(conn: sqlite3.Connection) -> int:
@@ -406,13 +412,15 @@ class SessionStore:
             result = self._run_write(what, action, strict)
             if leaf is not None and result is not None:
                 session_id, current = leaf(result)
+                if self._batch is not None:  # not committed yet: what it replaces is kept for a rollback
+                    self._batch.setdefault(session_id, self._leaf_seen.get(session_id, _UNSEEN))
                 self._leaf_seen[session_id] = current
             return result
 
     def _run_write(self, what: str, action: Callable[[sqlite3.Connection], T], strict: bool) -> T | None:
         """`_write`'s transaction (the lock held)."""
         conn = self._require()
-        if self._batch:
+        if self._batch is not None:
             return action(conn)  # inside batch(): its one transaction commits
         try:
             conn.execute("BEGIN IMMEDIATE")
@@ -443,20 +451,25 @@ class SessionStore:
         with self._lock:
             conn = self._require()
             conn.execute("BEGIN IMMEDIATE")
-            self._batch = True
-            seen = dict(self._leaf_seen)
+            self._batch = {}
             try:
                 yield self
             except BaseException:
-                conn.execute("ROLLBACK")
                 # The leaves the batch's writes noted were never committed:
                 # kept, the next `continued_elsewhere` saw a move nobody made.
-                self._leaf_seen = seen
+                for session_id, before in self._batch.items():
+                    if before is _UNSEEN:
+                        self._leaf_seen.pop(session_id, None)
+                    else:
+                        self._leaf_seen[session_id] = before
+                if conn.in_transaction:
+                    with suppress(sqlite3.Error):  # SQLite may have rolled back itself (SQLITE_FULL)
+                        conn.execute("ROLLBACK")
                 raise
             else:
                 conn.execute("COMMIT")
             finally:
-                self._batch = False
+                self._batch = None
 
     def take_write_notice(self) -> str | None:
         """The line telling the user that turns are not being stored, once (None

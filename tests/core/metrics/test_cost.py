@@ -106,6 +106,17 @@ def test_stored_times_and_rates_are_rounded_to_a_microsecond_and_a_thousandth():
     assert m.prefill_ms == 161.1311270007718  # the live figure keeps its precision
 
 
+def test_a_stored_rate_is_the_one_its_stored_decode_time_gives():
+    """Rounded apart, 356.9777614798519 ms over 238 tokens stored 356.978 ms
+    beside 663.907 tok/s, which 237 / 0.356978 s does not give (663.906)."""
+    m = turn(decode_ms=356.9777614798519, generated_tokens=238)
+    data = m.to_dict()
+    assert (data["decode_ms"], data["decode_tok_s"]) == (356.978, 663.906)
+    assert TurnMetrics.from_dict(data).to_dict() == data
+    short = turn(decode_ms=0.0004, generated_tokens=3).to_dict()  # rounds to no time: no rate
+    assert (short["decode_ms"], short["decode_tok_s"]) == (0.0, None)
+
+
 def write_user_models(isolated_dirs, text: str):
     config = isolated_dirs["CHATTERM_CONFIG_DIR"]
     config.mkdir(parents=True, exist_ok=True)

@@ -113,6 +113,13 @@ def test_a_rolled_back_batch_leaves_no_move_to_report(tmp_path):
             raise RuntimeError("the bulk load failed")
         assert store.continued_elsewhere(sid) is None
         assert [r.index for r in store.turns(sid)] == [1, 2, 3, 4]
+        # SQLite rolled back itself (a full disk): the store's own ROLLBACK has
+        # no transaction left, and the batch's error is still the one raised.
+        with pytest.raises(OSError, match="disk full"), store.batch():
+            store.record_turn(sid, "never kept", "answer", full_metrics())
+            store._conn.execute("ROLLBACK")
+            raise OSError("disk full")
+        assert store.continued_elsewhere(sid) is None
 
 
 def test_an_edit_at_turn_2_of_4_branches_there_and_the_history_is_the_new_path(tmp_path):
