@@ -16,14 +16,23 @@ screen the app left behind. Textual restores the settings
 it found, which are these, so `restore` puts the user's own back: at the end
 of launch, before an immediate exit, and at interpreter exit. Elsewhere (no
 terminal, no termios) both do nothing.
+
+Keys typed before `hold` (while the README's one-liner still installs, say)
+were translated as they arrived: they wait in the terminal with each Enter
+already a newline. `hold` reads them out at once and `take_typed` gives
+them back with those newlines as Enter again, for the app to read first
+(`chatterm.ui.paste_input.PasteSafeParser.typed_before_start`): a Ctrl+J
+typed before the app is on screen is taken for Enter, the likelier key.
 """
 
 from __future__ import annotations
 
 import atexit
+import os
 import sys
 
 _saved: tuple[int, list] | None = None
+_typed = ""
 
 
 def hold() -> None:
@@ -43,6 +52,35 @@ def hold() -> None:
         return
     _saved = (fd, before)
     atexit.register(restore)
+    _read_typed(fd)
+
+
+def _read_typed(fd: int) -> None:
+    """What waits in the terminal, typed before `hold`, kept for `take_typed`."""
+    global _typed
+    try:
+        import fcntl
+        import struct
+        import termios
+
+        def waiting() -> int:
+            return struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0]
+
+        data = b""
+        # A canonical-mode read gives one line at a time; what follows the last
+        # Enter stays in the terminal and reaches the app, in order, after these.
+        while (count := waiting()) > 0:
+            data += os.read(fd, count)
+    except Exception:  # noqa: BLE001 - nothing to read, or no way to ask: the keys stay where they are
+        return
+    _typed = data.decode("utf-8", "replace").replace("\n", "\r")  # ICRNL made each Enter a newline
+
+
+def take_typed() -> str:
+    """The keys `hold` found typed before it, Enter as Enter; once."""
+    global _typed
+    typed, _typed = _typed, ""
+    return typed
 
 
 def restore() -> None:

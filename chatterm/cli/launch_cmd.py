@@ -125,6 +125,9 @@ def run(args: argparse.Namespace) -> int:
         if args.resume is not None:
             app.spec.check_file()  # the resumed session's model
         _require_terminal()  # a resume's session is checked first: its error says more
+        from chatterm.ui.paste_input import PasteSafeParser
+
+        PasteSafeParser.typed_before_start = early_keys.take_typed()  # read before what follows
         with _logging_to_file():
             app.run()
     finally:

@@ -119,15 +119,29 @@ class PasteFilter:
 
 
 class PasteSafeParser(XTermParser):
-    """Textual's parser, fed through a `PasteFilter`."""
+    """Textual's parser, fed through a `PasteFilter`; first of all with
+    `typed_before_start` (keys typed before `chatterm launch` could keep them
+    as typed: `chatterm.cli.early_keys`), at the first read or tick."""
+
+    typed_before_start = ""
 
     def __init__(self, debug: bool = False) -> None:
         self._paste_filter = PasteFilter()
         super().__init__(debug)
 
+    def _typed_first(self) -> str:
+        typed, PasteSafeParser.typed_before_start = PasteSafeParser.typed_before_start, ""
+        return typed
+
+    def tick(self) -> Iterable[Message]:
+        # The input thread ticks every 0.1 s: the early keys go in without waiting for a new one.
+        typed = self._typed_first()
+        return [*self.feed(typed), *super().tick()] if typed else super().tick()
+
     def feed(self, data: str) -> Iterable[Message]:
         if not data:  # the end of input, as Textual signals it
             return super().feed(data)
+        data = self._typed_first() + data
         kept = self._paste_filter(data)
         # Everything held back (the start of a sequence inside a paste) is not
         # fed: an empty feed would tell the parser that input has ended.

@@ -35,3 +35,23 @@ def test_hold_passes_keys_through_and_restore_gives_the_terminal_back(monkeypatc
         early_keys.restore()
         stdin.close()
         os.close(leader)
+
+
+def test_keys_typed_before_hold_are_given_back_with_enter_as_enter(monkeypatch):
+    """Typed while the install still ran: the terminal had made each Enter a
+    newline (Ctrl+J to the app), so the message stayed in the prompt."""
+    leader, follower = pty.openpty()
+    stdin = os.fdopen(follower, "r")
+    try:
+        monkeypatch.setattr("sys.stdin", stdin)
+        monkeypatch.setattr(early_keys, "_saved", None)
+        os.write(leader, "What is 3×3?\rand more\r".encode())
+        select.select([follower], [], [], 1.0)
+        early_keys.hold()
+        assert early_keys.take_typed() == "What is 3×3?\rand more\r"
+        assert early_keys.take_typed() == ""  # once
+        assert select.select([follower], [], [], 0.1)[0] == []  # taken out of the terminal
+    finally:
+        early_keys.restore()
+        stdin.close()
+        os.close(leader)

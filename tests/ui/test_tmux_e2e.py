@@ -156,6 +156,30 @@ def test_launch_answers_a_question_in_tmux(tmp_path):
     assert f"TTFT {fmt_ms(record.metrics.ttft_ms)}" in flat(screen)
 
 
+def test_a_message_typed_before_launch_starts_is_sent(tmp_path):
+    """Typed while the command before it still ran (the README's one-liner
+    installing): the terminal made its Enter a newline, and the message
+    stayed in the prompt with an empty second line."""
+    db = tmp_path / "data" / "chatterm.db"
+    db.parent.mkdir()
+    tmux = Tmux(f"chatterm-before-{os.getpid()}", tmp_path / "tmux.sock")
+    try:
+        tmux.run("new-session", "-d", "-s", tmux.target, "-x", "120", "-y", "40",
+                 "sleep 1.5; " + launch_command(tmp_path, "--db", str(db)))
+        tmux.run("send-keys", "-t", tmux.target, "-l", "What is 3 times 3?")
+        tmux.run("send-keys", "-t", tmux.target, "Enter")
+        screen = tmux.wait_for(lambda s: FOOTER.search(flat(s)) is not None and "· ready" in title(s), 120,
+                               "the reply")
+        tmux.quit()
+    finally:
+        tmux.kill()
+    assert "Traceback" not in screen
+    with SessionStore(db, readonly=True) as store:
+        (session,) = store.sessions()
+        (record,) = store.turns(session.id)
+    assert record.user_text == "What is 3 times 3?"
+
+
 SLOW_LOAD = """
 import sys, time
 from llama_cpp._utils import suppress_stdout_stderr
