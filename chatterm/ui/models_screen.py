@@ -190,10 +190,14 @@ class ModelPicker(ModalScreen["ModelSwitch | None"]):
         if self._loading is None:
             self._show_detail(event.row_key.value)
 
-    def _show_detail(self, model_id: str | None) -> None:
+    def _show_detail(self, model_id: str | None, refused: bool = False) -> None:
+        """The line under the table for `model_id`; `refused`: Enter or c was
+        pressed on it and it cannot be used (said so, not the same line again)."""
         row = self._rows.get(model_id) if model_id is not None else None
         if row is None:
             text = ""
+        elif refused:
+            text = f"Not loaded: {row.id} cannot be used ({row.problem}). Pick another model, or Esc."
         elif not row.usable:
             text = f"{row.id} cannot be used: {row.problem}"
         elif row.id == self._current:
@@ -219,7 +223,8 @@ class ModelPicker(ModalScreen["ModelSwitch | None"]):
         if self._loading is not None or row is None:
             return
         if not row.usable:
-            self._show_detail(model_id)
+            self.app.bell()
+            self._show_detail(model_id, refused=True)
             return
         if model_id == self._current:
             self.dismiss(None)

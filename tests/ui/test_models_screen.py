@@ -132,7 +132,8 @@ async def test_picker_lists_the_models_with_their_facts_literally(stores, app_on
         # The model in use, defined in models.toml, is listed first and marked.
         assert ids[0] == app.spec.id and table.get_row(app.spec.id)[0].plain == f"● {app.spec.id}"
         await choose(pilot, picker, CUT_ID)
-        assert app.screen is picker  # an unusable model cannot be chosen
+        assert app.screen is picker  # an unusable model cannot be chosen, and Enter says so
+        assert detail(picker).startswith(f"Not loaded: {CUT_ID} cannot be used (")
         assert "truncated or damaged (8 bytes" in detail(picker)
         await pilot.press("escape")
         assert not isinstance(app.screen, ModelPicker)
