@@ -27,6 +27,7 @@ Contract:
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from dataclasses import dataclass
@@ -62,6 +63,8 @@ from chatterm.ui.theme_memory import ThemeMemory
 from chatterm.ui.themes import DEFAULT_THEME, ThemeSet
 from chatterm.ui.title_bar import TitleBar
 from chatterm.ui.typing_to_prompt import TypingGoesToPrompt
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from chatterm.core.config.catalog import ModelSpec
@@ -203,9 +206,17 @@ class ChatApp(App[None]):
     async def on_mount(self) -> None:
         self._theme_memory = ThemeMemory(self, self.settings_path)
         self._apply_width(self.size.width)
-        for notice in self._startup_notices:
-            notify_plain(self, notice, severity="warning", timeout=8)
         await self.session.begin()
+        # In the conversation, where they stay to be read (five toasts stacked
+        # over the title and were gone in 8 s), and in launch.log; one toast
+        # says they are there.
+        for notice in self._startup_notices:
+            log.warning("%s", notice)
+            await self.chat.messages.add_notice(notice, "warning")
+        if self._startup_notices:
+            count = len(self._startup_notices)
+            notify_plain(self, f"{count} configuration problem{'s' if count > 1 else ''} at start: "
+                               "shown in the conversation.", severity="warning")
         self._load_thread = threading.Thread(
             target=self.session.setup.load, args=(self.spec, self.persona), name="chatterm-load"
         )

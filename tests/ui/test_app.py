@@ -279,6 +279,16 @@ async def test_theme_switch_through_the_palette_is_remembered(build, isolated_di
     assert explicit.theme == "chatterm-high-contrast"
 
 
+def startup_problems(app) -> list[str]:
+    """The configuration problems found at start, as the conversation shows
+    them (where they stay to be read); one toast says they are there."""
+    shown = [str(n.render()) for n in app.query(Notice) if n.has_class("-warning")]
+    toasts = [n.message for n in app._notifications]
+    assert sum("configuration problem" in t and "shown in the conversation" in t for t in toasts) == 1, toasts
+    assert not any(problem in toasts for problem in shown)  # not stacked as toasts too
+    return shown
+
+
 async def test_broken_theme_file_is_reported_once_and_skipped(build, isolated_dirs):
     folder = isolated_dirs["CHATTERM_CONFIG_DIR"] / "themes"
     folder.mkdir(parents=True)
@@ -288,7 +298,7 @@ async def test_broken_theme_file_is_reported_once_and_skipped(build, isolated_di
     app, _ = build()
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause(0.1)
-        messages = [n.message for n in app._notifications]
+        messages = startup_problems(app)
         assert sum("bad␛[31m.toml" in m for m in messages) == 1
         assert not any("\x1b" in m for m in messages)
         assert "bad" not in app.available_themes and "mine" in app.available_themes
@@ -315,7 +325,7 @@ async def test_broken_persona_file_is_reported_once_and_skipped(isolated_dirs, t
                    engine_factory=lambda spec: FakeEngine(spec, ws.catalog.price(spec.price_profile)))
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause(0.1)
-        messages = [n.message for n in app._notifications]
+        messages = startup_problems(app)
         assert sum("broken.toml" in m and "temperature" in m for m in messages) == 1
         assert "broken" not in ws.personas.personas and "assistant" in ws.personas.personas
 
