@@ -134,10 +134,12 @@ class PersonaPicker(ModalScreen[str | None]):
         else:
             state = self._STATE.get(self._cached.get(persona.id, ""), "not cached (first use prefills)")
         mark = "●" if persona.id == self._current else ""
-        head = Content.assemble((printable(persona.name), "bold"), f"  ({printable(persona.id)})  ", (state, "italic"),
-                                f"  → {self._outcome(persona)}")
+        head = Content.assemble((printable(persona.name), "bold"), f"  ({printable(persona.id)})  ", (state, "italic"))
+        # What Enter does on a line of its own: after the state, at 80 columns
+        # "→ new conversation" broke across two lines.
+        outcome = Content.assemble(("→ ", "bold"), self._outcome(persona))
         # Two columns, so a wrapped name line or description stays indented under the name.
-        return Rows([(mark, head), *([("", persona.description)] if persona.description else [])],
+        return Rows([(mark, head), ("", outcome), *([("", persona.description)] if persona.description else [])],
                     label_width=2, label_style="")
 
     def compose(self):

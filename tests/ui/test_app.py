@@ -940,7 +940,8 @@ async def test_persona_picker_indents_a_wrapped_description(isolated_dirs, tmp_p
         lines = rendered(app.screen.query_one(OptionList)).splitlines()
         first = next(i for i, line in enumerate(lines) if "● Wordy" in line)
         start = lines[first].index("Wordy")
-        description = lines[first + 1:first + 4]
+        assert lines[first + 1][start:].startswith("→ current conversation")  # what Enter does, whole
+        description = lines[first + 2:first + 5]
         assert "word0" in description[0] and "word59" not in description[0]  # it wraps
         for line in description:  # every line starts under the name, none at the left edge
             assert line[start:start + 4] == "word" and not line[:start].strip("▊▐▌ "), lines
