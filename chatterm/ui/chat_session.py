@@ -109,6 +109,8 @@ class ChatSession(Horizontal):
 
         path: Path | None
         error: str | None = None
+        replaced: bool = False
+        """An earlier export of the session was at that path (it is the session's own file name)."""
 
     def __init__(
         self,
@@ -531,17 +533,19 @@ class ChatSession(Horizontal):
 
     @work(thread=True, group="export", exit_on_error=False)
     def _export_worker(self, session_id: int, fmt: str) -> None:
-        from chatterm.core.report.export import export_session
+        from chatterm.core.report.export import default_export_path, export_session
 
         with reported(self, lambda error: self.Exported(None, error), "export"):
+            replaced = default_export_path(session_id, fmt).exists()
             path = export_session(self.store, session_id, fmt, prices=self.workspace.catalog.prices)
-            self.post_message(self.Exported(path))
+            self.post_message(self.Exported(path, replaced=replaced))
 
     @on(Exported)
     def _exported(self, event: Exported) -> None:
         if event.path is not None:
             # The name on a line of its own: a toast wraps a long path anywhere, the name included.
             folder = home_short(event.path.parent)
-            notify_plain(self.app, f"{printable(event.path.name)}\nin {folder}", title="Exported", timeout=6)
+            again = " (replacing the earlier export)" if event.replaced else ""
+            notify_plain(self.app, f"{printable(event.path.name)}{again}\nin {folder}", title="Exported", timeout=6)
         else:
             notify_plain(self.app, event.error or "export failed", title="Export failed", severity="error")

@@ -179,6 +179,11 @@ async def test_turns_are_stored_and_exported_with_the_key(build, workspace, isol
         await wait_for(pilot, lambda: any(n.message == shown for n in app._notifications),
                        what="the export notification")
         assert "Keep this" in target.read_text()
+        # Again: the same file, replaced, and the toast says so.
+        await pilot.press("ctrl+s")
+        again = f"{target.name} (replacing the earlier export)\nin {home_short(target.parent)}"
+        await wait_for(pilot, lambda: any(n.message == again for n in app._notifications),
+                       what="the second export's notification")
     store.close()
 
 
