@@ -110,7 +110,9 @@ def run(args: argparse.Namespace) -> int:
             )
         finally:
             engine.close()
-    table = Table(title=literal(f"chatterm bench · {spec.id} · persona {persona.id} · median of {args.runs}"))
+    # What was measured in the title, how in the caption: in one line, the
+    # title wrapped to the table's width read "median of" / "2" at 80 columns.
+    table = Table(title=literal(f"chatterm bench · {spec.id} · persona {persona.id}"))
     table.add_column("measure")
     table.add_column("value", justify="right")
     rows = []
@@ -159,7 +161,8 @@ def run(args: argparse.Namespace) -> int:
     for name, value in rows:
         table.add_row(name, value)
     host = result["host"]
-    table.caption = literal(f"{host['cpu']} · {host['cores']} cores · calibration sum(range(10**6)) "
+    table.caption = literal(f"median of {counted(args.runs, 'run')} after a warm-up · {host['cpu']} · "
+                            f"{host['cores']} cores · calibration sum(range(10**6)) "
                             f"{host['calibration_ms']:.1f} ms before, {host['calibration_after_ms']:.1f} ms after")
     Console().print(table)
     for warning in result["warnings"]:
