@@ -44,6 +44,14 @@ def quiet_load() -> OtherLoad:
     return load
 
 
+def still_quiet(load: OtherLoad) -> None:
+    """Skips the test when other processes got busy while it measured (a
+    build started beside it): a figure taken meanwhile counted their work."""
+    after = settled(load)
+    if after >= 0.5:
+        pytest.skip(f"other processes kept {after:.1f} cores busy by the end of the test")
+
+
 def test_other_processes_count_and_this_process_does_not():
     load = quiet_load()
     try:
@@ -66,6 +74,7 @@ def test_other_processes_count_and_this_process_does_not():
         finally:
             hog.kill()
             hog.wait()
+        still_quiet(load)
     finally:
         load.stop()
     assert other_busy >= 0.6, (own_busy, other_busy)
@@ -78,10 +87,13 @@ def test_work_at_a_lower_priority_is_not_counted():
     load = quiet_load()
     hog = subprocess.Popen([sys.executable, "-c", "import os; os.nice(19)\nwhile True: pass"])
     try:
-        niced_busy = settled(load)
+        try:
+            niced_busy = settled(load)
+        finally:
+            hog.kill()
+            hog.wait()
+        still_quiet(load)
     finally:
-        hog.kill()
-        hog.wait()
         load.stop()
     # It takes a whole idle core, yet yields to chatterm's threads whenever they run.
     assert niced_busy < 0.5
