@@ -20,9 +20,11 @@ terminal, no termios) both do nothing.
 Keys typed before `hold` (while the README's one-liner still installs, say)
 were translated as they arrived: they wait in the terminal with each Enter
 already a newline. `hold` reads them out at once and `take_typed` gives
-them back with those newlines as Enter again, for the app to read first
-(`chatterm.ui.paste_input.PasteSafeParser.typed_before_start`): a Ctrl+J
-typed before the app is on screen is taken for Enter, the likelier key.
+them back, for the app to read first
+(`chatterm.ui.paste_input.PasteSafeParser.typed_before_start`: its lines
+as one message, the last Enter as Enter). Keys read out this way are the
+app's: a launch that then fails on its arguments drops them, where the
+shell would have run them as a command.
 """
 
 from __future__ import annotations
@@ -73,11 +75,11 @@ def _read_typed(fd: int) -> None:
             data += os.read(fd, count)
     except Exception:  # noqa: BLE001 - nothing to read, or no way to ask: the keys stay where they are
         return
-    _typed = data.decode("utf-8", "replace").replace("\n", "\r")  # ICRNL made each Enter a newline
+    _typed = data.decode("utf-8", "replace")  # each Enter a newline: ICRNL translated it as it arrived
 
 
 def take_typed() -> str:
-    """The keys `hold` found typed before it, Enter as Enter; once."""
+    """The keys `hold` found typed before it (each Enter a newline); once."""
     global _typed
     typed, _typed = _typed, ""
     return typed

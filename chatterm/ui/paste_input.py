@@ -130,8 +130,12 @@ class PasteSafeParser(XTermParser):
         super().__init__(debug)
 
     def _typed_first(self) -> str:
+        """The keys typed before start, as the terminal would have sent them:
+        their lines as a paste (one message, its newlines kept; as Enters the
+        lines were glued into one line and sent alone), the last Enter as Enter."""
         typed, PasteSafeParser.typed_before_start = PasteSafeParser.typed_before_start, ""
-        return typed
+        body, enter = (typed[:-1], "\r") if typed.endswith("\n") else (typed, "")
+        return (f"{PASTE_START}{body}{PASTE_END}" if body else "") + enter
 
     def tick(self) -> Iterable[Message]:
         # The input thread ticks every 0.1 s: the early keys go in without waiting for a new one.

@@ -48,7 +48,7 @@ def test_keys_typed_before_hold_are_given_back_with_enter_as_enter(monkeypatch):
         os.write(leader, "What is 3×3?\rand more\r".encode())
         select.select([follower], [], [], 1.0)
         early_keys.hold()
-        assert early_keys.take_typed() == "What is 3×3?\rand more\r"
+        assert early_keys.take_typed() == "What is 3×3?\nand more\n"
         assert early_keys.take_typed() == ""  # once
         assert select.select([follower], [], [], 0.1)[0] == []  # taken out of the terminal
     finally:

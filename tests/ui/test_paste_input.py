@@ -100,3 +100,17 @@ def test_focus_and_resize_reports_inside_a_paste_are_passed_on_after_it():
     out = parsed(PasteSafeParser(), [PASTE_START + "abc\x1b[O\x1b[48;40;120;800;1200t" + "def" + PASTE_END])
     assert [type(e).__name__ for e in out] == ["Paste", "AppBlur", "Resize"]
     assert out[0].text == "abcdef" and out[2].size == (120, 40)
+
+
+def test_keys_typed_before_start_are_one_pasted_message_and_its_last_enter():
+    """Typed before launch could keep them: two lines glued into one
+    ("Hello there.What is 3 times 3?") when each newline was an Enter."""
+    PasteSafeParser.typed_before_start = "Hello there.\nWhat is 3 times 3?\n"
+    out = list(PasteSafeParser().tick())
+    assert [type(e).__name__ for e in out] == ["Paste", "Key"]
+    assert out[0].text == "Hello there.\nWhat is 3 times 3?" and out[1].key == "enter"
+    assert PasteSafeParser.typed_before_start == ""  # once
+    PasteSafeParser.typed_before_start = "half a line"  # no Enter yet: text only
+    out = list(PasteSafeParser().feed("x"))
+    assert [e.text for e in out if isinstance(e, events.Paste)] == ["half a line"]
+    assert [e.character for e in out if isinstance(e, events.Key)] == ["x"]

@@ -113,6 +113,31 @@ def test_a_shift_made_while_the_message_was_typed_is_the_turns(ws):
         assert m.prefilled_tokens <= own + TEMPLATE_SLACK, (i, m.prefilled_tokens, m.cache_detail)
 
 
+def test_a_shift_typed_ahead_in_one_conversation_is_not_the_next_ones(ws):
+    """Shifted while a message was typed, then left for a new conversation
+    (Ctrl+N, same persona): its first turn reported the shift as its own."""
+    persona = greedy(ws.personas.get("terse-coder"), max_tokens=24)
+    engine = engine_for(ws, "auto")
+    try:
+        history = []
+        for i in range(TURNS):
+            conversation = Conversation(engine, persona, history=history)
+            engine.prefill_ahead(persona, history, message(i))
+            if engine._ahead.shifted:
+                break  # shifted while typing: the user now leaves this conversation
+            list(conversation.send(message(i)).stream())
+            history = conversation.history
+        else:
+            pytest.fail("no turn overflowed")
+        fresh = Conversation(engine, persona, history=[])
+        engine.prefill_ahead(persona, [], "hello there")
+        turn = fresh.send("hello there")
+        list(turn.stream())
+        assert turn.metrics.shifted_tokens == 0 and "shifted out" not in turn.metrics.cache_detail
+    finally:
+        engine.close()
+
+
 def test_truncate_reprefills_once_per_cut_not_every_turn(ws):
     rows, (policy, reason, _), _ = converse(ws, "truncate")
     assert policy == "truncate" and reason == "set in models.toml"

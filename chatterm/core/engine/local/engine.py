@@ -659,14 +659,14 @@ class LocalEngine(Engine):
             # cover it whole (`_reuse` leaves a prompt's last token to decode),
             # which a token past it that matches nothing allows.
             reuse = self._reuse(target if draft else [*target, -1], True, expect, len(prefix))
-            self._ahead.note_shift(reuse.shifted, reuse.shift_ms)
+            self._ahead.note_shift(reuse.shifted, reuse.shift_ms, len(prefix))
             live = self._live_tokens()
             if live[: len(prefix)] != prefix:
                 return None  # a restore failed and emptied the context: the turn starts over
             if reuse.restored:
                 self._ahead.restored = replace(reuse, ahead=True)
         elif (shift := self._shift_live(target, len(prefix)))[0]:
-            self._ahead.note_shift(*shift)
+            self._ahead.note_shift(*shift, len(prefix))
             live = self._live_tokens()  # the turns the next prompt leaves out are gone
         self._threads.apply()
 
@@ -760,7 +760,7 @@ class LocalEngine(Engine):
         prepared, self._prepared = self._prepared, None
         expect = [Slot.session(self._session)] if self._session is not None else []
         reuse = self._reuse(tokens, use_cache, expect, len(pp.tokens) if pp.helps else 0)
-        if reuse.source == "live" and self._ahead.shifted:
+        if reuse.source == "live" and self._ahead.shifted and reuse.tokens > self._ahead.shift_keep:
             # Going on in the context type-ahead shifted while the message was
             # typed: that shift is this turn's (its notice, detail and figures).
             reuse = replace(reuse, shifted=reuse.shifted + self._ahead.shifted,

@@ -89,7 +89,9 @@ class TypeAhead:
         self.shift_ms = 0.0
         """Tokens shifted out of the live context while prefilling ahead (under
         `context_overflow = "shift"`), and the time: the next turn's, which
-        finds the shift done."""
+        finds the shift done, while the context still holds what followed the
+        first `shift_keep` tokens (the persona) when it was made."""
+        self.shift_keep = 0
 
     @property
     def began(self) -> bool:
@@ -118,6 +120,10 @@ class TypeAhead:
         common = common_prefix_len(live, target)
         if not kv_state.trim(llm, common):
             return None  # the context was cleared
+        if self.shifted and common <= self.shift_keep:
+            # Trimmed back to the persona (another conversation, a branch):
+            # what the shift kept is gone, and the shift is no turn's.
+            self.shifted, self.shift_ms = 0, 0.0
         self._from = common if self._from is None else min(self._from, common)
         if self.restored is not None and common < self.restored.tokens:
             self.restored = None  # trimmed into the state it restored: the turn did not start from it
@@ -145,12 +151,14 @@ class TypeAhead:
             return None
         return AheadCredit(start, reused, ms)
 
-    def note_shift(self, tokens: int, ms: float) -> None:
-        self.shifted += tokens
-        self.shift_ms += ms
+    def note_shift(self, tokens: int, ms: float, keep: int) -> None:
+        if tokens:
+            self.shifted += tokens
+            self.shift_ms += ms
+            self.shift_keep = keep
 
     def forget(self) -> None:
         self._from = None
         self._ms = 0.0
         self.restored = None
-        self.shifted, self.shift_ms = 0, 0.0
+        self.shifted, self.shift_ms, self.shift_keep = 0, 0.0, 0
