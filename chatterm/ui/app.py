@@ -262,7 +262,7 @@ class ChatApp(App[None]):
             notify_plain(self, f"The message you are typing ({len(unsent):,} characters) is not kept: "
                                "Ctrl+Q again quits.", severity="warning", timeout=QUIT_AGAIN_S)
             return
-        self.chat.cancel()
+        self.chat.let_go()
         self.exit()
 
     async def on_event(self, event: events.Event) -> None:
@@ -281,7 +281,7 @@ class ChatApp(App[None]):
         await super().on_event(event)
 
     def on_unmount(self) -> None:
-        self.chat.cancel()
+        self.chat.let_go()
         if self._theme_memory is not None:
             self._theme_memory.save_now()
         self.lease.close_when_idle()

@@ -308,6 +308,8 @@ class ChatSession(Horizontal):
         if persona.id == self.persona.id:
             notify_plain(self.app, f"Already talking with {persona.name}; Ctrl+N starts a new conversation.")
             return
+        if not await self.chat.end_turn():  # a first reply stopped here creates the session remembered
+            return
         back = self.return_to(persona.id)
         self._remember_current()
         if back is not None and await self._open_session(back, f"Back to your conversation with {persona.name}"):
@@ -336,7 +338,8 @@ class ChatSession(Horizontal):
         persona's last conversation. False (and a notification) when it cannot."""
         if self.store is None:
             return False
-        await self.chat.end_turn()  # stored first: continuing this very session, it holds a stopped reply
+        if not await self.chat.end_turn():  # stored first: continuing this very session, it holds a stopped reply
+            return False
         try:
             if turn is not None:
                 self.store.select_turn(session_id, turn)  # the hit's branch becomes the one continued
@@ -364,7 +367,8 @@ class ChatSession(Horizontal):
     async def _start_over(self, notice: str, resume: Resume | None = None, *, prepare: bool = False) -> None:
         """Replace the conversation (and what the chat shows) with a new or resumed
         one; `prepare`: the persona changed, so its prefix is made ready."""
-        await self.chat.end_turn()
+        if not await self.chat.end_turn():
+            return
         loaded = self.lease.engine is not None
         if prepare and loaded:
             self.persona_state = "preparing…"
@@ -494,6 +498,8 @@ class ChatSession(Horizontal):
         if event.session_id is None:
             notify_plain(self.app, event.error or "fork failed", title="Fork failed", severity="error")
             return
+        if not await self.chat.end_turn():
+            return
         self._remember_current()
         await self._open_session(event.session_id, f"Fork of session {event.parent}")
 
@@ -506,7 +512,9 @@ class ChatSession(Horizontal):
         self.call_later(self._use_model, spec, engine, device, carry_on)
 
     async def _use_model(self, spec: "ModelSpec", engine: "Engine", device: "DeviceInfo", carry_on: bool) -> None:
-        await self.chat.end_turn()  # the reply streaming on the old engine, stopped and stored
+        if not await self.chat.end_turn():  # the reply streaming on the old engine, stopped and stored
+            engine.close()  # the app quits: the new engine was never taken up
+            return
         session_id = self.session_id if carry_on else None
         self.spec = spec
         self.lease.replace(engine)

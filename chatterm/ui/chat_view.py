@@ -207,6 +207,8 @@ class ChatView(Vertical):
         self._turn_over = asyncio.Event()
         """Set while no turn runs (`end_turn` waits for it)."""
         self._turn_over.set()
+        self._letting_go = False
+        """The app quits (`let_go`)."""
         self._no_model_reason: str | None = None
         self._send_when_ready = False
         """Enter was pressed while the model loaded: send the prompt once it has."""
@@ -861,7 +863,7 @@ class ChatView(Vertical):
             if turn is not None:
                 turn.cancel()
 
-    async def end_turn(self) -> None:
+    async def end_turn(self) -> bool:
         """Cancel the running turn, if any, and wait until it has ended: stored
         (a stopped reply is a turn of its session) and drawn. A switch to
         another conversation, or to another model continuing this one, comes
@@ -869,12 +871,25 @@ class ChatView(Vertical):
         hid from the screen, though the next prompt held it), and the turn's
         end, drawn after the switch, put its figures on the new conversation's
         dashboard. A worker that does not end within `END_TURN_WAIT_S` (an
-        engine that does not answer its cancel) is not waited for longer."""
+        engine that does not answer its cancel) is not waited for longer, by
+        this switch or the next; nor is any once the app quits (`let_go`).
+        False once the app quits: the switch is not to go on."""
         self.cancel()
+        if self._turn_over.is_set():
+            return not self._letting_go
+        self.set_status("stopping…")
         try:
             await asyncio.wait_for(self._turn_over.wait(), END_TURN_WAIT_S)
         except TimeoutError:
             log.warning("the turn did not end within %s s of its cancel", END_TURN_WAIT_S)
+            self._turn_over.set()  # given up on: its end is still drawn when it comes
+        return not self._letting_go
+
+    def let_go(self) -> None:
+        """The app quits: a switch waiting for the turn to end waits no more."""
+        self._letting_go = True
+        self.cancel()
+        self._turn_over.set()
 
     def stop(self) -> None:
         """Esc: stop the reply that is streaming; cancel an edit; unselect the

@@ -197,7 +197,7 @@ class ModelPicker(ModalScreen["ModelSwitch | None"]):
         if row is None:
             text = ""
         elif refused:
-            text = f"Not loaded: {row.id} cannot be used ({row.problem}). Pick another model, or Esc."
+            text = f"Not loaded: {row.id} cannot be used ({row.problem.rstrip('.')}). Pick another model, or Esc."
         elif not row.usable:
             text = f"{row.id} cannot be used: {row.problem}"
         elif row.id == self._current:

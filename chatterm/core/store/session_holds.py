@@ -32,10 +32,15 @@ import contextlib
 import logging
 import os
 import threading
+import time
 from pathlib import Path
 from typing import Iterator
 
 from chatterm.errors import ChattermError
+
+HOLD_TRIES = 5
+"""Tries, 10 ms apart, to mark a session another chatterm holds exclusively
+for a moment (`check_not_open_elsewhere`)."""
 
 try:
     import fcntl
@@ -76,12 +81,22 @@ class SessionHolds:
             self._release()
             if session_id is None or (fd := self._open(session_id)) is None:
                 return
-            try:
-                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-            except OSError as exc:  # a delete holds it right now: the session is going
-                log.info("session %s not marked open: %s", session_id, exc)
-                os.close(fd)
-                return
+            for attempt in range(HOLD_TRIES):
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    # Held exclusively: a delete (the session is going), or a
+                    # check before a delete's question, which lets go at once.
+                    if attempt == HOLD_TRIES - 1:
+                        log.info("session %s not marked open: a delete holds it", session_id)
+                        os.close(fd)
+                        return
+                    time.sleep(0.01)
+                except OSError as exc:
+                    log.info("session %s not marked open: %s", session_id, exc)
+                    os.close(fd)
+                    return
             self._held = (session_id, fd)
 
     def release(self) -> None:
