@@ -12,9 +12,7 @@ import shutil
 import subprocess
 
 import pytest
-from test_tmux_e2e import FOOTER, Tmux, flat, launch_command, title
-
-from chatterm.core.store.session_store import SessionStore
+from test_tmux_e2e import Tmux, flat, launch_command, only_turn, replied, title
 
 pytestmark = [
     pytest.mark.tmux,
@@ -42,7 +40,7 @@ def test_copy_reply_emits_osc_52_in_tmux(tmp_path):
         tmux.wait_for(lambda s: "· ready" in title(s), 120, "the model to load")
         tmux.run("send-keys", "-t", tmux.target, "-l", "Say hello in French.")
         tmux.run("send-keys", "-t", tmux.target, "Enter")
-        tmux.wait_for(lambda s: FOOTER.search(flat(s)) is not None and "· ready" in title(s), 120, "the reply")
+        tmux.wait_for(replied, 120, "the reply")
         assert buffer(tmux) is None
         tmux.run("send-keys", "-t", tmux.target, "F9")
         screen = tmux.wait_for(lambda s: "Copied the reply" in flat(s), 30, "the copy notice")
@@ -51,7 +49,5 @@ def test_copy_reply_emits_osc_52_in_tmux(tmp_path):
     finally:
         tmux.kill()
     assert "Traceback" not in screen
-    with SessionStore(db, readonly=True) as store:
-        (session,) = store.sessions()
-        (record,) = store.turns(session.id)
+    record = only_turn(db)
     assert record.reply.strip() and copied == record.reply

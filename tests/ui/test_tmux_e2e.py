@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from chatterm.core.metrics.format import fmt_ms
-from chatterm.core.store.session_store import SessionStore
+from chatterm.core.store.session_store import SessionStore, TurnRecord
 
 pytestmark = [
     pytest.mark.tmux,
@@ -89,6 +89,19 @@ def launch_command(tmp_path, *args: str, program: tuple[str, ...] = ("-m", "chat
     return f"cd {shlex.quote(str(REPO))} && {launch}; echo CHATTERM-EXIT=$?; sleep 120"
 
 
+def replied(screen: str) -> bool:
+    """The reply's footer is on screen and the app is ready again."""
+    return FOOTER.search(flat(screen)) is not None and "· ready" in title(screen)
+
+
+def only_turn(db) -> TurnRecord:
+    """The one turn stored in `db`, of its one session."""
+    with SessionStore(db, readonly=True) as store:
+        (session,) = store.sessions()
+        (record,) = store.turns(session.id)
+    return record
+
+
 def stty(tty: str) -> str:
     return subprocess.run(["stty", "-a", "-F", tty], capture_output=True, text=True).stdout
 
@@ -125,11 +138,7 @@ def test_launch_answers_a_question_in_tmux(tmp_path):
         wait_until(lambda: "-icrnl" in stty(pane_tty), 30, "launch to keep Enter as typed")
         tmux.run("send-keys", "-t", tmux.target, "-l", "What is the capital of France?")
         tmux.run("send-keys", "-t", tmux.target, "Enter")
-        screen = tmux.wait_for(
-            lambda s: FOOTER.search(flat(s)) is not None and "· ready" in title(s),
-            120,
-            "the reply and its footer",
-        )
+        screen = tmux.wait_for(replied, 120, "the reply and its footer")
         # ↑ edits the message, Esc cancels: the terminal shows it. The status
         # line and the title stayed on "editing" while the app held "ready"
         # (a repaint lost beside the prompt's layout; Pilot never saw it).
@@ -145,9 +154,7 @@ def test_launch_answers_a_question_in_tmux(tmp_path):
         tmux.kill()
 
     assert "What is the capital of France?" in screen
-    with SessionStore(db, readonly=True) as store:
-        (session,) = store.sessions()
-        (record,) = store.turns(session.id)
+    record = only_turn(db)
     assert record.user_text == "What is the capital of France?"
     assert record.metrics.stop_reason in ("eos", "length") and record.reply.strip()
     # The reply on screen is the stored one, and so is the TTFT in its footer.
@@ -168,16 +175,12 @@ def test_a_message_typed_before_launch_starts_is_sent(tmp_path):
                  "sleep 1.5; " + launch_command(tmp_path, "--db", str(db)))
         tmux.run("send-keys", "-t", tmux.target, "-l", "What is 3 times 3?")
         tmux.run("send-keys", "-t", tmux.target, "Enter")
-        screen = tmux.wait_for(lambda s: FOOTER.search(flat(s)) is not None and "· ready" in title(s), 120,
-                               "the reply")
+        screen = tmux.wait_for(replied, 120, "the reply")
         tmux.quit()
     finally:
         tmux.kill()
     assert "Traceback" not in screen
-    with SessionStore(db, readonly=True) as store:
-        (session,) = store.sessions()
-        (record,) = store.turns(session.id)
-    assert record.user_text == "What is 3 times 3?"
+    assert only_turn(db).user_text == "What is 3 times 3?"
 
 
 SLOW_LOAD = """

@@ -12,9 +12,7 @@ import os
 import shutil
 
 import pytest
-from test_tmux_e2e import FOOTER, Tmux, flat, launch_command, title
-
-from chatterm.core.store.session_store import SessionStore
+from test_tmux_e2e import Tmux, launch_command, only_turn, replied, title
 
 pytestmark = [
     pytest.mark.tmux,
@@ -43,13 +41,11 @@ def test_a_coloured_paste_lands_whole_in_the_prompt(tmp_path):
         tmux.wait_for(lambda s: "third line" in s, 30, "the paste in the prompt")
         before_enter = tmux.screen()
         tmux.run("send-keys", "-t", tmux.target, "Enter")
-        screen = tmux.wait_for(lambda s: FOOTER.search(flat(s)) is not None and "· ready" in title(s), 120, "the reply")
+        screen = tmux.wait_for(replied, 120, "the reply")
         tmux.quit()
     finally:
         tmux.kill()
     assert "Traceback" not in screen
     assert "␛" not in before_enter and "[0m" not in before_enter
-    with SessionStore(db, readonly=True) as store:
-        (session,) = store.sessions()
-        (record,) = store.turns(session.id)
+    record = only_turn(db)
     assert record.user_text == "first line\nsecond line\nthird line"
