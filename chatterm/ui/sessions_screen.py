@@ -433,6 +433,7 @@ class SessionsScreen(ModalScreen["SessionChoice | None"]):
             if yes:
                 self._delete_worker(session_id)
 
+        self._say_note()  # an earlier refusal, said already, is not left under the question
         self.app.push_screen(ConfirmScreen(f"Delete session {session_id}, its turns and its KV states?"),
                              confirmed)
 

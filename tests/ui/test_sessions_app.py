@@ -157,9 +157,10 @@ async def test_d_on_a_session_open_in_another_chatterm_is_refused_before_the_que
             assert not isinstance(app.screen, ConfirmScreen)
             note = str(app.screen.query_one("#sessions-note").render())
             assert f"Session {held} is open in another chatterm" in note
-            other.hold(None)  # closed there: now it asks
+            other.hold(None)  # closed there: now it asks, and the refusal is gone from under it
             await pilot.press("d")
             await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="the question")
+            assert "open in another chatterm" not in str(app.screen_stack[-2].query_one("#sessions-note").render())
 
 
 async def test_the_rename_box_shows_a_titles_escape_sequence_as_symbols(build, store):
