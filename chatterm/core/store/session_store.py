@@ -85,6 +85,14 @@ _ENVIRONMENT_ERRORS = ("SQLITE_IOERR", "SQLITE_FULL", "SQLITE_READONLY", "SQLITE
 
 T = TypeVar("T")
 
+def _rollback(conn: sqlite3.Connection) -> None:
+    """Roll back the transaction a failed write left, where SQLite has not
+    already done so itself (after SQLITE_FULL it has, and ROLLBACK fails)."""
+    if conn.in_transaction:
+        with suppress(sqlite3.Error):
+            conn.execute("ROLLBACK")
+
+
 _UNSEEN = object()
 """A session whose leaf this store had not noted (`batch`'s rollback)."""
 
@@ -428,11 +436,7 @@ class SessionStore:
                 result = action(conn)
                 conn.execute("COMMIT")
             except BaseException:
-                if conn.in_transaction:
-                    try:
-                        conn.execute("ROLLBACK")
-                    except sqlite3.Error:
-                        pass  # SQLite has already rolled back (e.g. after SQLITE_FULL)
+                _rollback(conn)
                 raise
         except (sqlite3.Error, OSError) as exc:
             if strict:
@@ -462,9 +466,7 @@ class SessionStore:
                         self._leaf_seen.pop(session_id, None)
                     else:
                         self._leaf_seen[session_id] = before
-                if conn.in_transaction:
-                    with suppress(sqlite3.Error):  # SQLite may have rolled back itself (SQLITE_FULL)
-                        conn.execute("ROLLBACK")
+                _rollback(conn)
                 raise
             else:
                 conn.execute("COMMIT")
@@ -657,7 +659,7 @@ class SessionStore:
         TurnMetrics are built: exporting 100,000 turns spent a third of its time
         making them. ChattermError when the session is unknown."""
         with self._lock:
-            if self._empty() or not self._query("SELECT 1 FROM sessions WHERE id = ?", (session_id,)):
+            if not self.has_session(session_id):
                 raise self._unknown(session_id)
             columns, defaults = ["turn_index"], []
             for name in TURN_FIELDS:
@@ -679,7 +681,7 @@ class SessionStore:
         """Every computed turn's metrics in order, on any branch, without the
         texts (session figures: a regenerated turn keeps its own TTFT and cost)."""
         with self._lock:
-            if self._empty() or not self._query("SELECT 1 FROM sessions WHERE id = ?", (session_id,)):
+            if not self.has_session(session_id):
                 raise self._unknown(session_id)
             columns = sorted(METRIC_FIELDS & self._turn_columns)
             rows = self._query(
