@@ -503,8 +503,11 @@ class PromptCache:
             shared = min(common_prefix_len(entry.tokens, prompt), limit)
             if entry.slot in expect and shared < len(entry.tokens) and shared < limit:
                 # Not a fault: the state is of another version of the
-                # conversation (an edit, another branch, a fork of one).
-                why = ("holds another version of the conversation (an edit, a branch or a fork): "
+                # conversation (an edit, another branch, a fork of one), or
+                # a reply's text was tokenized again (stored before its
+                # sampled tokens were, or a template that changes it).
+                why = ("holds another version of the conversation (an edit, a branch, a fork, "
+                       "or a reply tokenized again from its text): "
                        f"shares {shared:,} of its {len(entry.tokens):,} tokens with this prompt")
                 in_ram = f"{entry.slot.label} ({RAM}): {why}"
                 if entry.tier == DISK and in_ram in misses:  # the same state in both tiers: one line

@@ -23,7 +23,7 @@ import logging
 from typing import Protocol
 
 from chatterm.core.config.personas import Persona
-from chatterm.core.engine.interface import ChatMessage, Engine, Turn
+from chatterm.core.engine.interface import ChatMessage, Engine, ReplyTokens, Turn
 from chatterm.core.metrics.cost import energy_cost_usd
 from chatterm.core.metrics.turn_metrics import SessionSummary, StopReason, TurnMetrics
 from chatterm.errors import ChattermError
@@ -41,7 +41,8 @@ class TurnStore(Protocol):
     ) -> None: ...
 
     def record_turn(
-        self, session_id: int, user_text: str, reply: str, metrics: TurnMetrics, after: int | None = None
+        self, session_id: int, user_text: str, reply: str, metrics: TurnMetrics, after: int | None = None,
+        reply_tokens: ReplyTokens | None = None,
     ) -> int | None: ...
 
     def take_write_notice(self) -> str | None: ...
@@ -60,12 +61,15 @@ class EnergyMeter(Protocol):
         """Energy in Wh since `start`, or None when the device reports no power."""
 
 
-def turn_messages(user_text: str, reply: str, metrics: TurnMetrics) -> list[ChatMessage]:
+def turn_messages(
+    user_text: str, reply: str, metrics: TurnMetrics, tokens: ReplyTokens | None = None
+) -> list[ChatMessage]:
     """What a finished turn adds to the history: the user message and the reply
-    (partial when cancelled); nothing for a turn that failed before any text."""
+    (partial when cancelled) with the tokens sampled for it; nothing for a turn
+    that failed before any text."""
     if metrics.stop_reason == StopReason.ERROR and not reply:
         return []
-    return [ChatMessage("user", user_text), ChatMessage("assistant", reply)]
+    return [ChatMessage("user", user_text), ChatMessage("assistant", reply, tokens)]
 
 
 class Conversation:
@@ -126,7 +130,8 @@ class Conversation:
             if wh is not None:
                 m.energy_wh = wh
                 m.energy_cost_usd = energy_cost_usd(wh, self.energy.usd_per_kwh)
-        self.history += turn_messages(text, turn.reply, m)
+        tokens = turn.reply_tokens
+        self.history += turn_messages(text, turn.reply, m, tokens)
         self.turns.append(m)
         self.path_turns += 1
         if self.store is None:
@@ -146,7 +151,8 @@ class Conversation:
                 self.store.move_session(self.session_id, **self._model_fields())
                 self._moved = True
             if self.session_id is not None:  # None: the database refused the write
-                index = self.store.record_turn(self.session_id, text, turn.reply, m, after=self.leaf)
+                index = self.store.record_turn(self.session_id, text, turn.reply, m, after=self.leaf,
+                                               reply_tokens=tokens)
                 if index is not None:
                     self.leaf = index
                     if index != len(self.turns):

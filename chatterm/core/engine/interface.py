@@ -41,10 +41,24 @@ Progress = Callable[[float], "bool | None"]
 
 
 @dataclass(frozen=True)
+class ReplyTokens:
+    """The token ids a local model sampled for a reply, in order (the end of
+    generation token left out): the next prompt carries them instead of the
+    reply's text tokenized again, which splits differently (" Colosse" + "a"
+    sampled, " Colos" + "sea" re-tokenized) and would part from the cached KV
+    there. Only the model they were sampled by reads them."""
+
+    model_identity: str
+    ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class ChatMessage:
     role: str
     """"user" or "assistant" (the persona supplies the system message)."""
     content: str
+    tokens: ReplyTokens | None = field(default=None, compare=False)
+    """An assistant reply's sampled tokens, when a local model wrote it."""
 
 
 MIN_REPLY_TOKENS = 64
@@ -196,6 +210,7 @@ class Turn:
         left; None when the engine does not say."""
         self.request: dict[str, Any] = {}
         """What a served engine sent (the request body after trimming); never a secret."""
+        self._sampled: tuple[str, list[int]] | None = None
         self._price = price
         self._produce = produce
         self._cancel = threading.Event()
@@ -214,6 +229,13 @@ class Turn:
     @property
     def cancelled(self) -> bool:
         return self._cancel.is_set()
+
+    @property
+    def reply_tokens(self) -> ReplyTokens | None:
+        """The reply's sampled tokens so far (None: the engine does not keep them)."""
+        if self._sampled is None:
+            return None
+        return ReplyTokens(self._sampled[0], tuple(self._sampled[1]))
 
     def on_finished(self, callback: Callable[["Turn"], None]) -> None:
         """Run `callback(turn)` in the streaming thread once the turn has ended."""
@@ -259,6 +281,11 @@ class Turn:
         m.cache_outcome = CacheOutcome.NONE
         m.cache_detail = detail
         m.stop_reason = StopReason.CANCELLED
+
+    def keep_tokens(self, model_identity: str, ids: list[int]) -> None:
+        """Call before sampling: `ids` is the list the engine appends each reply
+        token to as it yields its text (so a reply stopped mid-stream has them too)."""
+        self._sampled = (model_identity, ids)
 
     def token_arrived(self) -> None:
         now = time.perf_counter()

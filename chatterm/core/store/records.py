@@ -17,9 +17,12 @@ Contract:
 from __future__ import annotations
 
 import numbers
+import sys
+from array import array
 from dataclasses import MISSING, dataclass, fields
 from typing import Iterable, Sequence
 
+from chatterm.core.engine.interface import ReplyTokens
 from chatterm.core.metrics.turn_metrics import TurnMetrics
 
 TITLE_CHARS = 60
@@ -110,6 +113,8 @@ class TurnRecord:
     branch: str = MAIN_BRANCH
     inherited: bool = False
     """Copied from the session this one was forked from, not computed here."""
+    reply_tokens: ReplyTokens | None = None
+    """The reply's sampled tokens (read with the history only, see `TOKEN_COLUMNS`)."""
 
     @property
     def sibling_label(self) -> str:
@@ -127,6 +132,32 @@ class SearchHit:
     """"user" or "assistant": where the match is."""
     snippet: str
     """Plain text around the match, on one line (no markup)."""
+
+
+TOKEN_COLUMNS = ("reply_tokens", "reply_tokens_model")
+"""The reply's sampled tokens and the model they belong to (v11)."""
+
+
+def tokens_blob(tokens: ReplyTokens | None) -> tuple[bytes | None, str | None]:
+    """The TOKEN_COLUMNS values for `tokens`."""
+    if tokens is None:
+        return None, None
+    ids = array("i", tokens.ids)
+    if sys.byteorder == "big":
+        ids.byteswap()
+    return ids.tobytes(), tokens.model_identity
+
+
+def reply_tokens_of(blob: bytes | None, model_identity: str | None) -> ReplyTokens | None:
+    """The TOKEN_COLUMNS values read back (None for a turn without them, or a
+    blob that is not whole int32s)."""
+    if not blob or not model_identity or len(blob) % 4:
+        return None
+    ids = array("i")
+    ids.frombytes(blob)
+    if sys.byteorder == "big":
+        ids.byteswap()
+    return ReplyTokens(model_identity, tuple(ids))
 
 
 def sql_value(value: object) -> object:

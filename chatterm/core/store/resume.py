@@ -107,7 +107,7 @@ def history_of(records: list[TurnRecord]) -> list[ChatMessage]:
     """The messages the stored turns contribute to the model's history."""
     messages: list[ChatMessage] = []
     for record in records:
-        messages += turn_messages(record.user_text, record.reply, record.metrics)
+        messages += turn_messages(record.user_text, record.reply, record.metrics, record.reply_tokens)
     return messages
 
 

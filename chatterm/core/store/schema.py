@@ -20,6 +20,10 @@ Contract:
   the old one cascades into the turns.)
 - v10 splits the type-ahead credit (`ahead_history_tokens`: history prefilled
   again while typing, not the message) and keeps each reply's sampling `seed`.
+- v11 keeps a local model's reply as the tokens it sampled (`reply_tokens`,
+  little-endian int32, and `reply_tokens_model`, the model's identity): a
+  resumed conversation's prompt then matches the KV state cached after it,
+  which its text tokenized again may not.
 """
 
 from __future__ import annotations
@@ -233,12 +237,18 @@ def _to_v10(conn: sqlite3.Connection) -> None:
     conn.execute("ALTER TABLE turns ADD COLUMN seed INTEGER")
 
 
+def _to_v11(conn: sqlite3.Connection) -> None:
+    # v11: the reply's sampled tokens, and the model they belong to.
+    conn.execute("ALTER TABLE turns ADD COLUMN reply_tokens BLOB")
+    conn.execute("ALTER TABLE turns ADD COLUMN reply_tokens_model TEXT")
+
+
 NEW_SESSION_ID = (
     "(SELECT max(coalesce((SELECT max(id) FROM sessions), 0), value) + 1 FROM id_floor WHERE name = 'sessions')"
 )
 """The id of a session inserted now: above every id there is or was (v9)."""
 
 MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (
-    _to_v1, _to_v2, _to_v3, _to_v4, _to_v5, _to_v6, _to_v7, _to_v8, _to_v9, _to_v10,
+    _to_v1, _to_v2, _to_v3, _to_v4, _to_v5, _to_v6, _to_v7, _to_v8, _to_v9, _to_v10, _to_v11,
 )
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -60,6 +60,7 @@ from contextlib import contextmanager, nullcontext, suppress
 from pathlib import Path
 from typing import Callable, Iterator, TypeVar
 
+from chatterm.core.engine.interface import ReplyTokens
 from chatterm.core.metrics.format import counted
 from chatterm.core.metrics.turn_metrics import STAMP_DIGITS, TURN_FIELDS, TurnMetrics
 from chatterm.core.store import listing, opening, tree
@@ -67,11 +68,13 @@ from chatterm.core.store import search as text_search
 from chatterm.core.store.records import (
     FIELD_DEFAULTS,
     METRIC_FIELDS,
+    TOKEN_COLUMNS,
     SearchHit,
     SessionInfo,
     TurnRecord,
     metrics_of,
     sql_value,
+    tokens_blob,
 )
 from chatterm.core.store.schema import FTS_TABLE, NEW_SESSION_ID, SCHEMA_VERSION
 from chatterm.core.store.session_holds import SessionHolds
@@ -245,9 +248,11 @@ class SessionStore:
         self._write(f"could not record session {session_id}'s new model", move)
 
     def record_turn(
-        self, session_id: int, user_text: str, reply: str, metrics: TurnMetrics, after: int | None = None
+        self, session_id: int, user_text: str, reply: str, metrics: TurnMetrics, after: int | None = None,
+        reply_tokens: ReplyTokens | None = None,
     ) -> int | None:
-        """Commit one turn (all its metrics) and return its index in the session;
+        """Commit one turn (all its metrics, the reply's sampled tokens when
+        given) and return its index in the session;
         None when the database refused the write (see `write_error`). The turn
         goes under turn `after` (the turn the caller's history ends at; 0: none,
         a new first turn), else (None, or a turn the session does not have)
@@ -278,8 +283,8 @@ class SessionStore:
             branch = tree.branch_of_new(_reader(conn), session_id, parent, index)
             now = time.time()
             names = ["session_id", "turn_index", "parent_index", "branch", "recorded_at", "user_text", "reply",
-                     *TURN_FIELDS]
-            values = [session_id, index, parent, branch, now, user_text, reply,
+                     *TOKEN_COLUMNS, *TURN_FIELDS]
+            values = [session_id, index, parent, branch, now, user_text, reply, *tokens_blob(reply_tokens),
                       *(sql_value(data[k]) for k in TURN_FIELDS)]
             conn.execute(
                 f"INSERT INTO turns ({', '.join(names)}) VALUES ({', '.join('?' * len(names))})",
@@ -631,10 +636,12 @@ class SessionStore:
         return row[0][0]
 
     def _path(self, session_id: int, end: int | None, limit: int) -> list[TurnRecord]:
-        """The path ending at turn `end`, at most `limit` turns (-1: all), root first."""
+        """The path ending at turn `end`, at most `limit` turns (-1: all), root
+        first, with the replies' sampled tokens (the history sent to a model)."""
         if end is None or limit == 0:
             return []
-        columns = ", ".join(f"t.{c}" for c in self._record_columns)
+        tokens = [f"t.{c}" if c in self._turn_columns else "NULL" for c in TOKEN_COLUMNS]
+        columns = ", ".join([*(f"t.{c}" for c in self._record_columns), *tokens])
         if self._tree:
             rows = self._query(tree.path_sql(columns), (end, session_id, limit))
         else:  # before v7, read-only: one line
@@ -644,7 +651,7 @@ class SessionStore:
                 (session_id, end, limit),
             )
             rows.reverse()
-        return tree.records(rows, self._record_columns)
+        return tree.records(rows, [*self._record_columns, *TOKEN_COLUMNS], tokens=True)
 
     @property
     def _record_columns(self) -> list[str]:

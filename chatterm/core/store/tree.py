@@ -27,7 +27,14 @@ from __future__ import annotations
 import sqlite3
 from typing import Callable
 
-from chatterm.core.store.records import MAIN_BRANCH, TurnRecord, branch_name, metrics_of
+from chatterm.core.store.records import (
+    MAIN_BRANCH,
+    TOKEN_COLUMNS,
+    TurnRecord,
+    branch_name,
+    metrics_of,
+    reply_tokens_of,
+)
 
 Query = Callable[[str, tuple], list[tuple]]
 
@@ -131,14 +138,16 @@ def with_siblings(rows: list[tuple], parent_at: int) -> list[tuple]:
     return out
 
 
-def records(rows: list[tuple], columns: list[str]) -> list[TurnRecord]:
+def records(rows: list[tuple], columns: list[str], tokens: bool = False) -> list[TurnRecord]:
     """Rows of (turn_index, user_text, reply, *metric columns, parent, *extras)
-    as TurnRecords (`columns`: the names up to the parent)."""
+    as TurnRecords (`columns`: the names up to the parent); with `tokens`, the
+    last two of them are `TOKEN_COLUMNS`."""
     n = len(columns)
-    metrics = metrics_of(columns[3:], (row[3:n] for row in rows))
+    end = n - len(TOKEN_COLUMNS) if tokens else n
+    metrics = metrics_of(columns[3:end], (row[3:end] for row in rows))
     return [
         TurnRecord(r[0], r[1], r[2], m, parent=r[n], sibling=r[n + 1], siblings=r[n + 2], branch=r[n + 3],
-                   inherited=bool(r[n + 4]))
+                   inherited=bool(r[n + 4]), reply_tokens=reply_tokens_of(*r[end:n]) if tokens else None)
         for r, m in zip(rows, metrics, strict=True)
     ]
 

@@ -94,7 +94,8 @@ def test_every_miss_has_a_reason(tmp_path):
     assert "session 3 (disk): other model or settings: model sha256 differs" in reasons
     assert "session 4 (disk): other build: llama cpp build differs" in reasons
     assert "session 5 (disk): corrupt header" in reasons
-    assert ("session 6 (disk): holds another version of the conversation (an edit, a branch or a fork): "
+    assert ("session 6 (disk): holds another version of the conversation (an edit, a branch, a fork, "
+            "or a reply tokenized again from its text): "
             "shares 10 of its 20 tokens with this prompt") in reasons
     assert "session 7: no saved state (not kept yet, or removed)" in reasons
     # The other version still offers what it shares; the damaged ones offer nothing.
@@ -107,8 +108,9 @@ def test_another_version_in_ram_and_on_disk_is_one_reason(tmp_path):
     cache.flush()
     found = cache.lookup("m", COMPAT, tokens(10) + [77] * 20, expect=[Slot.session(6)])
     other = [m for m in found.misses if "another version" in m]
-    assert other == ["session 6 (ram, disk): holds another version of the conversation (an edit, a branch "
-                     "or a fork): shares 10 of its 20 tokens with this prompt"], found.misses
+    assert other == ["session 6 (ram, disk): holds another version of the conversation (an edit, a branch, "
+                     "a fork, or a reply tokenized again from its text): shares 10 of its 20 tokens "
+                     "with this prompt"], found.misses
 
 
 def test_disk_payload_is_checked_and_a_replaced_file_is_a_miss(tmp_path):

@@ -87,6 +87,54 @@ def test_shared_prefix_holds_the_whole_system_prompt(vocab, family):
     assert other[: len(prefix.tokens)] != prefix.tokens  # the prefix is this persona's
 
 
+SPLICES = {"gguf (SmolLM2, ChatML)", "chatml jinja", "mistral jinja (rejects system)",
+           "mixtral jinja (rejects system)"}
+"""The families whose end of turn is a special token of this vocabulary (the
+others' are text here: <end_of_turn>, <|eot_id|>, <|end|>)."""
+REPLY = "Sure thing, here is the Colosseum."
+
+
+def letter_by_letter(llm, text: str) -> list[int]:
+    """Tokens that spell `text` but are not how it tokenizes (as a sampled reply may be)."""
+    return [t for c in text for t in llm.tokenize(c.encode(), add_bos=False, special=False)]
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_a_replys_sampled_tokens_stand_for_its_text_where_a_special_token_follows(vocab, family):
+    template = template_for(vocab, "smollm2-135m", FAMILIES[family][0])
+    messages = conversation("Hello there", REPLY, "And then?")
+    sampled = letter_by_letter(vocab, REPLY)
+    plain = template.tokens(vocab, messages)
+    spliced = template.tokens(vocab, messages, {2: sampled})
+    assert text_of(vocab, spliced) == text_of(vocab, plain)  # the same prompt, whichever way
+    assert (spliced != plain) == (family in SPLICES)
+    if family in SPLICES:
+        at = next(i for i in range(len(spliced)) if spliced[i : i + len(sampled)] == sampled)
+        # What comes before the reply is the one-turn prompt the reply was sampled after.
+        assert spliced[:at] == template.tokens(vocab, messages[:2])
+
+
+@pytest.mark.parametrize(
+    "template_text, reply",
+    [
+        # Llama 3's way: the content trimmed (here it has spaces to trim).
+        ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] | trim }}<|im_end|>\n"
+         "{% endfor %}<|im_start|>assistant\n", "  Sure.\n"),
+        # Text between the content and the end of turn, which would join its last token.
+        ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}.\n<|im_end|>\n"
+         "{% endfor %}<|im_start|>assistant\n", "Sure"),
+        # Part of the content left out (a reasoning model's template drops its thinking).
+        ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'].split('</think>')[-1] }}"
+         "<|im_end|>\n{% endfor %}<|im_start|>assistant\n", "<think>hm</think>Sure."),
+    ],
+    ids=["trimmed", "text after the content", "part dropped"],
+)
+def test_a_template_that_does_not_write_the_reply_as_it_is_gets_its_text_tokenized(vocab, template_text, reply):
+    template = template_for(vocab, "m", template_text)
+    messages = conversation("Hello there", reply, "And then?")
+    assert template.tokens(vocab, messages, {2: letter_by_letter(vocab, reply)}) == template.tokens(vocab, messages)
+
+
 def test_mistral_v03_puts_the_system_prompt_late_and_is_detected(vocab):
     template = template_for(vocab, "mistral-v0.3", str(DATA / "mistral-7b-instruct-v0.3.jinja"))
     assert not template.system_folded

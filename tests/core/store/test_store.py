@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from chatterm.cli import main
-from chatterm.core.engine.interface import ChatMessage
+from chatterm.core.engine.interface import ChatMessage, ReplyTokens
 from chatterm.core.metrics.turn_metrics import TURN_FIELDS, TurnMetrics
 from chatterm.core.store import schema as store_schema
 from chatterm.core.store.resume import history_of
@@ -168,7 +168,7 @@ def test_database_is_in_wal_mode_with_current_version(tmp_path):
     SessionStore(db).close()
     conn = sqlite3.connect(db)
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 10
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 11
 
 
 def make_v1_database(path: Path) -> None:
@@ -201,6 +201,7 @@ def test_migration_from_v1_keeps_data_and_adds_the_later_versions(tmp_path):
         (info,) = store.sessions()
         (old,) = store.turns(info.id)
         assert old.metrics.energy_wh is None and old.metrics.ttft_ms == 55.5
+        assert old.reply_tokens is None  # v11's columns are not there
     assert sha(db) == before
     with SessionStore(db) as store:
         assert sqlite3.connect(db).execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
@@ -228,6 +229,28 @@ def test_migration_from_v1_keeps_data_and_adds_the_later_versions(tmp_path):
             "VALUES (?, 1, 0, '', '')",
             (info.id,),
         )
+
+
+def test_a_replys_sampled_tokens_are_kept_with_its_history_and_forks_but_not_exported(tmp_path):
+    db = tmp_path / "s.db"
+    sampled = ReplyTokens("sha256:tokens-model", (1, 7654321, 2**31 - 1))
+    with SessionStore(db) as store:
+        sid = new_session(store, "p", 1000.0)
+        store.record_turn(sid, "hi", "hello", full_metrics(), reply_tokens=sampled)
+        store.record_turn(sid, "and?", "served", full_metrics())  # a remote engine's: no tokens
+        assert [r.reply_tokens for r in store.turns(sid)] == [sampled, None]
+        assert [m.tokens for m in history_of(store.turns(sid))[1::2]] == [sampled, None]
+        fork, _ = store.fork_session(sid, 1)
+        assert store.turns(fork)[0].reply_tokens == sampled
+        exported = repr(store.export_rows(sid))
+    assert "7654321" not in exported and "tokens-model" not in exported
+    # Damaged tokens read as none: the reply's text is tokenized instead.
+    conn = sqlite3.connect(db)
+    conn.execute("UPDATE turns SET reply_tokens = x'0102'")  # not whole int32s
+    conn.commit()
+    conn.close()
+    with SessionStore(db, readonly=True) as store:
+        assert [r.reply_tokens for r in store.turns(sid)] == [None, None]
 
 
 @pytest.mark.parametrize("readonly", [False, True])

@@ -283,7 +283,7 @@ def test_migration_from_v7_keeps_the_turns_as_one_line(tmp_path):
         assert store.export_rows(sid)[1][-5:] == (1, "main", 0, "old question 2", "zebra")
     assert sqlite3.connect(db).execute("PRAGMA user_version").fetchone()[0] == 7
     with SessionStore(db) as store:
-        assert sqlite3.connect(db).execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 10
+        assert sqlite3.connect(db).execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 11
         assert shape(store.turns(sid)) == [(1, None, "", "main"), (2, 1, "", "main"), (3, 2, "", "main")]
         assert store.session(sid).active_at == 203.0
         # The old texts are in the new full-text index.

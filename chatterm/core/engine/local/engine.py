@@ -8,7 +8,9 @@ Contract (beyond chatterm.core.engine.interface):
   override, else the GGUF's) and, with layers on a GPU, warms the context up so
   the first turn's TTFT carries no one-time cost.
 - Every turn renders the full prompt (the template over [system, history...,
-  user]) and starts from the state sharing the longest token prefix with it:
+  user]; a reply this model sampled stands as its sampled tokens,
+  `ChatMessage.tokens`, where the template allows, so the prompt matches the
+  KV state kept after it) and starts from the state sharing the longest token prefix with it:
   the live context, else the prompt cache's RAM tier, else its disk tier
   (`chatterm.core.cache.prompt_cache`); a cached state must beat the live context by
   MIN_REUSE tokens to be worth a restore. The state is trimmed to the shared
@@ -108,7 +110,7 @@ from chatterm.core.engine.local.outcome import (
     started_from,
     switch_label,
 )
-from chatterm.core.engine.local.prompt_fit import Fitted, PromptFitter
+from chatterm.core.engine.local.prompt_fit import MEMO_LIMIT, Fitted, PromptFitter
 from chatterm.core.engine.local.type_ahead import AheadCredit, TypeAhead
 from chatterm.core.metrics.format import counted
 from chatterm.core.metrics.turn_metrics import CacheOutcome, StopReason, TurnMetrics
@@ -156,6 +158,9 @@ class LocalEngine(Engine):
         self._model_sha256 = ""
         self._compat: dict[str, Any] = {}
         self._prefixes: dict[str, templates.PersonaPrefix] = {}
+        self._sampled_checked: dict[tuple[str, tuple[int, ...]], bool] = {}
+        """Whether a reply's sampled tokens spell its text, per (text, tokens):
+        a long history is decoded once, not on every keystroke of type-ahead."""
         self._prepared: PreparedPersona | None = None
         """The persona prefix prepare_persona made ready and no turn has used
         yet; cleared whenever the context is cleared."""
@@ -316,7 +321,24 @@ class LocalEngine(Engine):
         messages = [{"role": "system", "content": persona.system_prompt}]
         messages += [{"role": m.role, "content": m.content} for m in history]
         messages.append({"role": "user", "content": user_text})
-        return self.template.tokens(self.llm, messages)
+        known = {i: m.tokens.ids for i, m in enumerate(history, start=1) if self._sampled_here(m)}
+        return self.template.tokens(self.llm, messages, known)
+
+    def _sampled_here(self, message: ChatMessage) -> bool:
+        """`message` carries the tokens this model sampled for its text (a reply
+        cut short inside a character, for one, does not: its text lacks the
+        character's first bytes)."""
+        tokens = message.tokens
+        if tokens is None or tokens.model_identity != self.model_identity:
+            return False
+        key = (message.content, tokens.ids)
+        verdict = self._sampled_checked.get(key)
+        if verdict is None:
+            if len(self._sampled_checked) >= MEMO_LIMIT:
+                self._sampled_checked.clear()
+            text = b"".join(self.token_bytes(t) for t in tokens.ids).decode("utf-8", "replace")
+            verdict = self._sampled_checked[key] = text == message.content
+        return verdict
 
     def fit_prompt(
         self, persona: Persona, history: Sequence[ChatMessage], user_text: str, max_tokens: int
@@ -892,6 +914,8 @@ class LocalEngine(Engine):
             repeat_penalty=s.repeat_penalty,
             reset=True,
         )
+        sampled: list[int] = []
+        turn.keep_tokens(self.model_identity, sampled)
         try:
             for token in generator:
                 turn.token_arrived()
@@ -900,6 +924,7 @@ class LocalEngine(Engine):
                 if llama_cpp.llama_vocab_is_eog(self._vocab, token):
                     m.stop_reason = StopReason.EOS
                     break
+                sampled.append(token)
                 yield decoder.decode(self.token_bytes(token))
                 if turn.cancelled:
                     m.stop_reason = StopReason.CANCELLED

@@ -15,6 +15,13 @@ Contract:
   `ChatTemplate.tokens(llm, messages)` tokenizes that like llama-cpp-python's
   chat handler does (special tokens parsed; BOS added by the tokenizer only for
   built-in formats, a Jinja template writes its own `bos_token`).
+- `tokens(llm, messages, known)` puts a reply's sampled tokens (`known`, by
+  message index) where its text would be: the KV cached after that reply
+  holds those tokens, and its text tokenized again can split differently.
+  Only where the template writes the content unchanged (checked by rendering
+  with a marker in its place) and a special token follows it (the text after
+  it is then tokenized as it would be in the whole prompt); else the prompt's
+  text is tokenized whole, as before.
 - System prompts: a template that rejects a system message (llama-cpp-python's
   Mistral/Mixtral templates raise) or silently drops it (the built-in "gemma"
   format) gets it folded into the first user message, separated by a blank
@@ -33,9 +40,10 @@ Contract:
 from __future__ import annotations
 
 import inspect
+import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import jinja2
 from llama_cpp import llama_chat_format
@@ -107,8 +115,50 @@ class ChatTemplate:
                 f"set `{KEY}` for it in models.toml"
             ) from None
 
-    def tokens(self, llm: "llama_cpp.Llama", messages: Sequence[Message]) -> list[int]:
-        return llm.tokenize(self.render(messages).encode("utf-8"), add_bos=self.add_bos, special=True)
+    def tokens(
+        self, llm: "llama_cpp.Llama", messages: Sequence[Message], known: Mapping[int, Sequence[int]] | None = None
+    ) -> list[int]:
+        """The prompt's tokens; `known` maps the index of a message to the tokens
+        its content is (a reply as sampled), which stand for it in the prompt
+        where the template puts the content as it is (see the contract)."""
+        text = self.render(messages)
+        if known:
+            spliced = self._spliced(llm, messages, known, text)
+            if spliced is not None:
+                return spliced
+        return llm.tokenize(text.encode("utf-8"), add_bos=self.add_bos, special=True)
+
+    def _spliced(
+        self, llm: "llama_cpp.Llama", messages: Sequence[Message], known: Mapping[int, Sequence[int]], text: str
+    ) -> list[int] | None:
+        marked = self.render([{**m, "content": _MARK.format(i)} if i in known else m
+                              for i, m in enumerate(messages)])
+        parts = _MARKS.split(marked)  # text, index, text, index, ..., text
+        order = [int(i) for i in parts[1::2]]
+        if order != sorted(known) or parts[0] + "".join(
+            messages[i]["content"] + after for i, after in zip(order, parts[2::2], strict=True)
+        ) != text:
+            return None  # the template changes the content (trims it, drops a part): its text it is
+        out = llm.tokenize(parts[0].encode("utf-8"), add_bos=self.add_bos, special=True)
+        for i, after in zip(order, parts[2::2], strict=True):
+            piece = after.encode("utf-8")
+            tokens = llm.tokenize(piece, add_bos=False, special=True)
+            # Only where a special token (an end of turn) follows the content: text
+            # there would have joined the content's last token, and a tokenizer
+            # that puts a space before a text piece would change the prompt.
+            if tokens and tokens[:1] == llm.tokenize(piece[:_LOOK], add_bos=False, special=False)[:1]:
+                return None
+            out += known[i]
+            out += tokens
+        return out
+
+
+_MARK = "\ue000{}\ue001"
+"""Stands for a known reply's content while the template renders (Unicode
+private use characters: no model writes them)."""
+_MARKS = re.compile("\ue000([0-9]+)\ue001")
+_LOOK = 64
+"""Bytes of a piece that tell whether it starts with a special token."""
 
 
 def _fold_system(messages: list[Message]) -> list[Message]:
