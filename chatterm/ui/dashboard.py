@@ -170,7 +170,9 @@ class Dashboard(TypingGoesToPrompt, VerticalScroll):
         context: str | Content = fmt_int(used)
         if self._n_ctx:
             context += f" / {fmt_int(self._n_ctx)}"
-            if used is not None:
+            if used is not None and used > self._n_ctx:  # a persona too large for the model
+                context = Content.assemble(context, (" · more than the context holds", "$error"))
+            elif used is not None:
                 share = used / self._n_ctx
                 context += f" · {share * 100:.0f} %"
                 if share >= CONTEXT_WARNING:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 import struct
 import threading
@@ -353,6 +354,29 @@ def test_context_overflow_cuts_oldest_turns_deep_never_the_persona(ws, tmp_path)
         huge, _ = run_turn(engine, persona, "tell me " * 3000)
         assert huge.metrics.stop_reason in ("eos", "length")
         assert any("kept its last" in n for n in huge.notices)
+    finally:
+        engine.close()
+
+
+def test_a_persona_too_large_for_the_context_is_one_line_before_anything_is_prefilled(ws, persona):
+    large = ws.personas.get("shop-support")  # about 2,400 tokens
+    small = replace(ws.catalog.get(None), id="tiny-ctx", n_ctx=1024)
+    ws.catalog.models[small.id] = small
+    engine = make_engine(ws, "tiny-ctx")
+    try:
+        with pytest.raises(ChattermError) as refused:
+            engine.prepare_persona(large)  # was "llama_decode returned 1"
+        said = str(refused.value)
+        assert re.fullmatch(
+            r"persona 'shop-support' is \d,\d{3} tokens: with room for a message and a reply \(\d+ tokens\) "
+            r"it does not fit the 1,024-token context of model 'tiny-ctx'; raise the model's n_ctx in "
+            r"models\.toml, or shorten the persona", said), said
+        assert engine.context_used() == 0
+        turn = engine.start_turn(large, [], "Where is my order?")
+        assert "".join(turn.stream()) == ""
+        assert turn.metrics.stop_reason == "error" and turn.metrics.error == said
+        _, reply = run_turn(engine, persona)  # the engine is fine with a persona that fits
+        assert reply.strip()
     finally:
         engine.close()
 

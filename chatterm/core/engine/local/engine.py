@@ -563,6 +563,7 @@ class LocalEngine(Engine):
             gate.preparing = persona.id
             self._context_replaced()  # it is made the persona's (`_prepared` is set again below)
             try:
+                self._fitter.check_room(persona, persona.sampling.max_tokens)
                 report = self._ensure_persona(persona, report=progress)
             except RuntimeError:
                 if not gate.abort.is_set:

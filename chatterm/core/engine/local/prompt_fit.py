@@ -17,7 +17,8 @@ Contract:
   message (one message's closing and opening tokens) count as the message's.
 - A message that alone cannot fit keeps its last tokens (a pasted document
   usually ends with the question about it), and says so; a persona that
-  leaves no room at all is a ChattermError.
+  leaves no room at all is a ChattermError naming it, its size and the
+  context (`check_room` says so before anything is prefilled).
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ from chatterm.core.config.personas import Persona
 from chatterm.core.engine.context_window import KEEP_AFTER_CUT, anchor_index, anchor_of, choose_cut, turn_starts
 from chatterm.core.engine.interface import ChatMessage, reply_room
 from chatterm.errors import ChattermError
+
+MIN_MESSAGE_TOKENS = 16
+"""Room a persona must leave for a message (a short question and its template tokens)."""
 
 MEMO_LIMIT = 20_000
 """Messages whose token counts are remembered (a few MB at most)."""
@@ -124,16 +128,27 @@ class PromptFitter:
         opened = common_prefix_len(fitted.tokens, self._render(persona, kept, ""))
         return max(opened - self._template_tokens(persona), 0)
 
+    def check_room(self, persona: Persona, max_tokens: int) -> None:
+        """ChattermError (`_no_room`) when the persona's prompt alone leaves no
+        room for a message and the reply: said when the persona is prepared,
+        rather than as a failed decode."""
+        prompt, room = len(self._render(persona, [], "")), reply_room(max_tokens, self.n_ctx)
+        if prompt + MIN_MESSAGE_TOKENS > self.n_ctx - room:
+            raise self._no_room(persona, prompt, room)
+
+    def _no_room(self, persona: Persona, prompt: int, room: int) -> ChattermError:
+        return ChattermError(
+            f"persona {persona.id!r} is {prompt:,} tokens: with room for a message and a reply "
+            f"({room:,} tokens) it does not fit the {self.n_ctx:,}-token context "
+            f"of model {self._model_id!r}; raise the model's n_ctx in models.toml, or shorten the persona"
+        )
+
     def _clip(self, fitted: Fitted, persona: Persona, user_text: str, budget: int) -> None:
         """No history left to leave out: keep the message's end."""
         message = self._tokenize(user_text)
         keep = len(message) - (len(fitted.tokens) - budget) - 8  # the template may shift a few
         if keep <= 0:
-            prefix = len(self._render(persona, [], ""))
-            raise ChattermError(
-                f"the persona prompt ({prefix} tokens) leaves no room in the "
-                f"{self.n_ctx}-token context of model {self._model_id!r}"
-            )
+            raise self._no_room(persona, len(self._render(persona, [], "")), self.n_ctx - budget)
         clipped = self._detokenize(message[-keep:])
         fitted.tokens = self._render(persona, [], clipped)
         fitted.notices.append(
