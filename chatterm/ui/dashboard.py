@@ -70,7 +70,7 @@ def turn_state(m: TurnMetrics, running: bool) -> str:
         return "prefilling…" if m.ttft_ms is None else "streaming…"
     return {
         StopReason.CANCELLED: "stopped", StopReason.ERROR: "error", StopReason.LENGTH: "max tokens",
-        StopReason.EOS: "done",
+        StopReason.CONTEXT: "context full", StopReason.EOS: "done",
     }.get(m.stop_reason, str(m.stop_reason) or "done")
 
 

@@ -184,6 +184,7 @@ def prefix_outcome_label(outcome: CacheOutcome, ms: float, tokens: int, tier: st
 _STOP_LABELS = {
     StopReason.CANCELLED: "stopped",
     StopReason.LENGTH: "max tokens reached",
+    StopReason.CONTEXT: "context full",
     StopReason.ERROR: "error",
 }
 

@@ -73,10 +73,9 @@ class Timeline:
 
     @property
     def status(self) -> str:
-        """ok, stopped (cancelled), error or max tokens: how a chart marks the turn."""
-        return {StopReason.CANCELLED: "stopped", StopReason.ERROR: "error", StopReason.LENGTH: "max tokens"}.get(
-            self.stop_reason, "ok"
-        )
+        """ok, stopped (cancelled), error, max tokens or context full: how a chart marks the turn."""
+        return {StopReason.CANCELLED: "stopped", StopReason.ERROR: "error", StopReason.LENGTH: "max tokens",
+                StopReason.CONTEXT: "context full"}.get(self.stop_reason, "ok")
 
 
 def timeline(m: TurnMetrics) -> Timeline:

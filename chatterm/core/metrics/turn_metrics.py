@@ -51,6 +51,8 @@ class StopReason(StrEnum):
 
     EOS = "eos"
     LENGTH = "length"
+    CONTEXT = "context"
+    """The context filled up before the reply ended (below max_tokens)."""
     CANCELLED = "cancelled"
     ERROR = "error"
 

@@ -18,6 +18,7 @@ from chatterm.core.engine.context_window import KEEP_AFTER_CUT
 from chatterm.core.engine.conversation import Conversation
 from chatterm.core.engine.interface import ChatMessage, reply_room
 from chatterm.core.engine.local.engine import LocalEngine
+from chatterm.core.metrics.format import stop_label
 from chatterm.core.workspace import Workspace
 from chatterm.errors import ChattermError
 from tests.conftest import greedy
@@ -356,6 +357,20 @@ def test_context_overflow_cuts_oldest_turns_deep_never_the_persona(ws, tmp_path)
         assert any("kept its last" in n for n in huge.notices)
     finally:
         engine.close()
+
+
+def test_a_reply_that_fills_the_context_says_so_not_max_tokens(ws):
+    persona = greedy(ws.personas.get("terse-coder"), max_tokens=1000)
+    small = replace(ws.catalog.get(None), id="tiny-ctx", n_ctx=256)
+    ws.catalog.models[small.id] = small
+    engine = make_engine(ws, "tiny-ctx")
+    try:
+        turn, _ = run_turn(engine, persona, "Write a long essay about the history of Rome, with many details.")
+    finally:
+        engine.close()
+    m = turn.metrics
+    assert m.prompt_tokens + m.generated_tokens == 256
+    assert m.stop_reason == "context" and stop_label(m) == "context full"
 
 
 def test_a_persona_too_large_for_the_context_is_one_line_before_anything_is_prefilled(ws, persona):

@@ -931,7 +931,7 @@ class LocalEngine(Engine):
                     m.stop_reason = StopReason.CANCELLED
                     break
                 if m.generated_tokens >= max_tokens:
-                    m.stop_reason = StopReason.LENGTH
+                    m.stop_reason = StopReason.LENGTH if max_tokens == s.max_tokens else StopReason.CONTEXT
                     break
                 if m.generated_tokens % RECHECK_TOKENS == 0:
                     self._threads.apply()  # another process may have taken a core, or left one
