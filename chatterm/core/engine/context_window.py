@@ -10,7 +10,7 @@ Contract:
   the cut the cached conversation was computed with (the anchor), so the cut
   is sticky: it stays there while the prompt fits `budget`; when it would
   not, it moves forward far enough that the prompt is at most `keep` x
-  budget. So consecutive turns share their prompt's prefix and the cache
+  budget, never past the newest turn while that one fits. So consecutive turns share their prompt's prefix and the cache
   reuses it: a cut happens once every several turns, not on every turn as
   with the fewest dropped turns. The anchor is remembered by the engine (and
   saved with the session's state), so a relaunch, `ask --session` and
@@ -108,13 +108,17 @@ def choose_cut(turn_sizes: Sequence[int], user_size: int, fixed: int, budget: in
     tokens), from the cut the cached state has on; `user_size`: tokens of the
     message sent now; `fixed`: the persona's tokens, never left out. Sizes may
     be estimates: the caller checks the prompt it renders, and drops more when
-    it still does not fit."""
+    it still does not fit. The newest turn stays while it fits `budget`, even
+    above the low mark: a prompt without the exchange just before it loses
+    what "it" and "that" refer to."""
     kept = sum(turn_sizes)
     if fixed + kept + user_size <= budget:
         return 0
     low = int(budget * keep)
     cut = 0
     while cut < len(turn_sizes) and fixed + kept + user_size > low:
+        if cut == len(turn_sizes) - 1 and fixed + kept + user_size <= budget:
+            break
         kept -= turn_sizes[cut]
         cut += 1
     return cut

@@ -11,6 +11,7 @@ import pytest
 
 from chatterm.core.cache.prompt_cache import PromptCache
 from chatterm.core.engine.conversation import Conversation
+from chatterm.core.engine.interface import ChatMessage
 from chatterm.core.engine.local.engine import LocalEngine
 from chatterm.core.store.session_store import SessionStore
 from chatterm.core.workspace import Workspace
@@ -159,3 +160,25 @@ def test_a_relaunch_after_every_turn_resumes_the_shifted_conversation(ws):
         assert m.prefilled_tokens <= own + TEMPLATE_SLACK, (i, m.prefilled_tokens, own, m.cache_detail)
     with SessionStore(ws.db_path, readonly=True) as store:
         assert [r.user_text for r in store.turns(session_id)] == [message(i) for i in range(TURNS)]
+
+
+def test_the_newest_turn_stays_while_it_fits_and_a_cut_of_every_turn_says_so(ws):
+    """A 412-token turn in a 1,024 context was left out with every turn before it
+    (the cut aims at half the budget), and the notice said "the rest is
+    prefilled once" of a prompt with no history left."""
+    persona = greedy(ws.personas.get("terse-coder"), max_tokens=24)
+    engine = engine_for(ws, "shift")
+    try:
+        # "word " is one token; the budget is 488 (512 less 24 for the reply), half of it 244.
+        history = [ChatMessage("user", "word " * 200), ChatMessage("assistant", "ok"),
+                   ChatMessage("user", "word " * 250), ChatMessage("assistant", "ok")]
+        fitted = engine.fit_prompt(persona, history, "And?", 24)
+        assert fitted.dropped_turns == 1  # over half the budget, but it fits: kept
+        turn = engine.start_turn(persona, history, "word " * 250)  # now the newest turn does not fit
+        list(turn.stream())
+        assert turn.metrics.dropped_turns == 2, turn.notices
+        (notice,) = [n for n in turn.notices if n.startswith("Context full")]
+        assert notice == ("Context full (512 tokens): the oldest 2 turns left the model's context; "
+                          "no earlier turn is left in it, only the persona and this message.")
+    finally:
+        engine.close()

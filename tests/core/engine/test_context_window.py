@@ -39,7 +39,9 @@ def test_the_cut_fits_and_only_moves_forward(sizes, data):
         if j and cut != cuts[j - 1]:
             # A move frees room for later turns: the prompt drops to the low mark
             # (or as far as whole turns allow).
-            assert prompt_size(sizes[:j], users[j], cut) <= BUDGET * KEEP or cut == j
+            assert prompt_size(sizes[:j], users[j], cut) <= BUDGET * KEEP or cut >= j - 1
+        if j and prompt_size(sizes[:j], users[j], j - 1) <= BUDGET:
+            assert cut <= j - 1  # the newest turn stays while it fits
 
 
 def test_the_cut_stays_put_until_the_context_fills_again():
@@ -56,6 +58,9 @@ def test_a_prompt_that_fits_is_not_cut_and_one_that_does_not_is_cut_deep():
     assert choose_cut([200] * 5, 20, FIXED, BUDGET, KEEP) == 3
     # A message that alone leaves no room: every turn is left out.
     assert choose_cut([200] * 2, 900, FIXED, BUDGET, KEEP) == 2
+    # The newest turn, larger than the low mark, stays while it fits.
+    assert choose_cut([500, 600], 20, FIXED, BUDGET, KEEP) == 1
+    assert choose_cut([500, 600], 400, FIXED, BUDGET, KEEP) == 2
 
 
 def test_turn_starts_never_begin_with_a_reply():

@@ -84,7 +84,7 @@ from chatterm.core.cache.prompt_cache import RAM, Candidate, Miss, PromptCache, 
 from chatterm.core.cache.tokens import common_prefix_len
 from chatterm.core.config.catalog import ModelSpec, PriceProfile
 from chatterm.core.config.personas import Persona, Sampling
-from chatterm.core.engine.context_window import Overflow, shift_span
+from chatterm.core.engine.context_window import Overflow, shift_span, turn_starts
 from chatterm.core.engine.interface import (
     AheadReport,
     ChatMessage,
@@ -790,7 +790,8 @@ class LocalEngine(Engine):
                             shift_ms=reuse.shift_ms + self._ahead.shift_ms)
         m.shifted_tokens, m.shift_ms = reuse.shifted, reuse.shift_ms
         if fitted.moved_turns:
-            turn.notices.append(self._cut_notice(fitted.moved_turns, reuse.shifted))
+            left = fitted.dropped_turns == len(turn_starts([m.role for m in history]))
+            turn.notices.append(self._cut_notice(fitted.moved_turns, reuse.shifted, left))
         turn.notices.extend(fitted.notices)
         credit = self._record_start(m, persona, pp, reuse, prepared, len(tokens))
         try:
@@ -816,8 +817,11 @@ class LocalEngine(Engine):
                 # would otherwise be part of the TTFT.
                 m.ahead_history_tokens = credit.before(self._fitter.history_end(persona, history, fitted))
 
-    def _cut_notice(self, turns: int, shifted: int) -> str:
+    def _cut_notice(self, turns: int, shifted: int, none_left: bool) -> str:
         n_ctx = self.llm.n_ctx() if self.llm is not None else self.spec.n_ctx
+        if none_left:  # nothing of the history is left to shift or prefill
+            return (f"Context full ({n_ctx:,} tokens): the oldest {counted(turns, 'turn')} left the model's "
+                    "context; no earlier turn is left in it, only the persona and this message.")
         if shifted:
             how = f"shifted out of the cached state ({shifted:,} tokens): the rest is not prefilled again"
         else:
