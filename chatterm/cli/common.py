@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Iterable
 from chatterm.core.config import paths
 from chatterm.core.config.catalog import ModelCatalog, load_catalog
 from chatterm.core.config.personas import DEFAULT_PERSONA
-from chatterm.core.config.schema import INT_MAX
+from chatterm.core.config.schema import INT_MAX, skipped
 from chatterm.core.metrics.format import printable
 from chatterm.core.workspace import Workspace
 from chatterm.errors import ChattermError
@@ -54,7 +54,7 @@ def catalog(args: argparse.Namespace) -> ModelCatalog:
 def _warn_skipped(errors: list[str], leave_out: str | None = None) -> None:
     for error in errors:
         if error != leave_out:
-            print(f"chatterm: warning: skipped: {printable(error)}", file=sys.stderr)
+            print(f"chatterm: warning: {printable(skipped(error))}", file=sys.stderr)
 
 
 def db_path(args: argparse.Namespace) -> Path:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from textual.theme import BUILTIN_THEMES
 
 from chatterm.core.config import paths
+from chatterm.core.config.schema import skipped
 from chatterm.errors import ChattermError
 from chatterm.ui.app import ChatApp
 from chatterm.ui.engine_setup import EngineFactory, GpuProbe, MeterFactory, default_gpu_status
@@ -59,7 +60,7 @@ def make_app(
     energy_meter: MeterFactory | None = None,
 ) -> ChatApp:
     """Build the app. `resume` is a session id or "latest" (needs `store`)."""
-    notices = [*workspace.catalog.errors, *workspace.personas.errors]
+    notices = [skipped(error) for error in (*workspace.catalog.errors, *workspace.personas.errors)]
     resume_data = None
     if resume is not None:
         if store is None:

@@ -27,6 +27,7 @@ from textual.color import Color, ColorParseError
 from textual.theme import Theme
 
 from chatterm.core.config import paths, resources
+from chatterm.core.config.schema import skipped
 from chatterm.core.config.tomlfile import read_toml
 from chatterm.errors import ChattermError
 
@@ -122,7 +123,7 @@ def load_themes(folders: list[Path] | None = None) -> ThemeSet:
             try:
                 theme = theme_from_file(path)
             except ChattermError as exc:
-                result.errors.append(f"theme skipped: {exc}")
+                result.errors.append(skipped(str(exc)))
                 for name in _names_of(path):
                     result.broken.setdefault(name, str(exc))
                 continue

@@ -320,7 +320,7 @@ async def test_broken_theme_file_is_reported_once_and_skipped(build, isolated_di
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause(0.1)
         messages = startup_problems(app)
-        assert sum("bad␛[31m.toml" in m for m in messages) == 1
+        assert sum("skipped: " in m and "bad␛[31m.toml" in m for m in messages) == 1
         assert not any("\x1b" in m for m in messages)
         assert "bad" not in app.available_themes and "mine" in app.available_themes
         app.theme = "mine"
@@ -347,8 +347,26 @@ async def test_broken_persona_file_is_reported_once_and_skipped(isolated_dirs, t
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause(0.1)
         messages = startup_problems(app)
-        assert sum("broken.toml" in m and "temperature" in m for m in messages) == 1
+        assert sum("skipped: " in m and "broken.toml" in m and "temperature" in m for m in messages) == 1
         assert "broken" not in ws.personas.personas and "assistant" in ws.personas.personas
+
+
+async def test_a_broken_models_toml_entry_is_said_to_be_skipped(isolated_dirs, tmp_path):
+    from fake_engine import FakeEngine
+
+    from chatterm.core.workspace import Workspace
+    from chatterm.ui.launch import make_app
+
+    models = isolated_dirs["CHATTERM_CONFIG_DIR"] / "models.toml"
+    models.parent.mkdir(parents=True, exist_ok=True)
+    models.write_text('[models.mine]\nsource = "mine.gguf"\nn_ctx = "big"\n')
+    ws = Workspace.load(db_path=tmp_path / "db.sqlite")
+    app = make_app(ws, gpu_status=lambda: None,
+                   engine_factory=lambda spec: FakeEngine(spec, ws.catalog.price(spec.price_profile)))
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause(0.1)
+        (message,) = [m for m in startup_problems(app) if "models.toml" in m]
+        assert "skipped: " in message and "[models.mine]" in message and "n_ctx" in message
 
 
 async def test_ctrl_n_mid_reply_stores_the_stopped_turn_and_shows_none_of_its_figures(build, workspace):

@@ -74,6 +74,12 @@ def bad(path: Path, where: str, message: str) -> ChattermError:
     return ChattermError(f"{path}: [{where}] {message}" if where else f"{path}: {message}")
 
 
+def skipped(error: str) -> str:
+    """How a file's or entry's error is told when the rest loads without it
+    (the CLI's warnings and the TUI's start-up notices say it alike)."""
+    return f"skipped: {error}"
+
+
 def _join(where: str, name: str) -> str:
     return f"{where}.{name}" if where else name
 
