@@ -48,7 +48,7 @@ from chatterm.core.metrics.format import SEP, printable
 from chatterm.errors import ChattermError
 from chatterm.ui import terminal
 from chatterm.ui.chat_session import ChatSession
-from chatterm.ui.chat_view import ChatView
+from chatterm.ui.chat_view import ChatView, TurnPhase
 from chatterm.ui.copy_actions import copy_code, copy_reply
 from chatterm.ui.engine_lease import EngineLease
 from chatterm.ui.engine_setup import EngineFactory, GpuProbe, MeterFactory, default_gpu_status, energy_meter_factory
@@ -346,8 +346,14 @@ class ChatApp(App[None]):
     async def action_branch(self, delta: int) -> None:
         await self.chat.switch_branch(delta)
 
-    def action_fork(self) -> None:
+    async def action_fork(self) -> None:
         reply = self.chat.messages.current_reply()
+        if reply is not None and reply.turn_id is None and self.chat.phase in (TurnPhase.STREAMING,
+                                                                               TurnPhase.STOPPING):
+            # The reply still streaming, marked: stopped and stored first, so the
+            # fork holds it (forking the turn before it surprised a user).
+            if not await self.chat.end_turn():
+                return
         self.session.fork(reply.turn_id if reply is not None else None)
 
     def action_copy_reply(self) -> None:

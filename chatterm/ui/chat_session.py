@@ -333,9 +333,11 @@ class ChatSession(Horizontal):
         else:
             self._last_sessions.pop(self.persona.id, None)  # left a new conversation: that is the last one
 
-    async def _open_session(self, session_id: int, back: str | None = None, turn: int | None = None) -> bool:
+    async def _open_session(self, session_id: int, back: str | None = None, turn: int | None = None, *,
+                            warn: bool = True) -> bool:
         """Continue `session_id` (at `turn`); `back`: the notice's start when returning to a
-        persona's last conversation. False (and a notification) when it cannot."""
+        persona's last conversation; `warn`: say when it goes on on another model than
+        its own. False (and a notification) when it cannot."""
         if self.store is None:
             return False
         if not await self.chat.end_turn():  # stored first: continuing this very session, it holds a stopped reply
@@ -347,7 +349,7 @@ class ChatSession(Horizontal):
         except ChattermError as exc:
             notify_plain(self.app, str(exc), severity="error")
             return False
-        for warning in resume.plan.warnings:
+        for warning in resume.plan.warnings if warn else ():
             notify_plain(self.app, warning, severity="warning")
         if back is None:
             self._remember_current()
@@ -501,7 +503,11 @@ class ChatSession(Horizontal):
         if not await self.chat.end_turn():
             return
         self._remember_current()
-        await self._open_session(event.session_id, f"Fork of session {event.parent}")
+        # A fork of the conversation on screen goes on where it was: on the model
+        # loaded, which it may have moved to since its last turn ("session 5 was
+        # recorded with ..." of a session made a moment before).
+        await self._open_session(event.session_id, f"Fork of session {event.parent}",
+                                 warn=event.parent != self.session_id)
 
     # -- switching the model (the picker: ui/models_screen.py loads it) ----------------
     def use_model(self, spec: "ModelSpec", engine: "Engine", device: "DeviceInfo", *, carry_on: bool) -> None:
@@ -523,7 +529,9 @@ class ChatSession(Horizontal):
         self.chat.show_load_progress(None)
         self.chat.prefix_started()
         self._show_model()
-        if session_id is not None and await self._open_session(session_id, f"Now on {spec.label}, continuing"):
+        # Asked for: "continuing with <this model>" needs no warning.
+        if session_id is not None and await self._open_session(session_id, f"Now on {spec.label}, continuing",
+                                                               warn=False):
             return
         await self._start_over(f"Now on {spec.label}: a new conversation with {self.persona.name}.", prepare=True)
 

@@ -185,6 +185,32 @@ async def test_c_continues_the_stored_session_on_the_new_model(stores, app_on, w
         store.close()
 
 
+async def test_a_fork_right_after_c_opens_without_a_model_warning(stores, app_on, workspace):
+    """The fork said "session 5 was recorded with ..." of a session made a moment before."""
+    store = SessionStore(workspace.db_path)
+    app, _ = app_on(store=store)
+    try:
+        async with app.run_test(size=SIZE) as pilot:
+            await loaded(pilot)
+            await send(pilot, "hello")
+            session = app.conversation.session_id
+            table = (await open_picker(pilot)).query_one("#models-table")
+            table.move_cursor(row=table.get_row_index(SMOL_ID))
+            await pilot.pause()
+            await pilot.press("c")
+            await wait_for(pilot, lambda: app.spec.id == SMOL_ID and app.conversation is not None
+                           and app.conversation.engine is app.lease.engine, timeout=120, what="the switch")
+            app.query_one("#conversation").focus()
+            await pilot.press("shift+up", "f")
+            await wait_for(pilot, lambda: app.conversation is not None and app.conversation.session_id != session
+                           and len(app.conversation.history) == 2, what="the fork")
+            await pilot.pause(0.2)
+            assert not [n.message for n in app._notifications if "was recorded with" in n.message]
+            assert app.spec.id == SMOL_ID
+    finally:
+        store.close()
+
+
 async def test_c_while_a_reply_streams_continues_with_that_reply_stopped_and_shown(stores, app_on, workspace):
     """The session was read before the stopped reply was stored: the turn hid
     from the screen, though the next prompt held it, and the old turn's end

@@ -387,6 +387,32 @@ async def test_fork_from_a_turn_continues_with_its_history(build, store):
         assert len(store.sessions()) == 3
 
 
+async def test_f_on_the_reply_still_streaming_stops_it_and_forks_with_it(build, store):
+    """The streaming reply was marked by Shift+Up, but `f` forked at the turn
+    before it, without saying so."""
+    import threading
+
+    app, engines = build(["Echo: one", "a long reply still streaming"], store=store)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        await send(pilot, "one")
+        parent = app.conversation.session_id
+        engines[0].hold_after = 2
+        app.query_one("#prompt").insert("two")
+        await pilot.press("enter")
+        await wait_for(pilot, engines[0].held.is_set, what="the stream to be held")
+        app.query_one("#conversation").focus()
+        await pilot.press("shift+up")  # the streaming reply
+        threading.Timer(0.3, engines[0].gate.set).start()  # the handler waits for the turn's end
+        await pilot.press("f")
+        await wait_for(pilot, lambda: app.conversation is not None and app.conversation.session_id != parent,
+                       what="the fork")
+        await wait_for(pilot, lambda: len(app.conversation.history) == 4, what="its history")
+        assert users(app) == ["one", "two"]
+        (stopped,) = [r for r in store.turns(app.conversation.session_id) if r.user_text == "two"]
+        assert stopped.metrics.stop_reason == "cancelled"
+
+
 async def test_enter_the_moment_the_sessions_screen_opens_opens_the_first_row(build, store):
     """The list is drawn once the screen is laid out: an Enter before that was lost."""
     app, _ = build(store=store)
