@@ -159,7 +159,22 @@ async def test_switching_loads_the_default_models_file_and_chats_on_it(stores, a
         assert app.conversation.turns[-1].generated_tokens > 0
 
 
-async def test_c_continues_the_stored_session_on_the_new_model(stores, app_on, workspace):
+async def continue_on(pilot, picker: ModelPicker, model_id: str) -> None:
+    """`c` on `model_id` in the open picker, and the switch done."""
+    app = pilot.app
+    table = picker.query_one("#models-table")
+    table.move_cursor(row=table.get_row_index(model_id))
+    await pilot.pause()
+    await pilot.press("c")
+    await wait_for(pilot, lambda: app.spec.id == model_id and app.conversation is not None
+                   and app.conversation.engine is app.lease.engine, timeout=120, what="the switch")
+
+
+@pytest.mark.parametrize("then", ["a turn", "a fork"])
+async def test_c_continues_the_stored_session_on_the_new_model(stores, app_on, workspace, then):
+    """Without a warning that it goes on on another model: it was asked for. Nor
+    after a fork made at once ("session 5 was recorded with ..." of a session
+    made a moment before)."""
     store = SessionStore(workspace.db_path)
     app, engines = app_on(store=store)
     try:
@@ -170,43 +185,22 @@ async def test_c_continues_the_stored_session_on_the_new_model(stores, app_on, w
             picker = await open_picker(pilot)
             hint = " ".join(str(s.content) for s in picker.query(".modal-hint"))
             assert f"c: load it, session {session} continues there" in hint
-            table = picker.query_one("#models-table")
-            table.move_cursor(row=table.get_row_index(SMOL_ID))
-            await pilot.pause()
-            await pilot.press("c")
-            await wait_for(pilot, lambda: app.spec.id == SMOL_ID and app.conversation is not None
-                           and app.conversation.engine is app.lease.engine, timeout=120, what="the switch")
+            await continue_on(pilot, picker, SMOL_ID)
             assert app.conversation.session_id == session and len(app.conversation.turns) == 1
             assert engines[0].closed
-            await send(pilot, "And again?")
-            assert [t.model_id for t in app.conversation.turns][-1] == SMOL_ID
-            assert [s.id for s in store.sessions()] == [session]  # the same session, now on the new model
-    finally:
-        store.close()
-
-
-async def test_a_fork_right_after_c_opens_without_a_model_warning(stores, app_on, workspace):
-    """The fork said "session 5 was recorded with ..." of a session made a moment before."""
-    store = SessionStore(workspace.db_path)
-    app, _ = app_on(store=store)
-    try:
-        async with app.run_test(size=SIZE) as pilot:
-            await loaded(pilot)
-            await send(pilot, "hello")
-            session = app.conversation.session_id
-            table = (await open_picker(pilot)).query_one("#models-table")
-            table.move_cursor(row=table.get_row_index(SMOL_ID))
-            await pilot.pause()
-            await pilot.press("c")
-            await wait_for(pilot, lambda: app.spec.id == SMOL_ID and app.conversation is not None
-                           and app.conversation.engine is app.lease.engine, timeout=120, what="the switch")
-            app.query_one("#conversation").focus()
-            await pilot.press("shift+up", "f")
-            await wait_for(pilot, lambda: app.conversation is not None and app.conversation.session_id != session
-                           and len(app.conversation.history) == 2, what="the fork")
-            await pilot.pause(0.2)
+            if then == "a turn":
+                await send(pilot, "And again?")
+                assert [t.model_id for t in app.conversation.turns][-1] == SMOL_ID
+                assert [s.id for s in store.sessions()] == [session]  # the same session, now on the new model
+            else:
+                app.query_one("#conversation").focus()
+                await pilot.press("shift+up", "f")
+                await wait_for(pilot, lambda: app.conversation is not None
+                               and app.conversation.session_id != session
+                               and len(app.conversation.history) == 2, what="the fork")
+                await pilot.pause(0.2)
+                assert app.spec.id == SMOL_ID
             assert not [n.message for n in app._notifications if "was recorded with" in n.message]
-            assert app.spec.id == SMOL_ID
     finally:
         store.close()
 
