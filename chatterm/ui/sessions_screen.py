@@ -133,16 +133,20 @@ class _Table:
     """The title column's least width, in cells."""
     optional: int = 0
 
+    def widest(self) -> list[int]:
+        """Each column's widest cell or label, in cells (0 for the title column)."""
+        return [
+            max([cell_len(label), *(row[n].cell_len for row in self.rows)]) if n != 1 else 0
+            for n, label in enumerate(self.labels)
+        ]
+
     def layout(self, table: DataTable) -> tuple[int, int]:
         """(how many columns are shown, the title column's width). Columns
         from the last optional one back are left out while the rest with a
         title of `floor` cells is wider than `table`; the title is then its
         widest line, as far as the room left after the other columns' widest
         cells, every column's padding and a scrollbar, and at least `floor`."""
-        widest = [
-            max([cell_len(label), *(row[n].cell_len for row in self.rows)]) if n != 1 else 0
-            for n, label in enumerate(self.labels)
-        ]
+        widest = self.widest()
         # As if the vertical scrollbar were there: it comes with the rows, after
         # this width is chosen, and would then cover the last column.
         width = table.content_region.width - table.styles.scrollbar_size_vertical
@@ -278,8 +282,15 @@ class SessionsScreen(ModalScreen["SessionChoice | None"]):
         table.clear(columns=True)
         columns, cells = shown.layout(table)
         self._shown, self._shown_layout = shown, (columns, cells)
+        # Every column at the width `layout` measured, none left to DataTable's
+        # auto width: that is measured on the table's next Idle, and a frame
+        # painted before it (a real terminal, after a delete) cached the cells
+        # at their labels' widths, which DataTable's cell cache kept: the cost
+        # cut to "$0.0" over "0169", and ↓ redrew only the rows it left, at
+        # the new widths.
+        widest = shown.widest()
         for n, label in enumerate(shown.labels[:columns]):
-            table.add_column(label, width=cells if n == 1 else None)
+            table.add_column(label, width=cells if n == 1 else widest[n])
         for key, (first, (title, second), *rest) in zip(shown.keys, shown.rows, strict=True):
             table.add_row(first, _two_lines(title, second, cells), *rest[: columns - 2], key=key, height=2)
         self._name_left_out()

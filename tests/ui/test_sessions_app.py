@@ -529,6 +529,50 @@ async def test_the_sessions_screen_keeps_its_hint_and_the_turns_column_in_view_a
         assert "Turns such as 1 +1:" in str(screen.query_one("#sessions-note").render())
 
 
+async def test_a_frame_drawn_before_the_table_measures_its_columns_keeps_the_cost_whole(build, store):
+    """In a real terminal (tmux, 80x24) a frame could be painted after a delete
+    redrew the table and before DataTable's Idle measured its auto-width
+    columns: the cells were cached at their labels' widths (the cost cut to
+    "$0.0" over "0169"), and ↓ redrew only the rows whose highlight changed,
+    at the new widths. Pilot waits for that Idle, so the early frame is drawn
+    here on purpose."""
+    from chatterm.core.metrics.format import fmt_usd
+
+    for n in range(5):
+        store.record_turn(new_session(store), f"question {n}", "answer", full_metrics(n))
+    cost = fmt_usd(store.sessions()[0].cost_usd)
+    app, _ = build(store=store)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await loaded(pilot)
+        table = await open_sessions(pilot, 5)
+        table.focus()
+        screen = app.screen
+
+        def shown() -> list[str]:
+            width, height = table.scrollable_content_region.size
+            lines = [strip.text for strip in table.render_lines(Region(0, 0, width, height))]
+            return [line for line in lines if re.match(r" \d ", line)]  # the rows' first lines
+
+        fill = screen._fill
+
+        def fill_and_paint(table_shown) -> None:
+            fill(table_shown)
+            shown()  # as the compositor did, before the table's Idle
+
+        screen._fill = fill_and_paint
+        await pilot.press("down", "d")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="the question")
+        await pilot.press("y")
+        await wait_for(pilot, lambda: table.row_count == 4, what="the rows left")
+        await pilot.pause()
+        for step in range(3):
+            rows = shown()
+            assert len(rows) == 4 and all(line.rstrip().endswith(cost) for line in rows), (step, rows)
+            assert len({line.index(cost) for line in rows}) == 1, (step, rows)  # one width for every row
+            await pilot.press("down")
+            await pilot.pause()
+
+
 @pytest.mark.parametrize("title, shown", [
     ("Question 7 about the weather (fork of session 12, turn 2)", "Questi… (fork of session 12, turn 2)"),
     ("猫についての長い質問です猫についての長い質問です (fork of session 3, turn 1)",
