@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING
 from chatterm.core.config import paths
 from chatterm.core.config.catalog import ModelCatalog, load_catalog
 from chatterm.core.config.personas import Persona, PersonaSet, load_personas
+from chatterm.core.config.schema import skipped
+from chatterm.errors import ChattermError
 
 if TYPE_CHECKING:
     from chatterm.core.cache.prompt_cache import PromptCache
@@ -35,6 +37,8 @@ class Workspace:
     personas: PersonaSet
     db_path: Path
     kv_dir: Path = field(default_factory=paths.kv_cache_dir)
+    models_file: Path | None = None
+    """`--models FILE` (None: the bundled catalog and the user's models.toml)."""
 
     @classmethod
     def load(cls, models_file: Path | None = None, db_path: Path | None = None) -> "Workspace":
@@ -42,7 +46,20 @@ class Workspace:
             catalog=load_catalog(models_file),
             personas=load_personas(),
             db_path=db_path or paths.default_db_path(),
+            models_file=models_file,
         )
+
+    def reload_catalog(self) -> list[str]:
+        """Read the catalog again (the TUI's models picker: models.toml may have
+        been edited since the launch). It replaces this one unless it cannot be
+        read at all; the problems found that were not there before, one line each."""
+        before = set(self.catalog.errors)
+        try:
+            catalog = load_catalog(self.models_file)
+        except ChattermError as exc:
+            return [f"{exc} (the models read at start are kept)"]
+        self.catalog = catalog
+        return [skipped(error) for error in catalog.errors if error not in before]
 
     def resolve(self, model_id: str | None, persona_id: str | None) -> tuple["ModelSpec", Persona]:
         """The persona (default "assistant") and the model: explicit id, else the

@@ -46,6 +46,7 @@ from chatterm.core.discovery.fit import Memory
 from chatterm.core.discovery.row_text import PICKER_COLUMNS, memory_label, picker_cells, picker_detail
 from chatterm.core.metrics.format import printable
 from chatterm.errors import describe
+from chatterm.ui.notices import notify_plain
 from chatterm.ui.row_table import RowTable
 from chatterm.ui.table_room import fit_table
 
@@ -305,6 +306,8 @@ def open_model_picker(app: "ChatApp") -> None:
             app.spec = switch.spec
             session.use_model(switch.spec, switch.engine, switch.device, carry_on=switch.carry_on)
 
+    for problem in app.workspace.reload_catalog():  # models.toml edited since the launch
+        notify_plain(app, problem, title="models.toml", severity="warning")
     app.push_screen(ModelPicker(app.workspace.catalog, app.spec.id, session.persona.name, session.session_id,
                                 session.setup.engine_factory, app.lease), chosen)
 

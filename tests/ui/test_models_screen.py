@@ -139,6 +139,23 @@ async def test_picker_lists_the_models_with_their_facts_literally(stores, app_on
         assert not isinstance(app.screen, ModelPicker)
 
 
+async def test_the_picker_reads_models_toml_again_when_it_opens(stores, app_on, isolated_dirs):
+    """Entries added to models.toml after the launch were not listed until a relaunch."""
+    app, _ = app_on()
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        user = isolated_dirs["CHATTERM_CONFIG_DIR"] / "models.toml"
+        user.parent.mkdir(parents=True, exist_ok=True)
+        user.write_text(f'[models.added-later]\nsource = "{stores}"\nn_ctx = 2048\n\n'
+                        '[models.broken-later]\nsource = "x.gguf"\nn_ctx = "big"\n')
+        for _ in range(2):  # the problem is told once, not on every open
+            picker = await open_picker(pilot)
+            assert "added-later" in [row.value for row in picker.query_one("#models-table").rows]
+            await pilot.press("escape")
+        toasts = [n.message for n in app._notifications if "broken-later" in n.message]
+        assert len(toasts) == 1 and toasts[0].startswith("skipped: ") and "n_ctx" in toasts[0]
+
+
 async def test_switching_loads_the_default_models_file_and_chats_on_it(stores, app_on):
     app, engines = app_on()
     async with app.run_test(size=SIZE) as pilot:
