@@ -21,9 +21,11 @@ Contract:
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 from abc import ABC, abstractmethod
+from array import array
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
 
@@ -49,7 +51,24 @@ class ReplyTokens:
     there. Only the model they were sampled by reads them."""
 
     model_identity: str
-    ids: tuple[int, ...]
+    data: bytes
+    """The ids as little-endian int32s: 4 bytes a token, in memory as in SQLite
+    (a long session's history read whole costs no more than its blob)."""
+
+    @classmethod
+    def of(cls, model_identity: str, ids: Sequence[int]) -> "ReplyTokens":
+        packed = array("i", ids)
+        if sys.byteorder == "big":
+            packed.byteswap()
+        return cls(model_identity, packed.tobytes())
+
+    @property
+    def ids(self) -> list[int]:
+        packed = array("i")
+        packed.frombytes(self.data)
+        if sys.byteorder == "big":
+            packed.byteswap()
+        return packed.tolist()
 
 
 @dataclass(frozen=True)
@@ -235,7 +254,7 @@ class Turn:
         """The reply's sampled tokens so far (None: the engine does not keep them)."""
         if self._sampled is None:
             return None
-        return ReplyTokens(self._sampled[0], tuple(self._sampled[1]))
+        return ReplyTokens.of(*self._sampled)
 
     def on_finished(self, callback: Callable[["Turn"], None]) -> None:
         """Run `callback(turn)` in the streaming thread once the turn has ended."""

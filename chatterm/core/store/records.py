@@ -17,8 +17,6 @@ Contract:
 from __future__ import annotations
 
 import numbers
-import sys
-from array import array
 from dataclasses import MISSING, dataclass, fields
 from typing import Iterable, Sequence
 
@@ -140,12 +138,7 @@ TOKEN_COLUMNS = ("reply_tokens", "reply_tokens_model")
 
 def tokens_blob(tokens: ReplyTokens | None) -> tuple[bytes | None, str | None]:
     """The TOKEN_COLUMNS values for `tokens`."""
-    if tokens is None:
-        return None, None
-    ids = array("i", tokens.ids)
-    if sys.byteorder == "big":
-        ids.byteswap()
-    return ids.tobytes(), tokens.model_identity
+    return (None, None) if tokens is None else (tokens.data, tokens.model_identity)
 
 
 def reply_tokens_of(blob: bytes | None, model_identity: str | None) -> ReplyTokens | None:
@@ -153,11 +146,7 @@ def reply_tokens_of(blob: bytes | None, model_identity: str | None) -> ReplyToke
     blob that is not whole int32s)."""
     if not blob or not model_identity or len(blob) % 4:
         return None
-    ids = array("i")
-    ids.frombytes(blob)
-    if sys.byteorder == "big":
-        ids.byteswap()
-    return ReplyTokens(model_identity, tuple(ids))
+    return ReplyTokens(model_identity, bytes(blob))
 
 
 def sql_value(value: object) -> object:

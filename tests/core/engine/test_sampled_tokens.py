@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 
 from chatterm.core.engine.conversation import Conversation
-from chatterm.core.engine.interface import ChatMessage
+from chatterm.core.engine.interface import ChatMessage, ReplyTokens
 from chatterm.core.store.resume import plan_resume, resume_conversation
 from chatterm.core.store.session_store import SessionStore
 from chatterm.core.workspace import Workspace
@@ -100,5 +100,23 @@ def test_tokens_that_do_not_spell_the_reply_are_not_used(ws, persona):
             persona, [history[0], ChatMessage("assistant", first.reply + " Edited.")], "And Greece?", 64).tokens
         other = [history[0], ChatMessage("assistant", first.reply, replace(sampled, model_identity="other"))]
         assert fits(persona, other, "And Greece?", 64).tokens == as_text
+
+        def spells_its_text(text: str, ids: list[int]) -> bool:
+            tokens = ReplyTokens.of(engine.model_identity, ids)
+            with_tokens = [history[0], ChatMessage("assistant", text, tokens)]
+            return fits(persona, with_tokens, "Hm?", 64).tokens != fits(
+                persona, [history[0], ChatMessage("assistant", text)], "Hm?", 64).tokens
+
+        def tokenize(text: str) -> list[int]:
+            return engine.llm.tokenize(text.encode(), add_bos=False, special=False)
+
+        # Letter by letter: another split of the same text, used.
+        assert spells_its_text("A llama", [t for c in "A llama" for t in tokenize(c)])
+        # Stopped inside a character: the text ends in U+FFFD, the tokens in its first byte.
+        llama = tokenize("A 🦙")
+        assert len(llama) > 2 and not spells_its_text("A \ufffd", llama[:-1])
+        # A control token sampled mid-reply, which the text shows as nothing.
+        (im_start,) = engine.llm.tokenize(b"<|im_start|>", add_bos=False, special=True)
+        assert not spells_its_text("Sure.user\nthanks", [*tokenize("Sure."), im_start, *tokenize("user\nthanks")])
     finally:
         engine.close()

@@ -233,7 +233,8 @@ def test_migration_from_v1_keeps_data_and_adds_the_later_versions(tmp_path):
 
 def test_a_replys_sampled_tokens_are_kept_with_its_history_and_forks_but_not_exported(tmp_path):
     db = tmp_path / "s.db"
-    sampled = ReplyTokens("sha256:tokens-model", (1, 7654321, 2**31 - 1))
+    sampled = ReplyTokens.of("sha256:tokens-model", (1, 7654321, 2**31 - 1))
+    assert sampled.ids == [1, 7654321, 2**31 - 1] and len(sampled.data) == 12
     with SessionStore(db) as store:
         sid = new_session(store, "p", 1000.0)
         store.record_turn(sid, "hi", "hello", full_metrics(), reply_tokens=sampled)

@@ -158,7 +158,7 @@ class LocalEngine(Engine):
         self._model_sha256 = ""
         self._compat: dict[str, Any] = {}
         self._prefixes: dict[str, templates.PersonaPrefix] = {}
-        self._sampled_checked: dict[tuple[str, tuple[int, ...]], bool] = {}
+        self._sampled_checked: dict[tuple[str, bytes], bool] = {}
         """Whether a reply's sampled tokens spell its text, per (text, tokens):
         a long history is decoded once, not on every keystroke of type-ahead."""
         self._prepared: PreparedPersona | None = None
@@ -294,15 +294,16 @@ class LocalEngine(Engine):
         return found
 
     # -- tokens ----------------------------------------------------------
-    def token_bytes(self, token: int) -> bytes:
-        """The token's text bytes (control tokens give b"").
+    def token_bytes(self, token: int, special: bool = False) -> bytes:
+        """The token's text bytes (control tokens give b"", unless `special`:
+        then their text, "<|im_start|>").
 
         llama-cpp-python's `token_to_piece` returns its whole 32-byte buffer,
         NUL padding included, so we call llama.cpp with the returned length."""
-        n = llama_cpp.llama_token_to_piece(self._vocab, token, self._piece, len(self._piece), 0, False)
+        n = llama_cpp.llama_token_to_piece(self._vocab, token, self._piece, len(self._piece), 0, special)
         if n < 0:  # buffer too small: -n is the size needed
             self._piece = ctypes.create_string_buffer(-n)
-            n = llama_cpp.llama_token_to_piece(self._vocab, token, self._piece, len(self._piece), 0, False)
+            n = llama_cpp.llama_token_to_piece(self._vocab, token, self._piece, len(self._piece), 0, special)
         return self._piece.raw[:n]
 
     def persona_prefix(self, persona: Persona) -> templates.PersonaPrefix:
@@ -325,19 +326,22 @@ class LocalEngine(Engine):
         return self.template.tokens(self.llm, messages, known)
 
     def _sampled_here(self, message: ChatMessage) -> bool:
-        """`message` carries the tokens this model sampled for its text (a reply
-        cut short inside a character, for one, does not: its text lacks the
-        character's first bytes)."""
+        """`message` carries the tokens this model sampled for its text, exactly
+        (a reply cut short inside a character does not: its text ends in
+        U+FFFD where the tokens hold the character's first bytes)."""
         tokens = message.tokens
         if tokens is None or tokens.model_identity != self.model_identity:
             return False
-        key = (message.content, tokens.ids)
+        key = (message.content, tokens.data)
         verdict = self._sampled_checked.get(key)
         if verdict is None:
             if len(self._sampled_checked) >= MEMO_LIMIT:
                 self._sampled_checked.clear()
-            text = b"".join(self.token_bytes(t) for t in tokens.ids).decode("utf-8", "replace")
-            verdict = self._sampled_checked[key] = text == message.content
+            # Byte for byte, control tokens spelled out: a control token the
+            # reply's text shows as nothing, or a character cut in two that it
+            # shows as U+FFFD, would make a prompt other than the text's.
+            spelled = b"".join(self.token_bytes(t, special=True) for t in tokens.ids)
+            verdict = self._sampled_checked[key] = spelled == message.content.encode("utf-8")
         return verdict
 
     def fit_prompt(
