@@ -260,7 +260,7 @@ class ChatSession(Horizontal):
     def _persona_prepared(self, event: EngineSetup.PersonaPrepared) -> None:
         if event.persona.id != self.persona.id:
             return
-        self.chat.prefix_done()
+        self.chat.prefix_done(failed=event.error is not None)
         if event.error is not None:
             self.persona_state = f"not prepared: {event.error}"
             notify_plain(self.app, event.error, title="Persona", severity="warning")

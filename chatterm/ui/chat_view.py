@@ -370,10 +370,16 @@ class ChatView(Vertical):
         elif self._phase is TurnPhase.STREAMING and self._prefix_pending:
             self.set_status(f"your message is next · {line}")
 
-    def prefix_done(self) -> None:
-        """The prefix is ready, or preparing it failed (the dashboard says which)."""
+    def prefix_done(self, failed: bool = False) -> None:
+        """The prefix is ready, or preparing it `failed` (the dashboard says why:
+        the status line does not say "ready" then, and the context line shows
+        the persona's size, which may be what does not fit)."""
         self._prefix_pending = False
-        self.show_ready()
+        self._show_context()
+        if failed and self._phase is TurnPhase.IDLE:
+            self.set_status("the persona is not prepared: see the dashboard")
+        else:
+            self.show_ready()
         self.prefill_history()
 
     def show_ready(self) -> None:

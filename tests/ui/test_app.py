@@ -351,6 +351,30 @@ async def test_broken_persona_file_is_reported_once_and_skipped(isolated_dirs, t
         assert "broken" not in ws.personas.personas and "assistant" in ws.personas.personas
 
 
+async def test_a_persona_too_large_for_the_model_is_said_at_the_switch(workspace):
+    """On the real default model at n_ctx 1,024: the switch to shop-support said
+    "ready" and showed the old persona's context, and the first message failed
+    inside llama_decode."""
+    from dataclasses import replace
+
+    from chatterm.ui.launch import make_app
+
+    small = replace(workspace.catalog.get(None), id="small", n_ctx=1024)
+    workspace.catalog.models[small.id] = small
+    app = make_app(workspace, model_id="small", gpu_status=lambda: None, store=None)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        app.session.switch_persona("shop-support")
+        await wait_for(pilot, lambda: app.session.persona_state.startswith("not prepared"), timeout=30,
+                       what="the persona's refusal")
+        await pilot.pause(0.2)
+        size = f"{len(app.conversation.engine.prefix_tokens(app.session.persona)):,}"
+        assert f"persona 'shop-support' is {size} tokens" in app.session.persona_state
+        now = " ".join(rendered(app.query_one(Dashboard).query_one("#dash-now")).split())
+        assert now.startswith(f"context {size} / 1,024 · more than the context holds"), now
+        assert "ready" not in str(app.query_one("#status").render())
+
+
 async def test_a_broken_models_toml_entry_is_said_to_be_skipped(isolated_dirs, tmp_path):
     from fake_engine import FakeEngine
 

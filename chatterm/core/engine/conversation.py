@@ -7,7 +7,8 @@ Contract:
   message and the reply (partial when cancelled) join the history, and the
   turn with its metrics is committed to the store, failed turns included.
 - The session row is created on the first turn, so an opened-and-closed app
-  leaves no empty session behind; a resumed conversation passes its id. The
+  leaves no empty session behind (nor does a first turn that failed before
+  any text; a later failed turn is recorded); a resumed conversation passes its id. The
   engine hears of the conversation at once (`note_conversation`: its id, or
   None for a new one), so a local engine readies the memory a stored
   state restores into while the user types, and looks for the right one.
@@ -131,10 +132,13 @@ class Conversation:
                 m.energy_wh = wh
                 m.energy_cost_usd = energy_cost_usd(wh, self.energy.usd_per_kwh)
         tokens = turn.reply_tokens
-        self.history += turn_messages(text, turn.reply, m, tokens)
+        added = turn_messages(text, turn.reply, m, tokens)
+        self.history += added
         self.turns.append(m)
         self.path_turns += 1
-        if self.store is None:
+        if self.store is None or (self.session_id is None and not added):
+            # No session is made for a first turn that failed before any text
+            # (a persona too large, a server down): it would be an empty one.
             return
         stored = False
         try:

@@ -174,6 +174,14 @@ def test_the_newest_turn_stays_while_it_fits_and_a_cut_of_every_turn_says_so(ws)
                    ChatMessage("user", "word " * 250), ChatMessage("assistant", "ok")]
         fitted = engine.fit_prompt(persona, history, "And?", 24)
         assert fitted.dropped_turns == 1  # over half the budget, but it fits: kept
+        # From an empty context (a model switched to, say) nothing could be
+        # shifted: it said "prefilled once (shift: the model's memory can shift)".
+        first = engine.start_turn(persona, history, "And?")
+        list(first.stream())
+        assert first.metrics.dropped_turns == 1 and first.metrics.shifted_tokens == 0
+        assert ("Context full (512 tokens): the oldest turn left the model's context, the rest is prefilled "
+                "once (none of it was in the model's memory to shift).") in first.notices
+        engine.reset_context()
         turn = engine.start_turn(persona, history, "word " * 250)  # now the newest turn does not fit
         list(turn.stream())
         assert turn.metrics.dropped_turns == 2, turn.notices

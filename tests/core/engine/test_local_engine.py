@@ -19,6 +19,7 @@ from chatterm.core.engine.conversation import Conversation
 from chatterm.core.engine.interface import ChatMessage, reply_room
 from chatterm.core.engine.local.engine import LocalEngine
 from chatterm.core.metrics.format import stop_label
+from chatterm.core.store.session_store import SessionStore
 from chatterm.core.workspace import Workspace
 from chatterm.errors import ChattermError
 from tests.conftest import greedy
@@ -373,7 +374,7 @@ def test_a_reply_that_fills_the_context_says_so_not_max_tokens(ws):
     assert m.stop_reason == "context" and stop_label(m) == "context full"
 
 
-def test_a_persona_too_large_for_the_context_is_one_line_before_anything_is_prefilled(ws, persona):
+def test_a_persona_too_large_for_the_context_is_one_line_before_anything_is_prefilled(ws, persona, tmp_path):
     large = ws.personas.get("shop-support")  # about 2,400 tokens
     small = replace(ws.catalog.get(None), id="tiny-ctx", n_ctx=1024)
     ws.catalog.models[small.id] = small
@@ -387,11 +388,16 @@ def test_a_persona_too_large_for_the_context_is_one_line_before_anything_is_pref
             r"it does not fit the 1,024-token context of model 'tiny-ctx'; raise the model's n_ctx in "
             r"models\.toml, or shorten the persona", said), said
         assert engine.context_used() == 0
-        turn = engine.start_turn(large, [], "Where is my order?")
-        assert "".join(turn.stream()) == ""
-        assert turn.metrics.stop_reason == "error" and turn.metrics.error == said
-        _, reply = run_turn(engine, persona)  # the engine is fine with a persona that fits
-        assert reply.strip()
+        assert f"is {len(engine.prefix_tokens(large)):,} tokens" in said  # as the dashboard counts it
+        with SessionStore(tmp_path / "chat.db") as store:
+            turn = Conversation(engine, large, store).send("Where is my order?")
+            assert "".join(turn.stream()) == ""
+            assert turn.metrics.stop_reason == "error" and turn.metrics.error == said
+            assert store.sessions() == []  # no session of one failed turn without text
+            conversation = Conversation(engine, persona, store)  # a persona that fits: fine
+            list(conversation.send(QUESTION).stream())
+            assert conversation.history[-1].content.strip()
+            assert [s.id for s in store.sessions()] == [conversation.session_id]
     finally:
         engine.close()
 

@@ -112,7 +112,6 @@ from chatterm.core.engine.local.outcome import (
 )
 from chatterm.core.engine.local.prompt_fit import MEMO_LIMIT, Fitted, PromptFitter
 from chatterm.core.engine.local.type_ahead import AheadCredit, TypeAhead
-from chatterm.core.metrics.format import counted
 from chatterm.core.metrics.turn_metrics import CacheOutcome, StopReason, TurnMetrics
 from chatterm.core.system.file_identity import sha256_of_file
 from chatterm.errors import ChattermError
@@ -219,6 +218,7 @@ class LocalEngine(Engine):
             lambda text: llm.tokenize(text.encode("utf-8"), add_bos=False, special=False),
             lambda tokens: llm.detokenize(tokens).decode("utf-8", "ignore"),
             self.spec.id,
+            lambda persona: len(self.prefix_tokens(persona)),
         )
         self._gate.abort.install(self.llm)
         if opened.on_gpu:
@@ -567,6 +567,7 @@ class LocalEngine(Engine):
             gate.preparing = persona.id
             self._context_replaced()  # it is made the persona's (`_prepared` is set again below)
             try:
+                self.persona_prefix(persona)  # measured first: the dashboard shows its size
                 self._fitter.check_room(persona, persona.sampling.max_tokens)
                 report = self._ensure_persona(persona, report=progress)
             except RuntimeError:
@@ -823,14 +824,17 @@ class LocalEngine(Engine):
 
     def _cut_notice(self, turns: int, shifted: int, none_left: bool) -> str:
         n_ctx = self.llm.n_ctx() if self.llm is not None else self.spec.n_ctx
+        oldest = "the oldest turn" if turns == 1 else f"the oldest {turns:,} turns"
         if none_left:  # nothing of the history is left to shift or prefill
-            return (f"Context full ({n_ctx:,} tokens): the oldest {counted(turns, 'turn')} left the model's "
+            return (f"Context full ({n_ctx:,} tokens): {oldest} left the model's "
                     "context; no earlier turn is left in it, only the persona and this message.")
         if shifted:
             how = f"shifted out of the cached state ({shifted:,} tokens): the rest is not prefilled again"
         else:
-            how = f"the rest is prefilled once ({self.overflow.value}: {self.overflow_reason})"
-        return f"Context full ({n_ctx:,} tokens): the oldest {counted(turns, 'turn')} left the model's context, {how}."
+            how = ("the rest is prefilled once (none of it was in the model's memory to shift)"
+                   if self.overflow is Overflow.SHIFT  # a new model, a fresh context
+                   else f"the rest is prefilled once ({self.overflow.value}: {self.overflow_reason})")
+        return f"Context full ({n_ctx:,} tokens): {oldest} left the model's context, {how}."
 
     def _record_start(
         self,

@@ -59,8 +59,11 @@ class PromptFitter:
         tokenize: Callable[[str], list[int]],
         detokenize: Callable[[list[int]], str],
         model_id: str,
+        persona_size: Callable[[Persona], int],
     ):
         self.n_ctx = n_ctx
+        self._persona_size = persona_size
+        """A persona's tokens as the dashboard counts them (its shareable prefix)."""
         self._render = render
         self._tokenize = tokenize
         self._detokenize = detokenize
@@ -134,11 +137,11 @@ class PromptFitter:
         rather than as a failed decode."""
         prompt, room = len(self._render(persona, [], "")), reply_room(max_tokens, self.n_ctx)
         if prompt + MIN_MESSAGE_TOKENS > self.n_ctx - room:
-            raise self._no_room(persona, prompt, room)
+            raise self._no_room(persona, room)
 
-    def _no_room(self, persona: Persona, prompt: int, room: int) -> ChattermError:
+    def _no_room(self, persona: Persona, room: int) -> ChattermError:
         return ChattermError(
-            f"persona {persona.id!r} is {prompt:,} tokens: with room for a message and a reply "
+            f"persona {persona.id!r} is {self._persona_size(persona):,} tokens: with room for a message and a reply "
             f"({room:,} tokens) it does not fit the {self.n_ctx:,}-token context "
             f"of model {self._model_id!r}; raise the model's n_ctx in models.toml, or shorten the persona"
         )
@@ -148,7 +151,7 @@ class PromptFitter:
         message = self._tokenize(user_text)
         keep = len(message) - (len(fitted.tokens) - budget) - 8  # the template may shift a few
         if keep <= 0:
-            raise self._no_room(persona, len(self._render(persona, [], "")), self.n_ctx - budget)
+            raise self._no_room(persona, self.n_ctx - budget)
         clipped = self._detokenize(message[-keep:])
         fitted.tokens = self._render(persona, [], clipped)
         fitted.notices.append(
