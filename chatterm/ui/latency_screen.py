@@ -75,6 +75,14 @@ POINT = "●"
 """The cost chart's mark for each turn (plotext takes any single character)."""
 
 
+def restore_cell(tl: Timeline) -> str:
+    """The Turns table's restore: its time, or a restore made before the turn
+    was sent (the footer's "restored 22 ms"), which "0 ms" hid."""
+    if tl.switch_restore_ms and not tl.restore_ms:
+        return f"{fmt_ms(tl.switch_restore_ms)} before"
+    return fmt_ms(tl.restore_ms)
+
+
 def turn_label(index: int, m: TurnMetrics) -> str:
     """The x label: the turn number, marked when the turn failed or was stopped."""
     return f"{index}{MARKS.get(timeline(m).status, '')}"
@@ -137,7 +145,9 @@ class LatencyScreen(Screen[None]):
             with TabPane("Turns", id="tab-turns"):
                 yield RowTable(id="latency-turns", zebra_stripes=True)
                 # At 80 columns the last columns are out of view, and nothing said how to reach them.
-                yield Static(Content(f"Enter opens a turn{SEP}← → scroll the columns"), classes="chart-note")
+                yield Static(Content(f"Enter opens a turn{SEP}← → scroll the columns{SEP}restore \"before\": "
+                                     "done at the switch or while the message was typed, not in the TTFT"),
+                             classes="chart-note")
             with TabPane("What if", id="tab-costs"):
                 with VerticalScroll():
                     yield Static(self._costs(), id="latency-costs")
@@ -236,7 +246,7 @@ class LatencyScreen(Screen[None]):
             tl, c = timeline(m), token_costs(m)
             ratio = f"{c.ratio:,.1f}x" if c.ratio is not None else "–"
             cells = [
-                turn_label(index, m), tl.status, fmt_ms(m.ttft_ms), fmt_ms(tl.waiting_ms), fmt_ms(tl.restore_ms),
+                turn_label(index, m), tl.status, fmt_ms(m.ttft_ms), fmt_ms(tl.waiting_ms), restore_cell(tl),
                 fmt_ms(tl.prefill_ms), fmt_ms(tl.first_token_ms) if tl.reached_first_token else "–",
                 fmt_ms(tl.decode_ms), fmt_tok_s(m.decode_tok_s).removesuffix(" tok/s"),
                 per_token(c.prefill_ms_per_token, c.prefill_note, ""),

@@ -4,6 +4,7 @@ the figures themselves are tested on the real model in tests/core/report/test_re
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -98,6 +99,26 @@ async def test_latency_screen_charts_turns_and_what_if(build, workspace, size):
         await pilot.press("escape")
         await pilot.press("escape")
         await wait_for(pilot, lambda: not isinstance(app.screen, LatencyScreen), what="closing")
+
+
+async def test_the_turns_table_shows_a_restore_made_before_the_turn(build):
+    """A resumed turn's footer said "restored 22 ms" and F5's Turns table "0 ms"."""
+    app, _ = build(store=None)
+    resumed = TurnMetrics(engine="local", model_id="m", persona_id="assistant", submitted_at=1.7e9,
+                          ttft_ms=85.0, restore_ms=21.8, restore_at_switch=True, prefill_ms=40.0,
+                          prompt_tokens=613, cached_tokens=599, prefilled_tokens=14, generated_tokens=9,
+                          cache_outcome="restored", stop_reason="eos")
+    in_turn = dataclasses.replace(resumed, restore_at_switch=False)
+    async with app.run_test(size=(150, 40)) as pilot:
+        await loaded(pilot)
+        # Made in the app's own context, as F5 makes it.
+        app.call_later(lambda: app.push_screen(LatencyScreen([resumed, in_turn], app.workspace.catalog.prices)))
+        await wait_for(pilot, lambda: isinstance(app.screen, LatencyScreen), what="the latency screen")
+        app.screen.query_one(TabbedContent).active = "tab-turns"
+        await pilot.pause()
+        table = app.screen.query_one(DataTable)
+        restore = [str(c.label) for c in table.columns.values()].index("restore")
+        assert [str(table.get_row_at(i)[restore]) for i in range(2)] == ["22 ms before", "22 ms"]
 
 
 async def test_last_turn_detail_shows_a_failure_literally(build):
