@@ -39,6 +39,8 @@ class Workspace:
     kv_dir: Path = field(default_factory=paths.kv_cache_dir)
     models_file: Path | None = None
     """`--models FILE` (None: the bundled catalog and the user's models.toml)."""
+    _reload_told: set[str] = field(default_factory=set, repr=False)
+    """The problems the last `reload_catalog` told."""
 
     @classmethod
     def load(cls, models_file: Path | None = None, db_path: Path | None = None) -> "Workspace":
@@ -51,15 +53,24 @@ class Workspace:
 
     def reload_catalog(self) -> list[str]:
         """Read the catalog again (the TUI's models picker: models.toml may have
-        been edited since the launch). It replaces this one unless it cannot be
-        read at all; the problems found that were not there before, one line each."""
+        been edited since the launch). It replaces this one only when it reads
+        with no problem that was not there before: a file saved half-edited
+        (not TOML, a bad value) would drop the user's models, the one running
+        included, and the sessions on it could not be opened. Those new
+        problems, one line each, each once (none: the new catalog is in use, or
+        the problems were told at the reload before)."""
         before = set(self.catalog.errors)
         try:
             catalog = load_catalog(self.models_file)
         except ChattermError as exc:
-            return [f"{exc} (the models read at start are kept)"]
-        self.catalog = catalog
-        return [skipped(error) for error in catalog.errors if error not in before]
+            new = [f"{exc} (the models read before are kept)"]
+        else:
+            new = [f"{skipped(error)} (the models read before are kept until it is fixed)"
+                   for error in catalog.errors if error not in before]
+            if not new:
+                self.catalog = catalog
+        told, self._reload_told = self._reload_told, set(new)
+        return [line for line in new if line not in told]  # each told once, not on every reload
 
     def resolve(self, model_id: str | None, persona_id: str | None) -> tuple["ModelSpec", Persona]:
         """The persona (default "assistant") and the model: explicit id, else the

@@ -146,14 +146,25 @@ async def test_the_picker_reads_models_toml_again_when_it_opens(stores, app_on, 
         await loaded(pilot)
         user = isolated_dirs["CHATTERM_CONFIG_DIR"] / "models.toml"
         user.parent.mkdir(parents=True, exist_ok=True)
-        user.write_text(f'[models.added-later]\nsource = "{stores}"\nn_ctx = 2048\n\n'
-                        '[models.broken-later]\nsource = "x.gguf"\nn_ctx = "big"\n')
-        for _ in range(2):  # the problem is told once, not on every open
+        user.write_text(f'[models.added-later]\nsource = "{stores}"\nn_ctx = 2048\n')
+        picker = await open_picker(pilot)
+        assert "added-later" in [row.value for row in picker.query_one("#models-table").rows]
+        await pilot.press("escape")
+        # Saved half-edited: the models read before stay (the running one and
+        # the one added), and the problem is told once, not on every open.
+        user.write_text(user.read_text() + '\n[models.broken-later]\nsource = "x.gguf"\nn_ctx = "big"\n')
+        for _ in range(2):
             picker = await open_picker(pilot)
-            assert "added-later" in [row.value for row in picker.query_one("#models-table").rows]
+            listed = [row.value for row in picker.query_one("#models-table").rows]
+            assert "added-later" in listed and app.spec.id in listed
             await pilot.press("escape")
         toasts = [n.message for n in app._notifications if "broken-later" in n.message]
         assert len(toasts) == 1 and toasts[0].startswith("skipped: ") and "n_ctx" in toasts[0]
+        assert toasts[0].endswith("(the models read before are kept until it is fixed)")
+        user.write_text("[models.unclosed\n")  # not TOML at all
+        picker = await open_picker(pilot)
+        assert "added-later" in [row.value for row in picker.query_one("#models-table").rows]
+        assert app.workspace.catalog.get(app.spec.id) == app.spec
 
 
 async def test_switching_loads_the_default_models_file_and_chats_on_it(stores, app_on):
