@@ -17,20 +17,20 @@ def prompt_size(sizes, user, cut):
     return FIXED + sum(sizes[cut:]) + user
 
 
-def replay(sizes, users):
+def replay(sizes, users, keep_newest=False):
     """The cut of each turn of a conversation, each anchored at the one before."""
     cuts, anchor = [], 0
     for j in range(len(sizes) + 1):
-        anchor += choose_cut(sizes[anchor:j], users[j], FIXED, BUDGET, KEEP)
+        anchor += choose_cut(sizes[anchor:j], users[j], FIXED, BUDGET, KEEP, keep_newest)
         cuts.append(anchor)
     return cuts
 
 
 @fuzz(300)
-@given(turns, st.data())
-def test_the_cut_fits_and_only_moves_forward(sizes, data):
+@given(turns, st.data(), st.booleans())
+def test_the_cut_fits_and_only_moves_forward(sizes, data, keep_newest):
     users = data.draw(st.lists(st.integers(1, 100), min_size=len(sizes) + 1, max_size=len(sizes) + 1))
-    cuts = replay(sizes, users)
+    cuts = replay(sizes, users, keep_newest)
     assert cuts == sorted(cuts)  # a turn once left out stays out
     for j, cut in enumerate(cuts):
         assert cut <= j
@@ -38,9 +38,9 @@ def test_the_cut_fits_and_only_moves_forward(sizes, data):
             assert cut == j  # only when the message alone leaves no room for a turn
         if j and cut != cuts[j - 1]:
             # A move frees room for later turns: the prompt drops to the low mark
-            # (or as far as whole turns allow).
-            assert prompt_size(sizes[:j], users[j], cut) <= BUDGET * KEEP or cut >= j - 1
-        if j and prompt_size(sizes[:j], users[j], j - 1) <= BUDGET:
+            # (or as far as whole turns allow; under shift, the newest turn stays).
+            assert prompt_size(sizes[:j], users[j], cut) <= BUDGET * KEEP or cut >= j - keep_newest
+        if keep_newest and j and prompt_size(sizes[:j], users[j], j - 1) <= BUDGET:
             assert cut <= j - 1  # the newest turn stays while it fits
 
 
@@ -58,9 +58,10 @@ def test_a_prompt_that_fits_is_not_cut_and_one_that_does_not_is_cut_deep():
     assert choose_cut([200] * 5, 20, FIXED, BUDGET, KEEP) == 3
     # A message that alone leaves no room: every turn is left out.
     assert choose_cut([200] * 2, 900, FIXED, BUDGET, KEEP) == 2
-    # The newest turn, larger than the low mark, stays while it fits.
-    assert choose_cut([500, 600], 20, FIXED, BUDGET, KEEP) == 1
-    assert choose_cut([500, 600], 400, FIXED, BUDGET, KEEP) == 2
+    # Under shift, the newest turn, larger than the low mark, stays while it fits.
+    assert choose_cut([500, 600], 20, FIXED, BUDGET, KEEP, keep_newest=True) == 1
+    assert choose_cut([500, 600], 400, FIXED, BUDGET, KEEP, keep_newest=True) == 2
+    assert choose_cut([500, 600], 20, FIXED, BUDGET, KEEP) == 2  # truncate: cut deep, the cut holds longer
 
 
 def test_turn_starts_never_begin_with_a_reply():

@@ -349,7 +349,9 @@ class LocalEngine(Engine):
     ) -> Fitted:
         """The prompt tokens that fit n_ctx with room for the reply, cut where the
         conversation's cached state is (see the contract)."""
-        return self._fitter.fit(persona, history, user_text, max_tokens, self._anchor)
+        # Under SHIFT a cut that moves costs a shift, not a prefill: the newest turn may stay.
+        return self._fitter.fit(persona, history, user_text, max_tokens, self._anchor,
+                                keep_newest=self.overflow is Overflow.SHIFT)
 
     # -- the prompt cache ------------------------------------------------
     def _live_tokens(self) -> list[int]:

@@ -1,7 +1,7 @@
 """The prompt a local turn sends when its conversation outgrows the context.
 
 Contract:
-- `PromptFitter.fit(persona, history, user_text, max_tokens, anchor)` renders
+- `PromptFitter.fit(persona, history, user_text, max_tokens, anchor, keep_newest)` renders
   the prompt (persona, history, message) and, when it would not fit n_ctx
   with room for the reply, leaves out the oldest whole turns where
   `context_window.choose_cut` says: at the cut the cached conversation has
@@ -94,6 +94,7 @@ class PromptFitter:
         user_text: str,
         max_tokens: int,
         anchor: str = "",
+        keep_newest: bool = False,
     ) -> Fitted:
         budget = self.n_ctx - reply_room(max_tokens, self.n_ctx)
         starts = turn_starts([m.role for m in history])
@@ -111,7 +112,7 @@ class PromptFitter:
         ]
         user_size = self._content_tokens(user_text) + per_message
         fixed = len(tokens) - sum(sizes) - user_size
-        cut = at + choose_cut(sizes, user_size, fixed, budget, KEEP_AFTER_CUT)
+        cut = at + choose_cut(sizes, user_size, fixed, budget, KEEP_AFTER_CUT, keep_newest)
         tokens = self._render(persona, history[bounds[cut]:], user_text)
         while len(tokens) > budget and cut < len(starts):
             cut += 1  # the estimate was short
