@@ -354,6 +354,9 @@ class ChatApp(App[None]):
             # fork holds it (forking the turn before it surprised a user).
             if not await self.chat.end_turn():
                 return
+            if reply.turn_id is None:  # not stored (a full disk): forking the turn before would surprise
+                notify_plain(self, "That reply was not stored: it cannot be forked.", severity="warning")
+                return
         self.session.fork(reply.turn_id if reply is not None else None)
 
     def action_copy_reply(self) -> None:

@@ -387,9 +387,11 @@ async def test_fork_from_a_turn_continues_with_its_history(build, store):
         assert len(store.sessions()) == 3
 
 
-async def test_f_on_the_reply_still_streaming_stops_it_and_forks_with_it(build, store):
+@pytest.mark.parametrize("stored", [True, False])
+async def test_f_on_the_reply_still_streaming_stops_it_and_forks_with_it(build, store, monkeypatch, stored):
     """The streaming reply was marked by Shift+Up, but `f` forked at the turn
-    before it, without saying so."""
+    before it, without saying so; so it still did when the stopped turn could
+    not be stored."""
     import threading
 
     app, engines = build(["Echo: one", "a long reply still streaming"], store=store)
@@ -397,6 +399,11 @@ async def test_f_on_the_reply_still_streaming_stops_it_and_forks_with_it(build, 
         await loaded(pilot)
         await send(pilot, "one")
         parent = app.conversation.session_id
+        if not stored:
+            def refused(*args, **kwargs):  # as a write the database refuses (a full disk)
+                store.write_error = "database or disk is full"
+
+            monkeypatch.setattr(store, "record_turn", refused)
         engines[0].hold_after = 2
         app.query_one("#prompt").insert("two")
         await pilot.press("enter")
@@ -405,6 +412,12 @@ async def test_f_on_the_reply_still_streaming_stops_it_and_forks_with_it(build, 
         await pilot.press("shift+up")  # the streaming reply
         threading.Timer(0.3, engines[0].gate.set).start()  # the handler waits for the turn's end
         await pilot.press("f")
+        if not stored:
+            await wait_for(pilot, lambda: "That reply was not stored: it cannot be forked." in notifications(app),
+                           what="the refusal")
+            await pilot.pause(0.2)
+            assert app.conversation.session_id == parent and len(store.sessions()) == 1
+            return
         await wait_for(pilot, lambda: app.conversation is not None and app.conversation.session_id != parent,
                        what="the fork")
         await wait_for(pilot, lambda: len(app.conversation.history) == 4, what="its history")
