@@ -625,6 +625,15 @@ class ChatView(Vertical):
         """Ask for the selected (else the last) reply again: the old one stays,
         as a sibling with the turns under it, and the new one is current."""
         reply = self.messages.current_reply()
+        conversation = self._conversation
+        if (reply is not None and reply.turn_id is None and reply.user is not None and self._phase is TurnPhase.IDLE
+                and conversation is not None and conversation.session_id is None and not conversation.history):
+            # A first turn that failed before any text is not stored (no empty
+            # session): asked again, it is sent again (the retry after a server
+            # was down), in its place.
+            await self.messages.remove_from(reply)
+            await self._start_turn(reply.user.text, reply.user)
+            return
         if self._stored("regenerate") is None or reply is None:
             return
         if reply.turn_id is None or reply.user is None:

@@ -387,6 +387,27 @@ async def test_fork_from_a_turn_continues_with_its_history(build, store):
         assert len(store.sessions()) == 3
 
 
+async def test_a_first_turn_that_failed_makes_no_session_and_ctrl_r_sends_it_again(build, store):
+    """It made a session of one turn with no text (F3, `chatterm sessions`);
+    then, not stored, Ctrl+R must still retry it (a server that was down)."""
+    app, engines = build(store=store)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        engines[0].fail_turn = "the server is down"
+        app.query_one("#prompt").insert("hello")
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: app.query(AssistantReply) and app.query_one(AssistantReply).has_class("-error")
+                       and app.chat.phase is TurnPhase.IDLE, what="the failed turn")
+        assert store.sessions() == [] and app.conversation.turns == []
+        engines[0].fail_turn = None
+        await pilot.press("ctrl+r")
+        await wait_for(pilot, lambda: app.conversation.turns and app.chat.phase is TurnPhase.IDLE, what="the retry")
+        assert users(app) == ["hello"] and len(app.query(AssistantReply)) == 1
+        (session,) = store.sessions()
+        assert [r.user_text for r in store.turns(session.id)] == ["hello"]
+        assert app.conversation.session_id == session.id
+
+
 @pytest.mark.parametrize("stored", [True, False])
 async def test_f_on_the_reply_still_streaming_stops_it_and_forks_with_it(build, store, monkeypatch, stored):
     """The streaming reply was marked by Shift+Up, but `f` forked at the turn

@@ -133,12 +133,15 @@ class Conversation:
                 m.energy_cost_usd = energy_cost_usd(wh, self.energy.usd_per_kwh)
         tokens = turn.reply_tokens
         added = turn_messages(text, turn.reply, m, tokens)
+        if self.store is not None and self.session_id is None and not added:
+            # No session is made for a first turn that failed before any text
+            # (a persona too large, a server down): it would be an empty one.
+            # Nor is it counted: the figures are the stored session's.
+            return
         self.history += added
         self.turns.append(m)
         self.path_turns += 1
-        if self.store is None or (self.session_id is None and not added):
-            # No session is made for a first turn that failed before any text
-            # (a persona too large, a server down): it would be an empty one.
+        if self.store is None:
             return
         stored = False
         try:
