@@ -30,7 +30,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from inspect import isawaitable
 from pathlib import Path
@@ -103,9 +103,11 @@ class ChatApp(App[None]):
     @dataclass
     class PersonaCacheRead(Message):
         """Posted by the persona picker's worker: persona id -> "ram" or "disk"
-        for the cached ones (None: unknown, e.g. while the model loads)."""
+        for the cached ones (None: unknown, e.g. while the model loads), and
+        persona id -> why it does not fit the model, for those that do not."""
 
         cached: Mapping[str, str] | None
+        misfits: Mapping[str, str] = field(default_factory=dict)
 
     def __init__(
         self,
@@ -296,12 +298,16 @@ class ChatApp(App[None]):
     @work(thread=True, exclusive=True, group="persona-cache", exit_on_error=False)
     def _read_persona_cache(self) -> None:
         """Where each persona's prefix is cached: a scan of the cache folder, so off the UI thread."""
+        misfits: dict[str, str] = {}
         try:
             with self.lease.use() as engine:
                 cached = engine.cached_personas()
+                for persona in self.workspace.personas:
+                    if (why := engine.persona_misfit(persona)) is not None:
+                        misfits[persona.id] = why
         except Exception:  # noqa: BLE001 - unknown is fine for a picker (EngineClosing: still loading)
             cached = None
-        self.post_message(self.PersonaCacheRead(cached))
+        self.post_message(self.PersonaCacheRead(cached, misfits))
 
     @on(PersonaCacheRead)
     def _persona_cache_read(self, event: PersonaCacheRead) -> None:
@@ -311,7 +317,7 @@ class ChatApp(App[None]):
 
         personas = list(self.workspace.personas)
         returns = {p.id: self.session.return_to(p.id) for p in personas}
-        self.push_screen(PersonaPicker(personas, self.persona.id, event.cached, returns), chosen)
+        self.push_screen(PersonaPicker(personas, self.persona.id, event.cached, returns, event.misfits), chosen)
 
     def action_sessions(self) -> None:
         self.session.show_sessions()

@@ -111,13 +111,15 @@ class PersonaPicker(ModalScreen[str | None]):
     _STATE = {tier: f"KV state cached {where}" for tier, where in _TIER.items()}
 
     def __init__(self, personas: Sequence[Persona], current: str, cached: Mapping[str, str] | None,
-                 returns: Mapping[str, int | None] | None = None):
+                 returns: Mapping[str, int | None] | None = None, misfits: Mapping[str, str] | None = None):
         super().__init__()
         self._personas = list(personas)
         self._current = current
         self._cached = cached
         self._returns = returns or {}
         """Persona id -> the session switching to it goes back to (None or absent: a new conversation)."""
+        self._misfits = misfits or {}
+        """Persona id -> why it cannot chat on this model (its prompt does not fit the context)."""
 
     def _outcome(self, persona: Persona) -> str:
         if persona.id == self._current:
@@ -126,7 +128,9 @@ class PersonaPicker(ModalScreen[str | None]):
         return "new conversation" if session is None else f"back to session {session}"
 
     def _prompt(self, persona: Persona) -> Rows:
-        if self._cached is None:
+        if persona.id in self._misfits:  # said before it is chosen, not only after
+            state = f"does not fit this model: {self._misfits[persona.id]}"
+        elif self._cached is None:
             state = "cache state unknown until the model has loaded"
         elif persona.id == self._current and self._cached.get(persona.id) in self._TIER:
             # Its prefix is in the model's context now; "cached on disk" read as if it had to be loaded.

@@ -364,6 +364,14 @@ async def test_a_persona_too_large_for_the_model_is_said_at_the_switch(workspace
     app = make_app(workspace, model_id="small", gpu_status=lambda: None, store=None)
     async with app.run_test(size=SIZE) as pilot:
         await loaded(pilot)
+        await pilot.press("f2")  # F2 says so before it is chosen
+        await wait_for(pilot, lambda: isinstance(app.screen, PersonaPicker), what="the persona picker")
+        await pilot.pause()
+        listed = " ".join(rendered(app.screen.query_one(OptionList)).replace("▊", " ").split())
+        assert "Shop support (shop-support) does not fit this model: 2,3" in listed, listed
+        assert "tokens: more than the 1,024-token context holds" in listed
+        assert listed.count("does not fit this model") == 1
+        await pilot.press("escape")
         app.session.switch_persona("shop-support")
         await wait_for(pilot, lambda: app.session.persona_state.startswith("not prepared"), timeout=30,
                        what="the persona's refusal")

@@ -370,6 +370,13 @@ class Engine(ABC):
         unknown. Never computes: cheap from any thread."""
         return None
 
+    def persona_misfit(self, persona: Persona) -> str | None:
+        """Why `persona` cannot chat on this model, in a few words ("2,368 tokens:
+        more than the 1,024-token context holds"), else None (also where the
+        engine cannot tell before it tries: a server). Tokenizes its prompt:
+        from a worker thread."""
+        return None
+
     def cached_personas(self) -> dict[str, str]:
         """Personas whose prefix state is cached, from one look at the cache:
         persona id -> where a restore would read it, "ram" (first) or "disk".

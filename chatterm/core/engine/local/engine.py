@@ -284,6 +284,14 @@ class LocalEngine(Engine):
         prefix = self._prefixes.get(persona.fingerprint)
         return len(prefix.tokens) if prefix is not None else None
 
+    def persona_misfit(self, persona: Persona) -> str | None:
+        try:
+            self._fitter.check_room(persona, persona.sampling.max_tokens)
+        except ChattermError:  # its one line is what preparing it says
+            return (f"{len(self.prefix_tokens(persona)):,} tokens: more than the "
+                    f"{self._fitter.n_ctx:,}-token context holds")
+        return None
+
     def cached_personas(self) -> dict[str, str]:
         found: dict[str, str] = {}
         if self.kv_cache is None:
