@@ -200,6 +200,8 @@ class ChatView(Vertical):
         self.persona_name = persona_name
         """Title of the replies shown from now on."""
         self._prefix_pending = False
+        self._prefix_failed = False
+        """Preparing the persona's prefix failed (it does not fit the model, say)."""
         self._dashboard = dashboard
         self._lease = lease
         self._conversation: Conversation | None = None
@@ -319,7 +321,7 @@ class ChatView(Vertical):
         await view.add_notice(notice)
         self._show_context()
         self.show_session()
-        self.set_status("ready" if self._conversation is not None else "loading…")
+        self.set_status(self._ready if self._conversation is not None else "loading…")
         self.call_after_refresh(self.collect_garbage, True)
 
     def show_last_stored(self, tail: Sequence["TurnRecord"]) -> None:
@@ -355,6 +357,7 @@ class ChatView(Vertical):
     def prefix_started(self) -> None:
         """A persona's prefix is being made ready (the model loaded, the persona changed)."""
         self._prefix_pending = True
+        self._prefix_failed = False
 
     def prefix_preparing(self, how: str) -> None:
         """Say how the pending prefix is made ready (a streaming message's status stays)."""
@@ -375,17 +378,21 @@ class ChatView(Vertical):
         the status line does not say "ready" then, and the context line shows
         the persona's size, which may be what does not fit)."""
         self._prefix_pending = False
+        self._prefix_failed = failed
         self._show_context()
-        if failed and self._phase is TurnPhase.IDLE:
-            self.set_status("the persona is not prepared: see the dashboard")
-        else:
-            self.show_ready()
+        self.show_ready()
         self.prefill_history()
 
     def show_ready(self) -> None:
-        """Say "ready" when Enter would send at once: idle, no prefix pending."""
+        """Say "ready" when Enter would send at once: idle, no prefix pending;
+        not while the persona's prefix failed (a new conversation with it, or
+        a turn's end, said "ready" again)."""
         if self._phase is TurnPhase.IDLE and not self._prefix_pending:
-            self.set_status("ready")
+            self.set_status(self._ready)
+
+    @property
+    def _ready(self) -> str:
+        return "the persona is not prepared: see the dashboard" if self._prefix_failed else "ready"
 
     # -- Enter: sending and streaming -----------------------------------------------
     @on(PromptArea.Submitted)
@@ -568,7 +575,7 @@ class ChatView(Vertical):
         if turn is None:
             await reply.remove()
             await view.add_notice(f"Could not start the reply: {event.error}", "error")
-            self.set_status("ready")
+            self.set_status(self._ready)
             return
         m = turn.metrics
         await reply.finish(turn.reply, m)
@@ -591,7 +598,7 @@ class ChatView(Vertical):
         self._ahead_last = ""
         self.show_session()
         self.post_message(self.TurnFinished(m))
-        self.set_status({StopReason.CANCELLED: "stopped", StopReason.ERROR: "error"}.get(m.stop_reason, "ready"))
+        self.set_status({StopReason.CANCELLED: "stopped", StopReason.ERROR: "error"}.get(m.stop_reason, self._ready))
 
     # -- turn actions: regenerate, edit, branches (the tree: ui/branches.py) ---------------
     def to_prompt(self, event: events.Key | events.Paste) -> None:

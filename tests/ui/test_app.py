@@ -381,6 +381,9 @@ async def test_a_persona_too_large_for_the_model_is_said_at_the_switch(workspace
         now = " ".join(rendered(app.query_one(Dashboard).query_one("#dash-now")).split())
         assert now.startswith(f"context {size} / 1,024 · more than the context holds"), now
         assert "ready" not in str(app.query_one("#status").render())
+        await pilot.press("ctrl+n")  # a new conversation with it said "ready" again
+        await pilot.pause(0.3)
+        assert str(app.query_one("#status").render()) == "the persona is not prepared: see the dashboard"
 
 
 async def test_a_broken_models_toml_entry_is_said_to_be_skipped(isolated_dirs, tmp_path):
