@@ -32,6 +32,7 @@ Contract:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from rich.cells import cell_len
@@ -133,8 +134,10 @@ class _Table:
     """The title column's least width, in cells."""
     optional: int = 0
 
+    @cached_property
     def widest(self) -> list[int]:
-        """Each column's widest cell or label, in cells (0 for the title column)."""
+        """Each column's widest cell or label, in cells (0 for the title column):
+        measured once, for the layout of every resize and the columns' widths."""
         return [
             max([cell_len(label), *(row[n].cell_len for row in self.rows)]) if n != 1 else 0
             for n, label in enumerate(self.labels)
@@ -146,7 +149,7 @@ class _Table:
         title of `floor` cells is wider than `table`; the title is then its
         widest line, as far as the room left after the other columns' widest
         cells, every column's padding and a scrollbar, and at least `floor`."""
-        widest = self.widest()
+        widest = self.widest
         # As if the vertical scrollbar were there: it comes with the rows, after
         # this width is chosen, and would then cover the last column.
         width = table.content_region.width - table.styles.scrollbar_size_vertical
@@ -288,7 +291,7 @@ class SessionsScreen(ModalScreen["SessionChoice | None"]):
         # at their labels' widths, which DataTable's cell cache kept: the cost
         # cut to "$0.0" over "0169", and ↓ redrew only the rows it left, at
         # the new widths.
-        widest = shown.widest()
+        widest = shown.widest
         for n, label in enumerate(shown.labels[:columns]):
             table.add_column(label, width=cells if n == 1 else widest[n])
         for key, (first, (title, second), *rest) in zip(shown.keys, shown.rows, strict=True):
