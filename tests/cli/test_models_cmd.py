@@ -45,19 +45,24 @@ def test_models_lists_every_store_and_the_unusable_with_reasons(tmp_path, layout
 def test_models_json_and_model_folders(tmp_path, layout):  # noqa: F811
     (tmp_path / "config").mkdir()
     (tmp_path / "config" / "models.toml").write_text(f'[defaults]\nmodel_folders = ["{layout.folder}"]\n'
-                                                      '[models.gone]\nsource = "/nowhere/gone.gguf"\n')
+                                                      '[models.gone]\nsource = "/nowhere/gone.gguf"\n'
+                                                      '[models.typo]\nsourc = "/x.gguf"\n'
+                                                      '[models.smollm2-135m]\nn_ctx = -5\n')
     result = run(tmp_path, layout, "models", "--json")
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
     assert data["memory"]["kind"] in ("RAM", "GPU") and data["memory"]["available_bytes"] > 0
     rows = {row["id"]: row for row in data["models"]}
-    configured = shipped_local_ids() | {"gone"}
+    configured = shipped_local_ids() | {"gone", "typo"}
     assert set(rows) == set(layout.usable) | set(layout.unusable) | configured
     assert {row["id"] for row in data["models"][: len(configured)]} == configured  # listed first
     assert rows["smollm2-135m"]["store"] == "models.toml" and rows["smollm2-135m"]["fits"] is True
     q8, f16 = rows["smollm2-135m-q8kv"], rows["smollm2-135m"]
     assert (q8["kv_type"], f16["kv_type"]) == ("q8_0", "f16") and q8["default_n_ctx"] == 8192
     assert q8["kv_bytes_per_token"] == round(f16["kv_bytes_per_token"] * 34 / 64)
+    # A skipped entry is listed with its reason; a skipped override, not: the bundled model stands.
+    assert not rows["typo"]["usable"] and rows["typo"]["problem"] == "[models.typo] unknown key 'sourc'"
+    assert rows["typo"]["location"].endswith("models.toml") and rows["smollm2-135m"]["usable"]
     assert not rows["gone"]["usable"] and "/nowhere/gone.gguf: model file not found" in rows["gone"]["problem"]
     folder_model = rows[str(layout.folder / "nested" / "SmolLM2-135M-Instruct.Q4_1.gguf")]
     assert folder_model["store"] == "folder" and folder_model["usable"] and folder_model["context_length"] == 8192

@@ -225,7 +225,7 @@ def test_a_bad_default_or_price_says_what_it_is(tmp_path):
     assert catalog.default_model == "good" and catalog.get(None).id == "good"
     assert catalog.kv_cache_budget_mb == CatalogDefaults().kv_cache_budget_mb
     assert any("[defaults] kv_cache_budget_mb 'lots'" in e for e in catalog.errors)
-    with pytest.raises(ChattermError, match=r"price_profile 'dear' was skipped"):
+    with pytest.raises(ChattermError, match=r"price_profile 'dear' has an error \(see \[prices.dear\]\)"):
         catalog.get("dear")
 
 

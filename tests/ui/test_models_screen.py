@@ -12,6 +12,7 @@ import pytest
 from fake_engine import FakeEngine
 from pilot_steps import loaded, send, wait_for, wait_for_palette_hit
 
+from chatterm.core.config.catalog import load_catalog
 from chatterm.core.engine.local.engine import LocalEngine
 from chatterm.core.store.session_store import SessionStore
 from chatterm.ui.launch import make_app
@@ -137,6 +138,25 @@ async def test_picker_lists_the_models_with_their_facts_literally(stores, app_on
         assert "truncated or damaged (8 bytes" in detail(picker)
         await pilot.press("escape")
         assert not isinstance(app.screen, ModelPicker)
+
+
+async def test_an_entry_skipped_at_launch_is_listed_as_unusable_with_its_reason(stores, app_on, workspace,
+                                                                              isolated_dirs):
+    """It was counted nowhere: "3 usable, 0 unusable" beside a models.toml with a typo."""
+    user = isolated_dirs["CHATTERM_CONFIG_DIR"] / "models.toml"
+    user.parent.mkdir(parents=True, exist_ok=True)
+    user.write_text(f'[models.typo]\nsource = "{stores}"\nn_ctxx = 2048\n')
+    workspace.catalog = load_catalog()  # as the launch read it
+    app, _ = app_on()
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        picker = await open_picker(pilot)
+        ids = [row.value for row in picker.query_one("#models-table").rows]
+        assert ids[-2:] == ["typo", CUT_ID] or ids[-2:] == [CUT_ID, "typo"]  # with the unusable, last
+        status = str(picker.query_one("#models-status").content)
+        assert f"{len(ids) - 2} usable, 2 unusable" in status
+        await pilot.press(*["down"] * ids.index("typo"))
+        assert detail(picker) == "typo cannot be used: [models.typo] unknown key 'n_ctxx'"
 
 
 async def test_the_picker_reads_models_toml_again_when_it_opens(stores, app_on, isolated_dirs):

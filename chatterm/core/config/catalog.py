@@ -217,6 +217,8 @@ class ModelCatalog:
     """One line per skipped entry or file (file and key), for the UI/CLI to show."""
     broken: dict[str, str] = field(default_factory=dict)
     """Model id -> why its entry was skipped."""
+    broken_in: dict[str, Path] = field(default_factory=dict)
+    """Model id -> the file its skipped entry is in (listed as unusable there)."""
     skipped_prices: set[str] = field(default_factory=set)
     """Price profiles whose entry was skipped (their models are skipped too)."""
 
@@ -299,10 +301,12 @@ def _merge_file(path: Path, catalog: ModelCatalog) -> None:
                 into[eid] = build(path, eid, raw)
                 if section == "models":
                     catalog.broken.pop(eid, None)
+                    catalog.broken_in.pop(eid, None)
             except ChattermError as exc:
                 catalog.errors.append(str(exc))
                 if section == "models":
                     catalog.broken[eid] = str(exc)
+                    catalog.broken_in[eid] = path
                 elif eid not in into:  # else an earlier file's entry still stands
                     catalog.skipped_prices.add(eid)
     raw_defaults = data.get("defaults") or {}
@@ -342,15 +346,17 @@ def load_catalog(replace: Path | None = None) -> ModelCatalog:
         if not given:
             spec = catalog.models[spec.id] = _with_default_profile(spec, catalog.defaults)
         if spec.price_profile not in catalog.prices:
-            why = ("was skipped (see its error)" if spec.price_profile in catalog.skipped_prices
+            why = (f"has an error (see [prices.{spec.price_profile}])" if spec.price_profile in catalog.skipped_prices
                    else "is not defined")
             if not spec.price_profile:
                 what = "has no price_profile, and [defaults] names none"
             else:
                 what = f"its price_profile {spec.price_profile!r}{'' if given else ' (from [defaults])'} {why}"
-            error = str(bad(spec.defined_in or Path("models.toml"), f"models.{spec.id}", what))
+            defined_in = spec.defined_in or Path("models.toml")
+            error = str(bad(defined_in, f"models.{spec.id}", what))
             catalog.errors.append(error)
             catalog.broken[spec.id] = error
+            catalog.broken_in[spec.id] = defined_in
             del catalog.models[spec.id]
     known = catalog.models.keys() | catalog.broken.keys()
     where = catalog.files[-1] if catalog.files else Path("models.toml")

@@ -12,7 +12,8 @@ Contract:
 - `configured(catalog)`: the local models models.toml defines (the
   shipped default model among them), by their ids, store "models.toml",
   with the entry's `n_ctx` and `kv_type`: their row's KV/token and fit are
-  at those; one whose file cannot be used is an entry with the reason.
+  at those; one whose file cannot be used is an entry with the reason, and
+  so is an entry models.toml's checks skipped (the reason its error).
 - `list_models(...)` adds each model's header facts (through `FactsCache`),
   its default context and whether it fits `machine_memory()`: the
   `configured` entries it is given first, then what `discover` finds. A bad
@@ -156,7 +157,15 @@ CONFIGURED = "models.toml"
 
 
 def configured(catalog: ModelCatalog) -> list[Found]:
+    """The catalog's local models, and its skipped entries as unusable ones
+    (their error the reason): a listing that left them out would count a
+    typo'd entry nowhere."""
     found = []
+    for mid, error in catalog.broken.items():
+        if mid in catalog.models:
+            continue  # a broken override of a bundled model: the bundled one stands (and was warned of)
+        where = catalog.broken_in.get(mid, Path("models.toml"))
+        found.append(Found(mid, CONFIGURED, where, problem=error.removeprefix(f"{where}: ")))
     for spec in catalog.models.values():
         if spec.kind != "local":
             continue
