@@ -180,7 +180,7 @@ def test_the_newest_turn_stays_while_it_fits_and_a_cut_of_every_turn_says_so(ws)
         list(first.stream())
         assert first.metrics.dropped_turns == 1 and first.metrics.shifted_tokens == 0
         assert ("Context full (512 tokens): the oldest turn left the model's context, the rest is prefilled "
-                "once (none of it was in the model's memory to shift).") in first.notices
+                "once (too little of it was in the model's memory to shift).") in first.notices
         engine.reset_context()
         turn = engine.start_turn(persona, history, "word " * 250)  # now the newest turn does not fit
         list(turn.stream())

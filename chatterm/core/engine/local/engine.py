@@ -841,8 +841,10 @@ class LocalEngine(Engine):
         if shifted:
             how = f"shifted out of the cached state ({shifted:,} tokens): the rest is not prefilled again"
         else:
-            how = ("the rest is prefilled once (none of it was in the model's memory to shift)"
-                   if self.overflow is Overflow.SHIFT  # a new model, a fresh context
+            how = ("the rest is prefilled once (too little of it was in the model's memory to shift)"
+                   # A fresh context (a new model), or one whose rest after the cut
+                   # would share too few tokens with the prompt to beat a prefill.
+                   if self.overflow is Overflow.SHIFT
                    else f"the rest is prefilled once ({self.overflow.value}: {self.overflow_reason})")
         return f"Context full ({n_ctx:,} tokens): {oldest} left the model's context, {how}."
 
