@@ -72,6 +72,18 @@ class Workspace:
         told, self._reload_told = self._reload_told, set(new)
         return [line for line in new if line not in told]  # each told once, not on every reload
 
+    def reprice(self, engine: "Engine") -> bool:
+        """Give the running `engine` the price its model has in the catalog as it
+        reads now (`reload_catalog`): an edited [prices] table applies to the next
+        turn, as it already does to reports. True when the price changed."""
+        spec = self.catalog.models.get(engine.spec.id)
+        profile = spec.price_profile if spec is not None else engine.spec.price_profile
+        price = self.catalog.prices.get(profile)
+        if price is None or price == engine.price:
+            return False
+        engine.price = price
+        return True
+
     def resolve(self, model_id: str | None, persona_id: str | None) -> tuple["ModelSpec", Persona]:
         """The persona (default "assistant") and the model: explicit id, else the
         persona's preferred model, else the catalog default."""

@@ -308,6 +308,11 @@ def open_model_picker(app: "ChatApp") -> None:
 
     for problem in app.workspace.reload_catalog():  # models.toml edited since the launch
         notify_plain(app, problem, title="models.toml", severity="warning")
+    if app.lease.engine is not None and app.workspace.reprice(app.lease.engine):
+        price = app.lease.engine.price
+        notify_plain(app, f"The next turns are priced as models.toml now sets {price.label}: "
+                     f"${price.input_per_m:g} per 1M input tokens, ${price.output_per_m:g} per 1M output.",
+                     title="models.toml")
     app.push_screen(ModelPicker(app.workspace.catalog, app.spec.id, session.persona.name, session.session_id,
                                 session.setup.engine_factory, app.lease), chosen)
 

@@ -187,6 +187,28 @@ async def test_the_picker_reads_models_toml_again_when_it_opens(stores, app_on, 
         assert app.workspace.catalog.get(app.spec.id) == app.spec
 
 
+async def test_prices_edited_in_models_toml_apply_to_the_next_turn(stores, app_on, isolated_dirs):
+    """They applied to F5's what-if and to exports; the running engine kept the old ones."""
+    app, _ = app_on()
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        await send(pilot, "hello")
+        before = app.conversation.turns[-1]
+        user = isolated_dirs["CHATTERM_CONFIG_DIR"] / "models.toml"
+        user.parent.mkdir(parents=True, exist_ok=True)
+        user.write_text('[prices."gpt-4.1"]\ninput = 1000\noutput = 3000\nlabel = "Dear"\n')
+        await open_picker(pilot)
+        await pilot.press("escape")
+        await send(pilot, "and again")
+        after = app.conversation.turns[-1]
+        assert after.price_profile == before.price_profile == "gpt-4.1"
+        assert after.cost_output_usd == pytest.approx(after.generated_tokens * 3000 / 1e6)
+        assert before.cost_output_usd < before.generated_tokens * 3000 / 1e6 / 10
+        told = [n.message for n in app._notifications if "priced as models.toml now sets Dear" in n.message]
+        assert told == ["The next turns are priced as models.toml now sets Dear: $1000 per 1M input tokens, "
+                        "$3000 per 1M output."]
+
+
 async def test_switching_loads_the_default_models_file_and_chats_on_it(stores, app_on):
     app, engines = app_on()
     async with app.run_test(size=SIZE) as pilot:
