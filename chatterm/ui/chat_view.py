@@ -22,9 +22,14 @@ Contract:
      write. The timer's period adapts to what a frame costs (`FrameBudget`):
      when the stream outruns the screen, writes get fewer and larger instead of
      queueing. `_dashboard_tick` shows the live `TurnMetrics` at 5 Hz.
+     A turn's notices (a cut to fit, the cache's word on its prompt) are all
+     given before its first token: each is shown as soon as a tick sees it,
+     between the user's message and the reply, where it is read while the
+     reply is awaited (`_show_notices`).
   4. `TurnEnded` (posted by the worker): the phase becomes ENDING, the rest of
-     `_unshown` is written, the reply is finished with its footer, notices and
-     errors are added, the dashboard gets the turn, the phase becomes IDLE.
+     `_unshown` is written, the reply is finished with its footer, the notices
+     not shown yet and errors are added, the dashboard gets the turn, the
+     phase becomes IDLE.
      Two seconds later, if still IDLE, garbage is collected and full passes
      are allowed again.
   Esc (`stop`) moves STREAMING to STOPPING and cancels the turn; the engine
@@ -71,6 +76,7 @@ from textual import events, on, work
 from textual.containers import Horizontal, Vertical
 from textual.content import Content
 from textual.message import Message
+from textual.widget import AwaitMount
 from textual.widgets import ProgressBar, Static
 
 from chatterm.core.engine.conversation import Conversation
@@ -82,7 +88,7 @@ from chatterm.ui import branches, gc_policy
 from chatterm.ui.engine_lease import EngineClosing, EngineLease
 from chatterm.ui.notices import notify_plain
 from chatterm.ui.prompt import BOX_ID, PromptArea
-from chatterm.ui.transcript import AssistantReply, ConversationView, OlderTurns, UserMessage
+from chatterm.ui.transcript import AssistantReply, ConversationView, Notice, OlderTurns, UserMessage
 from chatterm.ui.worker_errors import reported
 
 if TYPE_CHECKING:
@@ -450,6 +456,7 @@ class ChatView(Vertical):
         self.messages.select(None)  # a new turn: the actions apply to the last one again
         self._reply = await self.messages.add_reply(self.persona_name, streaming=True, user=user)
         self._turn = None
+        self._notices_shown = 0
         self._path_shown = None
         self._phase = TurnPhase.STREAMING
         self._turn_over.clear()
@@ -523,6 +530,7 @@ class ChatView(Vertical):
             if turn is None:
                 return
             m = turn.metrics
+            self._show_notices(turn, self._reply)
             self._dashboard.show_turn(m, running=not turn.done)
             self._show_context()
             if m.ttft_ms is None and turn.prefill_progress is not None and self._phase is TurnPhase.STREAMING:
@@ -531,6 +539,16 @@ class ChatView(Vertical):
                 self.set_status(f"streaming{SEP}TTFT {fmt_ms(m.ttft_ms)}{SEP}{fmt_tok_s(m.decode_tok_s)}")
         except Exception:  # noqa: BLE001
             log.exception("dashboard update failed")
+
+    def _show_notices(self, turn: "Turn", reply: AssistantReply | None) -> AwaitMount | None:
+        """Mount the turn's notices not shown yet above its reply: they describe
+        its prompt (what was cut, what the cache could not give), and under a
+        long reply they were read only once it had finished."""
+        notices = list(turn.notices)  # the engine's thread may still append
+        new, self._notices_shown = notices[self._notices_shown:], len(notices)
+        if not new or reply is None or not reply.is_attached:
+            return None
+        return self.messages.mount(*(Notice(text, "warning") for text in new), before=reply)
 
     @on(TurnEnded)
     async def _turn_ended(self, event: TurnEnded) -> None:
@@ -579,8 +597,9 @@ class ChatView(Vertical):
             return
         m = turn.metrics
         await reply.finish(turn.reply, m)
-        for notice in turn.notices:
-            await view.add_notice(notice, "warning")
+        shown = self._show_notices(turn, reply)
+        if shown is not None:
+            await shown
         if m.stop_reason == StopReason.ERROR:
             await view.add_notice(f"Generation failed: {m.error}", "error")
         if m.dropped_turns:

@@ -499,13 +499,30 @@ async def test_generation_error_appears_in_the_conversation(build):
         assert app.conversation.turns[1].stop_reason == "eos"
 
 
-async def test_turn_notices_are_shown(build):
-    app, engines = build()
+async def test_turn_notices_are_shown_above_the_reply_while_it_streams(build):
+    """They describe the prompt, and were shown under the reply once it had ended."""
+    app, engines = build(["one two three four five six"])
     async with app.run_test(size=SIZE) as pilot:
         await loaded(pilot)
-        engines[0].turn_notices = ["Context full (8192 tokens): dropped the oldest 2 turns from the prompt."]
-        await send(pilot, "hi")
-        assert any("dropped the oldest 2 turns" in rendered(n) for n in app.query(Notice))
+        engine = engines[0]
+        engine.turn_notices = ["Context full (8192 tokens): dropped the oldest 2 turns from the prompt."]
+        engine.hold_after = 2
+        app.query_one("#prompt").insert("hi")
+        await pilot.press("enter")
+        await wait_for(pilot, engine.held.is_set, what="the reply held mid-stream")
+
+        def order() -> list[str]:
+            shown = [type(w).__name__ for w in app.query_one("#conversation").children
+                     if isinstance(w, (UserMessage, Notice, AssistantReply))]
+            return shown[shown.index("UserMessage"):] if "UserMessage" in shown else shown
+
+        await wait_for(pilot, lambda: order() == ["UserMessage", "Notice", "AssistantReply"],
+                       what=f"the notice above the streaming reply ({order()})")
+        engine.gate.set()
+        await wait_for(pilot, lambda: app.conversation.turns, what="the turn's end")
+        await pilot.pause(0.1)
+        assert order() == ["UserMessage", "Notice", "AssistantReply"]  # shown once
+        assert "dropped the oldest 2 turns" in rendered(list(app.query(Notice))[-1])
 
 
 async def test_empty_message_is_ignored_and_huge_paste_is_accepted(build):
