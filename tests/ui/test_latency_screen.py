@@ -85,6 +85,10 @@ async def test_latency_screen_charts_turns_and_what_if(build, workspace, size):
         table = screen.query_one(DataTable)
         assert table.row_count == 3
         assert str(table.get_row_at(2)[1]) == "error"
+        # The cost in view without scrolling, at 80 columns too (it was cut at 100).
+        labels = [str(c.label) for c in table.columns.values()]
+        widths = [c.get_render_width(table) for c in table.columns.values()]
+        assert sum(widths[: labels.index("cost") + 1]) <= table.scrollable_content_region.width
         table.focus()
         await pilot.press("down", "enter")
         await wait_for(pilot, lambda: isinstance(app.screen, TurnDetailScreen), what="the turn detail")
