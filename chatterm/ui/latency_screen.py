@@ -240,16 +240,17 @@ class LatencyScreen(Screen[None]):
     # -- tables ---------------------------------------------------------------
     def _fill_table(self) -> None:
         table = self.query_one("#latency-turns", DataTable)
-        # The cost before the per-token rates: at 80 columns the last three scroll out of view.
-        table.add_columns("#", "state", "TTFT", "wait", "restore", "prefill", "1st tok", "decode", "tok/s",
-                          "cost", "ms/tok in", "ms/tok out", "ratio")
+        # The headline figures (TTFT, cost) first, then TTFT's parts and the rates:
+        # at 80 columns the last ones scroll out of view (the cost did).
+        table.add_columns("#", "state", "TTFT", "cost", "wait", "restore", "prefill", "1st tok", "decode", "tok/s",
+                          "ms/tok in", "ms/tok out", "ratio")
         for index, m in enumerate(self._turns, start=1):
             tl, c = timeline(m), token_costs(m)
             ratio = f"{c.ratio:,.1f}x" if c.ratio is not None else "–"
             cells = [
-                turn_label(index, m), tl.status, fmt_ms(m.ttft_ms), fmt_ms(tl.waiting_ms), restore_cell(tl),
-                fmt_ms(tl.prefill_ms), fmt_ms(tl.first_token_ms) if tl.reached_first_token else "–",
-                fmt_ms(tl.decode_ms), fmt_tok_s(m.decode_tok_s).removesuffix(" tok/s"), fmt_usd(m.cost_usd),
+                turn_label(index, m), tl.status, fmt_ms(m.ttft_ms), fmt_usd(m.cost_usd), fmt_ms(tl.waiting_ms),
+                restore_cell(tl), fmt_ms(tl.prefill_ms), fmt_ms(tl.first_token_ms) if tl.reached_first_token else "–",
+                fmt_ms(tl.decode_ms), fmt_tok_s(m.decode_tok_s).removesuffix(" tok/s"),
                 per_token(c.prefill_ms_per_token, c.prefill_note, ""),
                 per_token(c.decode_ms_per_token, c.decode_note, ""),
                 ratio,
