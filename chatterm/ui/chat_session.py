@@ -344,7 +344,8 @@ class ChatSession(Horizontal):
             return False
         try:
             if turn is not None:
-                self.store.select_turn(session_id, turn)  # the hit's branch becomes the one continued
+                # The hit's branch becomes the one continued (the one on screen when the hit is on it).
+                self.store.select_turn(session_id, turn, keep_path=True)
             resume = read_resume(self.store, self.workspace, session_id, self.spec.id)
         except ChattermError as exc:
             notify_plain(self.app, str(exc), severity="error")

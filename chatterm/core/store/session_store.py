@@ -306,13 +306,20 @@ class SessionStore:
         target = self.turn(session_id, turn_index)
         return [] if target.parent is None else self._path(session_id, target.parent, -1)
 
-    def select_turn(self, session_id: int, turn_index: int) -> list[TurnRecord]:
-        """Make turn `turn_index` current, with its newest descendants (the latest
-        child at each level), and return the new current path."""
+    def select_turn(self, session_id: int, turn_index: int, *, keep_path: bool = False) -> list[TurnRecord]:
+        """Make turn `turn_index` current, going on to the newest turn under it
+        (where the user last was on that branch), and return the new current path.
+        `keep_path` (opening a search hit): a turn on the current path keeps
+        that path, the branch the user was on."""
         self.turn(session_id, turn_index)  # unknown session or turn: named
 
         def select(conn: sqlite3.Connection) -> int:
-            leaf = tree.newest_leaf(_reader(conn), session_id, turn_index)
+            read = _reader(conn)
+            if keep_path:
+                current = conn.execute("SELECT current_index FROM sessions WHERE id = ?", (session_id,)).fetchone()
+                if current and current[0] is not None and tree.leads_to(read, session_id, turn_index, current[0]):
+                    return int(current[0])
+            leaf = tree.newest_leaf(read, session_id, turn_index)
             conn.execute("UPDATE sessions SET current_index = ? WHERE id = ?", (leaf, session_id))
             return leaf
 

@@ -167,15 +167,28 @@ def branch_of_new(query: Query, session_id: int, parent: int | None, index: int)
 
 
 def newest_leaf(query: Query, session_id: int, index: int) -> int:
-    """The leaf reached from turn `index` by taking the latest child at each level."""
-    while True:
-        row = query(
-            "SELECT MAX(turn_index) FROM turns WHERE session_id = ? AND parent_index = ?",
-            (session_id, index),
-        )
-        if not row or row[0][0] is None:
-            return index
-        index = row[0][0]
+    """The newest turn under turn `index` (itself when it has none): where the
+    user last went on from there. A newer turn has a larger index, and a child
+    a larger one than its parent, so that turn is a leaf. Taking the latest
+    child at each level instead lost a reply written under an earlier
+    version of a message once a later version existed."""
+    row = query(
+        "WITH RECURSIVE under(i) AS (SELECT ? UNION ALL SELECT t.turn_index FROM turns t JOIN under"
+        " ON t.parent_index = under.i WHERE t.session_id = ?) SELECT MAX(i) FROM under",
+        (index, session_id),
+    )
+    return index if not row or row[0][0] is None else int(row[0][0])
+
+
+def leads_to(query: Query, session_id: int, index: int, leaf: int) -> bool:
+    """Turn `index` is on the path that ends at turn `leaf`."""
+    row = query(
+        "WITH RECURSIVE up(i) AS (SELECT ? UNION ALL SELECT t.parent_index FROM turns t JOIN up"
+        " ON t.turn_index = up.i WHERE t.session_id = ? AND t.parent_index IS NOT NULL)"
+        " SELECT 1 FROM up WHERE i = ? LIMIT 1",
+        (leaf, session_id, index),
+    )
+    return bool(row)
 
 
 def siblings(query: Query, session_id: int, parent: int | None) -> list[int]:

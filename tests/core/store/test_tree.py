@@ -143,6 +143,17 @@ def test_an_edit_at_turn_2_of_4_branches_there_and_the_history_is_the_new_path(t
         assert [r.index for r in store.select_turn(sid, 4)] == [1, 2, 3, 4]
         assert store.session(sid).turns_label == "4 +2"
         store.select_turn(sid, 5)
+        # Going on under the first version after the edit: from the top, the
+        # newest turn is under it (the latest child at each level was 5's line).
+        store.select_turn(sid, 2)
+        store.record_turn(sid, "question 5", "answer 5", full_metrics())
+        assert [r.index for r in store.select_turn(sid, 1)] == [1, 2, 3, 4, 7]
+        # A search hit on the path shown keeps it; one off it goes to its branch.
+        store.select_turn(sid, 5)
+        assert [r.index for r in store.select_turn(sid, 1, keep_path=True)] == [1, 5, 6]
+        assert [r.index for r in store.select_turn(sid, 3, keep_path=True)] == [1, 2, 3, 4, 7]
+        assert [r.index for r in store.select_turn(sid, 7, keep_path=True)] == [1, 2, 3, 4, 7]
+        store.select_turn(sid, 5)
     # The choice is stored: another process sees the same path.
     with SessionStore(tmp_path / "s.db", readonly=True) as store:
         assert [r.index for r in store.turns(sid)] == [1, 5, 6]
