@@ -776,7 +776,8 @@ class ChatView(Vertical):
     # -- the context figure ----------------------------------------------------------------
     def _show_context(self) -> None:
         """The dashboard's context figure, for the conversation on screen."""
-        self._dashboard.show_context(context_tokens(self._conversation, self._turn, self._path_shown))
+        used, persona_alone = context_tokens(self._conversation, self._turn, self._path_shown)
+        self._dashboard.show_context(used, persona_alone=persona_alone)
 
     # -- type-ahead ----------------------------------------------------------------------
     @on(PromptArea.Changed)
@@ -949,16 +950,17 @@ class ChatView(Vertical):
 
 def context_tokens(
     conversation: Conversation | None, turn: "Turn | None", path: Sequence[TurnMetrics] | None = None
-) -> int | None:
-    """Tokens `conversation` holds in the context: the running turn's prompt and
-    what it generated so far, else the last turn's on `path` (the stored path it
-    goes on from; None: the last turn computed), else the persona's prompt alone
-    (None where the engine has not measured it, or no conversation)."""
+) -> tuple[int | None, bool]:
+    """(tokens `conversation` holds in the context, whether that is its persona's
+    prompt alone): the running turn's prompt and what it generated so far, else
+    the last turn's on `path` (the stored path it goes on from; None: the last
+    turn computed), else the persona's prompt alone (None where the engine has
+    not measured it, or no conversation)."""
     if conversation is None:
-        return None
+        return None, False
     if turn is not None and turn.metrics.prompt_tokens:
-        return turn.metrics.prompt_tokens + turn.metrics.generated_tokens
+        return turn.metrics.prompt_tokens + turn.metrics.generated_tokens, False
     for m in reversed(conversation.turns if path is None else path):
         if m.prompt_tokens:  # a turn that failed before its prompt left nothing
-            return m.prompt_tokens + m.generated_tokens
-    return conversation.engine.persona_tokens(conversation.persona)
+            return m.prompt_tokens + m.generated_tokens, False
+    return conversation.engine.persona_tokens(conversation.persona), True

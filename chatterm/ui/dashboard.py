@@ -138,6 +138,7 @@ class Dashboard(TypingGoesToPrompt, VerticalScroll):
         self._now: TurnMetrics | None = None
         self._now_running = False
         self._chat_context: int | None = None
+        self._persona_alone = False
         """The conversation's tokens in the context (`show_context`); None: unknown."""
         self._engine_context: int | None = None
         self._n_ctx: int | None = None
@@ -170,8 +171,12 @@ class Dashboard(TypingGoesToPrompt, VerticalScroll):
         context: str | Content = fmt_int(used)
         if self._n_ctx:
             context += f" / {fmt_int(self._n_ctx)}"
-            if used is not None and used > self._n_ctx:  # a persona too large for the model
+            if used is not None and used > self._n_ctx and self._persona_alone:  # too large for the model
                 context = Content.assemble(context, (" · more than the context holds", "$error"))
+            elif used is not None and used >= self._n_ctx:
+                # A reply that ran to the end of the context, or turns counted on
+                # a model with a larger one: the next prompt is cut to fit.
+                context = Content.assemble(context, (" · full: the oldest turns leave next", "$warning"))
             elif used is not None:
                 share = used / self._n_ctx
                 context += f" · {share * 100:.0f} %"
@@ -189,15 +194,16 @@ class Dashboard(TypingGoesToPrompt, VerticalScroll):
     def _show_now(self, live: bool = False) -> None:
         self._set("dash-now", self._now_rows(), live=live)
 
-    def show_context(self, used: int | None) -> None:
+    def show_context(self, used: int | None, *, persona_alone: bool = False) -> None:
         """Tokens the conversation on screen holds in the context: its persona's
         prompt, its turns and, while a reply streams, that turn's prompt and
-        what it generated so far. None: not known yet; the engine's count stands
-        in from its next `show_model` (the one before describes another conversation)."""
+        what it generated so far (`persona_alone`: the persona's prompt, no turn
+        yet). None: not known yet; the engine's count stands in from its next
+        `show_model` (the one before describes another conversation)."""
         if used is None:
             self._engine_context = None
-        if used != self._chat_context or used is None:
-            self._chat_context = used
+        if used != self._chat_context or used is None or persona_alone != self._persona_alone:
+            self._chat_context, self._persona_alone = used, persona_alone
             self._show_now(live=True)
 
     def _update_hint(self) -> None:

@@ -142,18 +142,22 @@ async def test_dashboard_values_wrap_under_the_value_and_are_never_cut(build):
         assert " ".join(line[label_width:].strip() for line in shown) == costs
 
 
-@pytest.mark.parametrize("used, shown", [
-    (6_000, "6,000 / 8,192 · 73 %"),
-    (7_900, "7,900 / 8,192 · 96 % · nearly full: the oldest turns leave next"),
+@pytest.mark.parametrize("used, alone, shown", [
+    (6_000, False, "6,000 / 8,192 · 73 %"),
+    (7_900, False, "7,900 / 8,192 · 96 % · nearly full: the oldest turns leave next"),
+    # A reply that ran to the end of the context: not "100 % · nearly full".
+    (8_192, False, "8,192 / 8,192 · full: the oldest turns leave next"),
     # A persona larger than the model's context: not "231 %", nor "nearly full".
-    (18_944, "18,944 / 8,192 · more than the context holds"),
+    (18_944, True, "18,944 / 8,192 · more than the context holds"),
+    # Turns counted on a model with a larger context: they are cut to fit, no error.
+    (9_000, False, "9,000 / 8,192 · full: the oldest turns leave next"),
 ])
-async def test_the_context_headline_says_how_full_and_when_a_persona_does_not_fit(build, used, shown):
+async def test_the_context_headline_says_how_full_and_when_a_persona_does_not_fit(build, used, alone, shown):
     app, _ = build(store=None)
     async with app.run_test(size=(150, 45)) as pilot:
         await loaded(pilot)
         dash = app.query_one(Dashboard)
-        dash.show_context(used)
+        dash.show_context(used, persona_alone=alone)
         await pilot.pause()
         assert " ".join(rendered(dash.query_one("#dash-now")).split()).startswith("context " + shown)
 

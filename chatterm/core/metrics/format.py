@@ -234,7 +234,7 @@ def context_cut_label(m: TurnMetrics) -> str:
     turns = counted(m.cut_turns, "oldest turn")
     if m.shifted_tokens:
         return f"context full: {turns} shifted out ({fmt_int(m.shifted_tokens)} tokens, {fmt_ms(m.shift_ms)})"
-    return f"context full: {turns} cut, the rest prefilled"
+    return f"context full: {turns} cut (not shifted)"
 
 
 def footer_line(m: TurnMetrics) -> str:

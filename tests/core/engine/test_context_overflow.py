@@ -13,6 +13,7 @@ from chatterm.core.cache.prompt_cache import PromptCache
 from chatterm.core.engine.conversation import Conversation
 from chatterm.core.engine.interface import ChatMessage
 from chatterm.core.engine.local.engine import LocalEngine
+from chatterm.core.metrics.format import context_cut_label
 from chatterm.core.store.session_store import SessionStore
 from chatterm.core.workspace import Workspace
 from tests.conftest import greedy
@@ -188,5 +189,7 @@ def test_the_newest_turn_stays_while_it_fits_and_a_cut_of_every_turn_says_so(ws)
         (notice,) = [n for n in turn.notices if n.startswith("Context full")]
         assert notice == ("Context full (512 tokens): the oldest 2 turns left the model's context; "
                           "no earlier turn is left in it, only the persona and this message.")
+        # The footer agrees: it said "cut, the rest prefilled" of a prompt with no rest.
+        assert context_cut_label(turn.metrics) == "context full: 2 oldest turns cut (not shifted)"
     finally:
         engine.close()
