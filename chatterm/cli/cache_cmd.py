@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -67,10 +68,14 @@ def run_ls(args: argparse.Namespace) -> int:
     if not entries:
         console.print(literal(f"No cached states in {cache.folder}"))
         return 0
-    table = Table(title=literal(f"Prompt cache · {cache.folder}"))
+    # No vertical rules: at 80 columns they took the room "persona assistant"
+    # needs, and it was cut to "persona assista…" (what `cache clear` takes).
+    # A long model id folds onto a second line instead.
+    table = Table(title=literal(f"Prompt cache · {cache.folder}"), box=box.SIMPLE_HEAD, show_edge=False,
+                  padding=(0, 1), collapse_padding=True, pad_edge=False)
     for column in ("kind", "model", "tokens", "bytes", "tier", "last used", "status"):
         table.add_column(column, justify="right" if column in ("tokens", "bytes") else "left",
-                         no_wrap=column in ("model", "tokens", "bytes", "tier", "last used"))
+                         no_wrap=column != "status" and column != "model", overflow="fold")
     for e in entries:
         table.add_row(
             literal(e.slot.label),  # ids from files and headers: never markup

@@ -26,23 +26,27 @@ def test_ls_shows_kind_tokens_bytes_and_tier(tmp_path):
     seed(tmp_path)
     listing = chatterm(tmp_path, "cache", "ls", COLUMNS="200")
     assert listing.returncode == 0, listing.stderr
-    rows = {line.split("│")[1].strip(): line for line in listing.stdout.splitlines() if "│" in line}
+    # Columns two spaces apart (no rules: cut and paste, awk -F'  +').
+    rows = {cells[0]: cells for line in listing.stdout.splitlines() if len(cells := re.split(r" {2,}", line)) > 5}
     assert set(rows) >= {"persona quick", "persona terse-coder", "session 7"}
-    session = [cell.strip() for cell in rows["session 7"].split("│")]
+    session = rows["session 7"]
     size = (tmp_path / "cache" / "kv" / "smollm2-135m" / "session-7.kvstate").stat().st_size
-    assert session[2:6] == ["smollm2-135m", "900", f"{size:,}", "disk"]
-    assert session[7] == "ok"
+    assert session[1:5] == ["smollm2-135m", "900", f"{size:,}", "disk"]
+    assert session[6] == "ok"
 
 
 def test_ls_in_an_80_column_terminal_fits_with_short_sizes_and_times(tmp_path):
-    seed(tmp_path)
+    seed(tmp_path).save("hf:bartowski/Qwen2.5-7B-Instruct", Slot.persona("terse-coder"), list(range(40)),
+                        bytes(1000), COMPAT)
     out = run_in_terminal([*CHATTERM, "cache", "ls"], subprocess_env(tmp_path), tmp_path)
     lines = [re.sub(r"\x1b\[[0-9;]*m", "", line) for line in out.splitlines()]
     assert lines and all(len(line) <= 80 for line in lines), lines
     size = (tmp_path / "cache" / "kv" / "smollm2-135m" / "session-7.kvstate").stat().st_size
     row = next(line for line in lines if "session 7" in line)
     # The size as a reader takes it in; saved just now, so today's time alone.
-    assert re.search(rf"│ {re.escape(fmt_bytes(size))} │ disk │ \d\d:\d\d ", row), row
+    assert re.search(rf"  {re.escape(fmt_bytes(size))}  disk  \d\d:\d\d ", row), row
+    # The names `cache clear` takes, whole ("persona assista…" beside a 24-character model id).
+    assert any(line.startswith("persona terse-coder ") for line in lines), lines
 
 
 def test_clear_takes_either_kind_one_persona_or_one_session(tmp_path):
