@@ -687,7 +687,7 @@ class ChatView(Vertical):
         prompt.text = printable(reply.user.text)  # the text area writes it out as it is
         prompt.move_cursor(prompt.document.end)
         prompt.focus()
-        self.set_status("editing your message: Enter sends it as a new branch · Esc cancels")
+        self.set_status("editing: Enter sends a new branch, Esc cancels")  # whole in a 48-column pane
 
     def focus_prompt(self) -> None:
         """Put the focus in the prompt: a view change the user did not type

@@ -310,6 +310,18 @@ async def test_keys_typed_beside_the_prompt_a_tick_apart_stay_in_order(build):
         await wait_for(pilot, lambda: prompt.text == "one\ntwo\nthree\nfour", what="the lines of the paste")
 
 
+async def test_the_edit_status_is_whole_at_100_columns_beside_the_dashboard(build, store):
+    """It read "editing your message: Enter sends it as a new bra…"."""
+    app, _ = build(["Hello."], store=store)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await loaded(pilot)
+        await send(pilot, "hi")
+        app.query_one("#prompt").focus()
+        await pilot.press("up")
+        await pilot.pause()
+        assert rendered(app.query_one("#status")).strip().endswith("Esc cancels")
+
+
 async def test_empty_edit_and_actions_before_any_turn_are_one_line_and_lose_nothing(build, store):
     app, engines = build(["Hello."], store=store)
     async with app.run_test(size=SIZE) as pilot:
@@ -331,7 +343,7 @@ async def test_empty_edit_and_actions_before_any_turn_are_one_line_and_lose_noth
         assert not prompt.editing
         # Esc cancels an edit: the prompt is emptied, the message is as it was.
         await pilot.press("up")
-        assert prompt.text == "hi" and "editing your message" in rendered(app.query_one("#status"))
+        assert prompt.text == "hi" and "editing: Enter sends" in rendered(app.query_one("#status"))
         app.chat.prefix_started()  # as while a resumed session's prefix loads: "ready" is held back
         await pilot.press("escape")
         assert prompt.text == "" and not prompt.editing and users(app) == ["hi"]

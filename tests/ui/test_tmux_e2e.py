@@ -143,9 +143,9 @@ def test_launch_answers_a_question_in_tmux(tmp_path):
         # line and the title stayed on "editing" while the app held "ready"
         # (a repaint lost beside the prompt's layout; Pilot never saw it).
         tmux.run("send-keys", "-t", tmux.target, "Up")
-        tmux.wait_for(lambda s: "editing your message" in s, 30, "the edit")
+        tmux.wait_for(lambda s: "editing: Enter sends" in s, 30, "the edit")
         tmux.run("send-keys", "-t", tmux.target, "Escape")
-        tmux.wait_for(lambda s: "editing your message" not in s and "· ready" in title(s), 30,
+        tmux.wait_for(lambda s: "editing: Enter sends" not in s and "· ready" in title(s), 30,
                       "the cancelled edit on screen")
         tmux.quit()
         assert "CHATTERM-EXIT=0" in tmux.screen()
