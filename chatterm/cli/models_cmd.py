@@ -74,7 +74,10 @@ def run(args: argparse.Namespace) -> int:
     if unusable:
         print(f"\n{len(unusable)} unusable:")
         for row in unusable:
-            print(f"  {printable(row.id)}: {printable(row.problem or '')} ({where(row)})")
+            problem = row.problem or ""
+            # A models.toml entry's problem may name its file already.
+            found = "" if str(row.found.location) in problem else f" ({where(row)})"
+            print(f"  {printable(row.id)}: {printable(problem)}{found}")
     return 0
 
 

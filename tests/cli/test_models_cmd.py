@@ -64,6 +64,11 @@ def test_models_json_and_model_folders(tmp_path, layout):  # noqa: F811
     assert not rows["typo"]["usable"] and rows["typo"]["problem"] == "[models.typo] unknown key 'sourc'"
     assert rows["typo"]["location"].endswith("models.toml") and rows["smollm2-135m"]["usable"]
     assert not rows["gone"]["usable"] and "/nowhere/gone.gguf: model file not found" in rows["gone"]["problem"]
+    listed = run(tmp_path, layout, "models").stdout.splitlines()
+    gone = next(line for line in listed if line.strip().startswith("gone:"))
+    assert gone.count("models.toml") == 1, gone  # the problem names the file: not again after it
+    typo = next(line for line in listed if line.strip().startswith("typo:"))
+    assert typo.endswith("unknown key 'sourc' (" + rows["typo"]["location"] + ")"), typo
     folder_model = rows[str(layout.folder / "nested" / "SmolLM2-135M-Instruct.Q4_1.gguf")]
     assert folder_model["store"] == "folder" and folder_model["usable"] and folder_model["context_length"] == 8192
     split = rows["hf:chatterm/split-test"]
