@@ -246,3 +246,22 @@ def test_a_restore_that_fails_while_typing_leaves_the_turn_to_start_over(engine,
     m = send(engine, persona, MESSAGE, history)[0].metrics
     assert m.ahead_tokens == 0 and m.ahead_history_tokens == 0
     assert "before the message was sent" not in m.cache_detail
+
+
+def test_a_branch_prefilled_at_idle_becomes_the_sessions_state(engine, persona):
+    """After ← to another version, a persona switch away and back restored the
+    session's last-turn branch (149 of 224 tokens) and prefilled the rest."""
+    history = first_turn(engine, persona)
+    engine.note_conversation(80)
+    engine.keep_conversation(80)
+    engine.wait_for_saves()
+    other = [history[0], ChatMessage("assistant", "Another version of that reply, " * 12)]
+    report = engine.prefill_ahead(persona, other, "")  # the version on screen, prefilled at idle
+    assert report is not None and report.ready == report.total
+    engine.wait_for_saves()
+    engine.prepare_persona(greedy(Workspace.load().personas.get("terse-coder"), max_tokens=16))
+    engine.prepare_persona(persona)  # and back
+    engine.note_conversation(80)
+    m = send(engine, persona, MESSAGE, other)[0].metrics
+    assert "session 80" in m.cache_detail, m.cache_detail
+    assert m.prompt_tokens - m.cached_tokens <= len(engine.llm.tokenize(MESSAGE.encode())) + 16, m.cache_detail

@@ -713,7 +713,15 @@ class LocalEngine(Engine):
             if progress is not None:
                 progress(done, of)
 
-        return self._ahead.prefill(llm, live, target, total, on_batch, epoch)
+        already = common_prefix_len(live, target)
+        report = self._ahead.prefill(llm, live, target, total, on_batch, epoch)
+        if (not draft and report is not None and report.ready == len(target) > already
+                and self._session is not None and self.kv_cache is not None):
+            # The history on screen (a version gone back to with ←, a fork) now
+            # fills the context: it becomes the session's state, so a switch
+            # away and back restores this branch, not its last turn's.
+            self._keep(Slot.session(self._session), {"context_anchor": self._anchor})
+        return report
 
     def _ahead_tokens(
         self, persona: Persona, history: list[ChatMessage], draft: str
