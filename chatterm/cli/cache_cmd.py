@@ -75,7 +75,7 @@ def run_ls(args: argparse.Namespace) -> int:
                   padding=(0, 1), collapse_padding=True, pad_edge=False)
     for column in ("kind", "model", "tokens", "bytes", "tier", "last used", "status"):
         table.add_column(column, justify="right" if column in ("tokens", "bytes") else "left",
-                         no_wrap=column != "status" and column != "model", overflow="fold")
+                         no_wrap=column not in ("model", "status"), overflow="fold")
     for e in entries:
         table.add_row(
             literal(e.slot.label),  # ids from files and headers: never markup

@@ -138,8 +138,9 @@ class Dashboard(TypingGoesToPrompt, VerticalScroll):
         self._now: TurnMetrics | None = None
         self._now_running = False
         self._chat_context: int | None = None
-        self._persona_alone = False
         """The conversation's tokens in the context (`show_context`); None: unknown."""
+        self._persona_alone = False
+        """`_chat_context` is the persona's prompt alone (no turn yet)."""
         self._engine_context: int | None = None
         self._n_ctx: int | None = None
 
