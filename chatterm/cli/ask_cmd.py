@@ -204,6 +204,9 @@ def run(args: argparse.Namespace) -> int:
             spec, persona = plan.spec, plan.persona
             spec.check_file()
             continuation = read_continuation(store, plan)
+            if not args.json:  # before the wait it explains (a whole history prefilled again)
+                for warning in plan.warnings:
+                    print(f"note: {printable(warning)}", file=sys.stderr)
         load_progress = _LoadProgress(spec) if sys.stderr.isatty() else None
         try:
             if load_progress is not None:
@@ -266,7 +269,7 @@ def run(args: argparse.Namespace) -> int:
             if turn.reply and not turn.reply.endswith("\n"):
                 sys.stdout.write("\n")
             sys.stdout.flush()
-            for notice in [*(plan.warnings if plan else []), *turn.notices]:
+            for notice in turn.notices:
                 print(f"note: {printable(notice)}", file=sys.stderr)
             print(footer_line(m), file=sys.stderr)
             if conversation.store_error:

@@ -80,6 +80,26 @@ def test_ask_continues_a_session(tmp_path):
     assert missing.returncode == 2 and "999" in missing.stderr
 
 
+def test_continuing_on_another_model_says_so_before_the_wait(tmp_path):
+    """The other model reuses none of the session's states, so its history is
+    prefilled again: the note comes before the reply, not after the wait."""
+    write_greedy_persona(tmp_path)
+    first = chatterm(tmp_path, "ask", "--persona", "quick", "--json", "My name is Ada.")
+    session_id = json.loads(first.stdout)["session_id"]
+    merged = subprocess.run(
+        [*CHATTERM, "ask", "--session", str(session_id), "--model", "smollm2-135m-q8kv", "What is my name?"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env=subprocess_env(tmp_path), cwd=tmp_path, timeout=300,
+    )
+    assert merged.returncode == 0, merged.stdout
+    lines = merged.stdout.splitlines()
+    note = f"note: session {session_id} was recorded with smollm2-135m; continuing with smollm2-135m-q8kv, " \
+           "which cannot reuse what smollm2-135m cached of it"
+    assert lines[0] == note, lines
+    assert lines.count(note) == 1
+    assert "cold prefill" in lines[-1]
+
+
 def _turn_context(stderr: str) -> tuple[int, int]:
     match = re.search(r"context for this turn: (\d+) of the model's (\d+) tokens", stderr)
     assert match, stderr

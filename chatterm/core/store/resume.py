@@ -12,7 +12,7 @@ Contract:
   * it continues on the model asked for (a flag, or the model the TUI has
     loaded), else on its own model, which must then still be in the catalog.
     Another model than the recorded one works (the history is text) and gives
-    a warning.
+    a warning that the recorded model's cached states do not carry over.
 - `resume_conversation(plan, store, engine)` gives back a `Conversation` that
   carries on the session: its id, its turns' metrics (every computed turn,
   for the session figures) and the history sent to the model: the session's
@@ -94,7 +94,10 @@ def plan_resume(
             )
         model_id = info.model_id
     elif model_id != info.model_id:
-        warnings.append(f"session {session_id} was recorded with {info.model_id}; continuing with {model_id}")
+        # Cached states belong to the model that computed them, so the
+        # history is prefilled again unless this model continued it before.
+        warnings.append(f"session {session_id} was recorded with {info.model_id}; continuing with {model_id}, "
+                        f"which cannot reuse what {info.model_id} cached of it")
     return SessionPlan(info, workspace.catalog.get(model_id), persona, warnings)
 
 
