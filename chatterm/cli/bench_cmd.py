@@ -23,6 +23,9 @@ LONG_PERSONA = "shop-support"
 WARM_OVERHEAD_TARGET = 1.05
 """A turn on a persona prefix in memory against llama-cpp-python's own warm
 create_chat_completion: chatterm's per-turn overhead."""
+MIN_JUDGED_RUNS = 3
+"""Fewer runs give no median worth a verdict: one noisy run read as a missed
+target. Their ratios are shown, marked "not judged"."""
 
 
 def register(sub, common) -> None:
@@ -46,22 +49,26 @@ def _fmt_ratio(value: float | None, digits: int = 3) -> str:
     return "–" if value is None else f"{value:.{digits}f}x"
 
 
-def _against(value: float | None, limit: float, digits: int = 2) -> Text:
+def _against(value: float | None, limit: float, digits: int = 2, *, judged: bool = True) -> Text:
     """A ratio beside its target (at most `limit`): marked met or missed, so a
-    reader of the table need not compare the digits with the row's name."""
+    reader of the table need not compare the digits with the row's name
+    (`judged` False: too few runs for a verdict, said so instead)."""
     from rich.text import Text
 
     shown = _fmt_ratio(value, digits)
     if value is None:
         return Text(shown)
+    if not judged:
+        return Text.assemble(shown, (" · not judged", "dim"))
     if value <= limit:
         return Text.assemble(shown, (" ✓ met", "green"))
     return Text.assemble(shown, (" ✗ missed", "bold red"))
 
 
-def _target_row(label: str, value: float | None, limit: float, digits: int = 2) -> tuple[str, Text]:
+def _target_row(label: str, value: float | None, limit: float, digits: int = 2, *,
+                judged: bool = True) -> tuple[str, Text]:
     """A table row of a ratio with a target, the target in its name."""
-    return f"{label} (<= {limit:g}x)", _against(value, limit, digits)
+    return f"{label} (<= {limit:g}x)", _against(value, limit, digits, judged=judged)
 
 
 def _fmt_counts(counts: list[int]) -> str:
@@ -116,6 +123,7 @@ def run(args: argparse.Namespace) -> int:
     table.add_column("measure")
     table.add_column("value", justify="right")
     rows = []
+    judged = args.runs >= MIN_JUDGED_RUNS
     if engine.capabilities.kv_control:
         r = result["ratios"]
         rows = [
@@ -137,7 +145,8 @@ def run(args: argparse.Namespace) -> int:
                                           f"of {result['host']['physical_cores']} cores"),
             ("baseline create_chat_completion cold", fmt_ms(result["baseline_ttft_cold_ms"])),
             ("baseline create_chat_completion warm", fmt_ms(result["baseline_ttft_warm_ms"])),
-            _target_row("in memory / library warm", r["memory_over_baseline_warm"], WARM_OVERHEAD_TARGET),
+            _target_row("in memory / library warm", r["memory_over_baseline_warm"], WARM_OVERHEAD_TARGET,
+                        judged=judged),
         ]
         if "resume" in result:
             resume = result["resume"]
@@ -150,7 +159,8 @@ def run(args: argparse.Namespace) -> int:
                 ("resume TTFT persona only + history prefill", fmt_ms(resume["ttft_persona_only_ms"])),
                 ("resume restore from RAM / disk", f"{fmt_ms(resume['restore_ram_ms'])} / "
                                                    f"{fmt_ms(resume['restore_disk_ms'])}"),
-                *(_target_row(label, rr[key], resume["targets"][key], digits) for label, key, digits in (
+                *(_target_row(label, rr[key], resume["targets"][key], digits, judged=judged)
+                  for label, key, digits in (
                     ("disk / persona only", "disk_over_persona_only", 3),
                     ("disk / in memory", "disk_over_memory", 2),
                     ("RAM / in memory", "ram_over_memory", 2),
@@ -165,7 +175,11 @@ def run(args: argparse.Namespace) -> int:
                             f"{host['cores']} cores · calibration sum(range(10**6)) "
                             f"{host['calibration_ms']:.1f} ms before, {host['calibration_after_ms']:.1f} ms after")
     Console().print(table)
-    for warning in result["warnings"]:
+    warnings = list(result["warnings"])
+    if not judged and engine.capabilities.kv_control:
+        warnings.append(f"targets not judged on {counted(args.runs, 'run')}: "
+                        f"pass --runs {MIN_JUDGED_RUNS} or more for a median")
+    for warning in warnings:
         err.print(literal(f"warning: {warning}"), style="yellow")
     if args.json:
         write_json(result, args.json, ws.db_path)  # after the table: a write that fails now loses no figure
