@@ -5,8 +5,9 @@
   model, the block tier: bytes per token, blocks, bytes, and the bytes of
   blocks that several entries share (stored once). Whole-state files (an
   older chatterm's, or a model whose states are kept whole) are counted in
-  the caption. In a terminal sizes and times are short (`1.2 MB`, `14:02`);
-  piped, bytes are exact and times whole.
+  the caption. In a terminal, or piped with COLUMNS set, sizes and times are
+  short (`1.2 MB`, `14:02`) and the table fits that width; otherwise piped,
+  bytes are exact and times whole.
 - `clear` removes all entries, one persona's (`clear PERSONA`), one kind
   (`--kind persona|session`) or one conversation's (`--session N`).
 - `verify` checks every file: a state file's header, size, payload sha256 and
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import os
 
 from rich import box
 from rich.console import Console
@@ -58,13 +60,14 @@ def run_ls(args: argparse.Namespace) -> int:
     cache = _cache(args)
     entries = cache.entries()
     console = Console()
-    # A terminal gets sizes and times to read at a glance, to fit 80 columns;
-    # piped, exact bytes and whole timestamps, and no width to fit a name to.
-    on_terminal = console.is_terminal
-    if not on_terminal:
+    # A terminal, or a pipe given COLUMNS (rich's Console reads it), gets sizes
+    # and times to read at a glance, to fit its width; a plain pipe gets exact
+    # bytes and whole timestamps, with no width to fit a name to.
+    fit = console.is_terminal or "COLUMNS" in os.environ
+    if not fit:
         console = Console(width=200)
-    size = fmt_bytes if on_terminal else (lambda n: f"{n:,}")
-    when = fmt_recent_time if on_terminal else (lambda ts: dt.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S"))
+    size = fmt_bytes if fit else (lambda n: f"{n:,}")
+    when = fmt_recent_time if fit else (lambda ts: dt.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S"))
     if not entries:
         console.print(literal(f"No cached states in {cache.folder}"))
         return 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import subprocess
 
 from fake_states import fake_state
 
@@ -24,7 +25,8 @@ def seed(tmp_path) -> PromptCache:
 
 def test_ls_shows_kind_tokens_bytes_and_tier(tmp_path):
     seed(tmp_path)
-    listing = chatterm(tmp_path, "cache", "ls", COLUMNS="200")
+    env = {k: v for k, v in subprocess_env(tmp_path).items() if k != "COLUMNS"}  # piped, no width asked for
+    listing = subprocess.run([*CHATTERM, "cache", "ls"], capture_output=True, text=True, env=env, timeout=60)
     assert listing.returncode == 0, listing.stderr
     # Columns two spaces apart (no rules: cut and paste, awk -F'  +').
     rows = {cells[0]: cells for line in listing.stdout.splitlines() if len(cells := re.split(r" {2,}", line)) > 5}
@@ -46,6 +48,19 @@ def test_ls_in_an_80_column_terminal_fits_with_short_sizes_and_times(tmp_path):
     # The size as a reader takes it in; saved just now, so today's time alone.
     assert re.search(rf"  {re.escape(fmt_bytes(size))}  disk  \d\d:\d\d ", row), row
     # The names `cache clear` takes, whole ("persona assista…" beside a 24-character model id).
+    assert any(line.startswith("persona terse-coder ") for line in lines), lines
+
+
+def test_ls_piped_with_columns_fits_that_width_as_a_terminal_would(tmp_path):
+    seed(tmp_path).save("hf:bartowski/Qwen2.5-7B-Instruct", Slot.persona("terse-coder"), list(range(40)),
+                        bytes(1000), COMPAT)
+    size = (tmp_path / "cache" / "kv" / "smollm2-135m" / "session-7.kvstate").stat().st_size
+    narrow = chatterm(tmp_path, "cache", "ls", COLUMNS="80")
+    assert narrow.returncode == 0, narrow.stderr
+    lines = narrow.stdout.splitlines()
+    assert all(len(line) <= 80 for line in lines), lines
+    row = next(line for line in lines if "session 7" in line)
+    assert f"  {fmt_bytes(size)}  disk  " in row, row
     assert any(line.startswith("persona terse-coder ") for line in lines), lines
 
 
