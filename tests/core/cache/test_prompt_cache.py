@@ -70,7 +70,30 @@ def test_longest_shared_prefix_wins_and_ram_is_preferred_on_a_tie(tmp_path):
     # Another process sees only the disk tier.
     other = fresh(cache).lookup("m", COMPAT, long_prompt)
     assert [(c.entry.tier, c.shared) for c in other.candidates] == [(DISK, 50), (DISK, 10)]
-    assert fresh(cache).lookup("other-model", COMPAT, long_prompt).candidates == []
+    # Another model's states only where every compat field is the same (next test).
+    assert fresh(cache).lookup("other-model", {**COMPAT, "type_k": 8}, long_prompt).candidates == []
+
+
+def test_another_catalog_entry_for_the_same_file_and_settings_shares_the_states(tmp_path):
+    """Two entries for one GGUF (say, another n_ctx) compute the same states:
+    one reuses the other's, after its own at the same length, and another
+    model's states that do not fit are its own business, not misses."""
+    cache = PromptCache(tmp_path / "kv", ram_budget_bytes=0)  # disk only, as a new process sees it
+    cache.save("small-ctx", SESSION, tokens(50), payload(2, 1 << 20), COMPAT)
+    cache.save("m", PERSONA, tokens(10), payload(1, 1 << 20), COMPAT)
+    cache.save("q8-kv", Slot.session(12), tokens(60), payload(3, 1 << 20), {**COMPAT, "type_k": 8})
+    prompt = tokens(50) + [999]
+    found = cache.lookup("m", COMPAT, prompt, expect=[SESSION])
+    assert [(c.entry.model_id, c.entry.slot, c.shared) for c in found.candidates] == [
+        ("small-ctx", SESSION, 50), ("m", PERSONA, 10)]
+    assert found.misses == []  # neither "no saved state" for session 12 nor q8-kv's compat
+    opened = cache.open(found.candidates[0])
+    assert isinstance(opened, OpenedState) and bytes(opened.payload[:1]) == b"\x02"
+    opened.close()
+    # At the same length this model's own state comes first.
+    cache.save("m", SESSION, tokens(50), payload(4, 1 << 20), COMPAT)
+    first = cache.lookup("m", COMPAT, prompt).candidates[0]
+    assert (first.entry.model_id, first.shared) == ("m", 50)
 
 
 def test_every_miss_has_a_reason(tmp_path):

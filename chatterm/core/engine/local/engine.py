@@ -423,7 +423,8 @@ class LocalEngine(Engine):
                 if reason is None and kv_state.trim(llm, shared):
                     ms = (time.perf_counter() - t0) * 1000.0 - shift_ms
                     self._rate.adopt(entry.info.get("prefill_ms_per_token"))
-                    return Reuse(entry.tier, llm.n_tokens, entry.slot, ms, misses, entry.info, shifted, shift_ms)
+                    return Reuse(entry.tier, llm.n_tokens, entry.slot, ms, misses, entry.info, shifted, shift_ms,
+                                 saved_by=entry.model_id if entry.model_id != self.spec.id else "")
                 reason = reason or "the memory cannot drop a suffix"
                 misses.append(f"{entry.slot.label} ({entry.tier}): rejected: {reason}")
                 cache.discard(entry, reason)

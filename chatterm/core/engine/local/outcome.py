@@ -59,6 +59,9 @@ class Reuse:
     shift_ms: float = 0.0
     ahead: bool = False
     """Restored by type-ahead, before the turn was sent."""
+    saved_by: str = ""
+    """The model id whose state it was, when not this model's: another catalog
+    entry for the same file and KV settings (`PromptCache.lookup`)."""
 
     @property
     def restored(self) -> bool:
@@ -71,6 +74,8 @@ class Reuse:
         shifted = f", {self.shifted:,} oldest tokens shifted out" if self.shifted else ""
         tier = "RAM" if self.source == "ram" else self.source
         source = f"restored from {tier}" + (" before the message was sent" if self.ahead else "")
+        if self.saved_by:
+            source += f", saved by {self.saved_by}"
         if self.restored and self.slot is not None and self.slot.kind == "session":
             return f"{share} (conversation, session {self.slot.key}, {source}{shifted})"
         if self.restored:
