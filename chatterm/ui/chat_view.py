@@ -224,6 +224,8 @@ class ChatView(Vertical):
         """Deltas the worker produced that are not on screen yet."""
         self._reply: AssistantReply | None = None
         self._turn: "Turn | None" = None
+        self._notices_shown = 0
+        """Of the running turn's notices, those mounted above its reply."""
         self._path_shown: list[TurnMetrics] | None = None
         """The metrics of the stored path the conversation goes on from, set
         where it was chosen (a resume, ← →, a regenerate or edit) and dropped when
@@ -657,7 +659,7 @@ class ChatView(Vertical):
             # A first turn that failed before any text is not stored (no empty
             # session): asked again, it is sent again (the retry after a server
             # was down), in its place.
-            await self.messages.remove_from(reply)
+            await self.messages.remove_after(reply.user)  # its notices too: the new turn has its own
             await self._start_turn(reply.user.text, reply.user)
             return
         if self._stored("regenerate") is None or reply is None:
@@ -724,7 +726,10 @@ class ChatView(Vertical):
             return False
         self._follow(path)
         self.messages.select(None)
-        await self.messages.remove_from(reply.user if edit else reply)
+        if edit:
+            await self.messages.remove_from(reply.user)
+        else:  # the message stays; the old reply's notices above it go with it
+            await self.messages.remove_after(reply.user)
         return True
 
     def _follow(self, path: list["TurnRecord"]) -> None:

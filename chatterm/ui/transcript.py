@@ -516,6 +516,13 @@ class ConversationView(TypingGoesToPrompt, VerticalScroll):
         self.release_anchor()
         self.scroll_to_widget(reply.user or reply, animate=False, top=True)
 
+    async def remove_after(self, widget: Widget) -> None:
+        """Remove everything below `widget` (a message: its turn's notices and
+        reply, and the turns after them, for another reply in their place)."""
+        children = list(self.children)
+        if widget in children and widget is not children[-1]:
+            await self.remove_from(children[children.index(widget) + 1])
+
     async def remove_from(self, widget: Widget) -> None:
         """Remove `widget` and everything below it (a branch is left: the store keeps it)."""
         children = list(self.children)

@@ -20,7 +20,7 @@ from chatterm.core.store.session_store import SessionStore
 from chatterm.ui.chat_view import TurnPhase
 from chatterm.ui.launch import make_app
 from chatterm.ui.sessions_screen import SessionsScreen
-from chatterm.ui.transcript import AssistantReply, UserMessage
+from chatterm.ui.transcript import AssistantReply, Notice, UserMessage
 from tests.core.store.test_store import full_metrics
 
 SIZE = (120, 40)
@@ -163,6 +163,25 @@ async def test_a_message_with_an_escape_sequence_is_edited_as_visible_symbols(bu
         await pilot.press("shift+up", "e")
         prompt = app.query_one("#prompt")
         assert prompt.text == "clear ␛[2J this"
+
+
+async def test_a_regenerated_reply_shows_its_own_notices_not_the_old_ones(build, store):
+    """The notices above a reply describe its prompt: regenerated, the new
+    turn's replace them (they stayed, above the new reply's own)."""
+    app, engines = build(["Paris.", "It is Paris."], store=store)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        engines[0].turn_notices = ["Context full: the oldest turn left the prompt."]
+        await send(pilot, "Capital of France?")
+        cut = lambda: [n for n in app.query(Notice) if "oldest turn" in rendered(n)]  # noqa: E731
+        await wait_for(pilot, lambda: len(cut()) == 1, what="the first turn's notice")
+        engines[0].turn_notices = []
+        await pilot.press("ctrl+r")
+        await wait_for(pilot, lambda: len(app.conversation.turns) == 2, what="the regenerated turn")
+        await idle(pilot)
+        await pilot.pause(0.1)
+        assert replies(app) == ["It is Paris."] and users(app) == ["Capital of France?"]
+        assert cut() == []
 
 
 async def test_edit_an_earlier_message_branches_there(build, store):
