@@ -56,14 +56,19 @@ def _cache(args: argparse.Namespace) -> PromptCache:
     return workspace(args).kv_cache()
 
 
+MIN_COLUMNS = 40
+"""The narrowest COLUMNS a piped `ls` fits: below it rich would drop every row."""
+
+
 def run_ls(args: argparse.Namespace) -> int:
     cache = _cache(args)
     entries = cache.entries()
     console = Console()
-    # A terminal, or a pipe given COLUMNS (rich's Console reads it), gets sizes
-    # and times to read at a glance, to fit its width; a plain pipe gets exact
-    # bytes and whole timestamps, with no width to fit a name to.
-    fit = console.is_terminal or "COLUMNS" in os.environ
+    # A terminal, or a pipe given a width in COLUMNS, gets sizes and times to
+    # read at a glance, to fit that width; a plain pipe (or a COLUMNS too
+    # narrow for any row) gets exact bytes and whole timestamps, unfitted.
+    asked = os.environ.get("COLUMNS", "")
+    fit = console.is_terminal or (asked.isdigit() and int(asked) >= MIN_COLUMNS)
     if not fit:
         console = Console(width=200)
     size = fmt_bytes if fit else (lambda n: f"{n:,}")

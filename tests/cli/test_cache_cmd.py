@@ -62,6 +62,10 @@ def test_ls_piped_with_columns_fits_that_width_as_a_terminal_would(tmp_path):
     row = next(line for line in lines if "session 7" in line)
     assert f"  {fmt_bytes(size)}  disk  " in row, row
     assert any(line.startswith("persona terse-coder ") for line in lines), lines
+    for useless in ("0", "10", "", "wide"):  # no width a row fits: exact figures, every row
+        listing = chatterm(tmp_path, "cache", "ls", COLUMNS=useless)
+        assert listing.returncode == 0, listing.stderr
+        assert f"{size:,}" in next(line for line in listing.stdout.splitlines() if "session 7" in line)
 
 
 def test_clear_takes_either_kind_one_persona_or_one_session(tmp_path):
