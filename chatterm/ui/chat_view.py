@@ -857,6 +857,7 @@ class ChatView(Vertical):
                     conversation.history,
                     draft.rstrip(),  # as it will be sent
                     lambda ready, total: self.post_message(self.AheadProgressed(ready, total)),
+                    session_id=conversation.session_id,  # this history's, whatever is opened meanwhile
                 )
         except EngineClosing:
             pass

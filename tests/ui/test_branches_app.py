@@ -424,7 +424,7 @@ class SlowTypeAhead(FakeEngine):
         super().__init__(*args, **kwargs)
         self.ahead: list[tuple[list[str], str]] = []
 
-    def prefill_ahead(self, persona, history, draft, progress=None):
+    def prefill_ahead(self, persona, history, draft, progress=None, session_id=None):
         self.ahead.append(([m.content for m in history], draft))
         time.sleep(0.3)
         return None

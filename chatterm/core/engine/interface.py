@@ -413,11 +413,15 @@ class Engine(ABC):
         history: Sequence[ChatMessage],
         draft: str,
         progress: Callable[[int, int], None] | None = None,
+        session_id: int | None = None,
     ) -> AheadReport | None:
         """Prefill, in the calling thread, the prompt a send of `draft` would
         start with; None when the engine cannot (a served model) or is busy.
         It yields to a starting turn and to `drop_ahead()` between batches;
-        `progress(ready, total)` is called after each batch."""
+        `progress(ready, total)` is called after each batch. `session_id`: the
+        stored conversation `history` is of; an empty draft's prefill that
+        fills its whole history may be kept as its cached state, while it is
+        still the conversation `note_conversation` named."""
         return None
 
     def drop_ahead(self) -> None:  # noqa: B027 - optional: a no-op where the engine has nothing to do

@@ -7,6 +7,7 @@ import threading
 
 import pytest
 
+from chatterm.core.cache.prompt_cache import Slot
 from chatterm.core.engine.interface import ChatMessage
 from chatterm.core.metrics.turn_metrics import StopReason
 from chatterm.core.workspace import Workspace
@@ -256,7 +257,7 @@ def test_a_branch_prefilled_at_idle_becomes_the_sessions_state(engine, persona):
     engine.keep_conversation(80)
     engine.wait_for_saves()
     other = [history[0], ChatMessage("assistant", "Another version of that reply, " * 12)]
-    report = engine.prefill_ahead(persona, other, "")  # the version on screen, prefilled at idle
+    report = engine.prefill_ahead(persona, other, "", session_id=80)  # the version on screen, prefilled at idle
     assert report is not None and report.ready == report.total
     engine.wait_for_saves()
     engine.prepare_persona(greedy(Workspace.load().personas.get("terse-coder"), max_tokens=16))
@@ -265,3 +266,20 @@ def test_a_branch_prefilled_at_idle_becomes_the_sessions_state(engine, persona):
     m = send(engine, persona, MESSAGE, other)[0].metrics
     assert "session 80" in m.cache_detail, m.cache_detail
     assert m.prompt_tokens - m.cached_tokens <= len(engine.llm.tokenize(MESSAGE.encode())) + 16, m.cache_detail
+
+
+def test_a_history_prefilled_at_idle_is_not_kept_as_a_session_opened_meanwhile(engine, persona):
+    """The worker for session 90's history can finish after session 91 was
+    opened: keeping it as 91's state would make 91 prefill its history again."""
+    history = first_turn(engine, persona)
+    engine.note_conversation(91)
+    engine.keep_conversation(91)
+    engine.wait_for_saves()
+    states = lambda key: {tuple(e.tokens) for e in engine.kv_cache.entries() if e.slot == Slot.session(key)}  # noqa: E731
+    kept = states(91)
+    assert len(kept) == 1  # in RAM and on disk
+    other = [history[0], ChatMessage("assistant", "Another version of that reply, " * 12)]
+    report = engine.prefill_ahead(persona, other, "", session_id=90)
+    assert report is not None and report.ready == report.total  # prefilled, and not kept as 91's
+    engine.wait_for_saves()
+    assert states(91) == kept and states(90) == set()

@@ -22,8 +22,10 @@ Contract (beyond chatterm.core.engine.interface):
   entry, and the turn says why.
 - A conversation's state is kept (`keep_conversation`, called when a turn has
   been recorded): captured in a few ms, kept in RAM, written to disk by the
-  cache's background writer. `note_conversation` says which session the next
-  turn continues, so a missing or stale state of that session is named.
+  cache's background writer; so is a history an idle, empty-draft
+  `prefill_ahead` filled whole (a version gone back to with ←), while its
+  session is still the one noted. `note_conversation` says which session the
+  next turn continues, so a missing or stale state of that session is named.
 - Labels are honest: `cache_outcome` is RESTORED (from RAM or disk), MEMORY
   (the live context) or COLD (fewer than MIN_REUSE tokens reused), and
   `cache_detail` says what was reused (persona prefix / conversation of N
@@ -651,6 +653,7 @@ class LocalEngine(Engine):
         history: Sequence[ChatMessage],
         draft: str,
         progress: Callable[[int, int], None] | None = None,
+        session_id: int | None = None,
     ) -> AheadReport | None:
         ahead, gate = self._ahead, self._gate
         if self.llm is None or gate.turn_waiting.is_set():
@@ -663,7 +666,7 @@ class LocalEngine(Engine):
                 return None
             gate.abort.set(False)
             ahead.running = True
-            return self._prefill_ahead(persona, list(history), draft, progress, epoch)
+            return self._prefill_ahead(persona, list(history), draft, progress, epoch, session_id)
         except RuntimeError:
             if gate.abort.is_set:
                 return None  # a turn or drop_ahead() interrupted the batch
@@ -679,6 +682,7 @@ class LocalEngine(Engine):
         draft: str,
         progress: Callable[[int, int], None] | None,
         epoch: int,
+        session_id: int | None,
     ) -> AheadReport | None:
         llm = self.llm
         assert llm is not None
@@ -717,11 +721,12 @@ class LocalEngine(Engine):
         already = common_prefix_len(live, target)
         report = self._ahead.prefill(llm, live, target, total, on_batch, epoch)
         if (not draft and report is not None and report.ready == len(target) > already
-                and self._session is not None and self.kv_cache is not None):
+                and session_id is not None and session_id == self._session and self.kv_cache is not None):
             # The history on screen (a version gone back to with ←, a fork) now
             # fills the context: it becomes the session's state, so a switch
-            # away and back restores this branch, not its last turn's.
-            self._keep(Slot.session(self._session), {"context_anchor": self._anchor})
+            # away and back restores this branch, not its last turn's. Only its
+            # own session's: another one opened meanwhile keeps the state it has.
+            self._keep(Slot.session(session_id), {"context_anchor": self._anchor})
         return report
 
     def _ahead_tokens(
