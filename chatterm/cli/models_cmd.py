@@ -25,7 +25,7 @@ from pathlib import Path
 from chatterm.cli.common import catalog
 from chatterm.core.discovery.fit import BUDGET_SHARE, machine_memory
 from chatterm.core.discovery.listing import configured, list_models, store_roots
-from chatterm.core.discovery.row_text import COLUMNS, cells, memory_label, where
+from chatterm.core.discovery.row_text import COLUMNS, cells, memory_label, problem_text
 from chatterm.core.metrics.format import printable
 
 
@@ -74,10 +74,7 @@ def run(args: argparse.Namespace) -> int:
     if unusable:
         print(f"\n{len(unusable)} unusable:")
         for row in unusable:
-            problem = row.problem or ""
-            # A models.toml entry's problem may name its file already.
-            found = "" if str(row.found.location) in problem else f" ({where(row)})"
-            print(f"  {printable(row.id)}: {printable(problem)}{found}")
+            print(f"  {printable(row.id)}: {printable(problem_text(row))}")
     return 0
 
 

@@ -43,7 +43,13 @@ from textual.screen import ModalScreen
 from textual.widgets import DataTable, ProgressBar, Static
 
 from chatterm.core.discovery.fit import Memory
-from chatterm.core.discovery.row_text import PICKER_COLUMNS, memory_label, picker_cells, picker_detail
+from chatterm.core.discovery.row_text import (
+    PICKER_COLUMNS,
+    memory_label,
+    picker_cells,
+    picker_detail,
+    problem_text,
+)
 from chatterm.core.metrics.format import printable
 from chatterm.errors import describe
 from chatterm.ui.notices import notify_plain
@@ -198,9 +204,9 @@ class ModelPicker(ModalScreen["ModelSwitch | None"]):
         if row is None:
             text = ""
         elif refused:
-            text = f"Not loaded: {row.id} cannot be used ({row.problem.rstrip('.')}). Pick another model, or Esc."
+            text = f"Not loaded: {row.id} cannot be used ({problem_text(row).rstrip('.')}). Pick another model, or Esc."
         elif not row.usable:
-            text = f"{row.id} cannot be used: {row.problem}"
+            text = f"{row.id} cannot be used: {problem_text(row)}"
         elif row.id == self._current:
             text = f"{row.id} is the model in use · {picker_detail(row)}"
         else:

@@ -14,6 +14,7 @@ from pilot_steps import loaded, send, wait_for, wait_for_palette_hit
 
 from chatterm.core.config.catalog import load_catalog
 from chatterm.core.engine.local.engine import LocalEngine
+from chatterm.core.metrics.format import home_short
 from chatterm.core.store.session_store import SessionStore
 from chatterm.ui.launch import make_app
 from chatterm.ui.models_screen import ModelPicker
@@ -156,7 +157,7 @@ async def test_an_entry_skipped_at_launch_is_listed_as_unusable_with_its_reason(
         status = str(picker.query_one("#models-status").content)
         assert f"{len(ids) - 2} usable, 2 unusable" in status
         await pilot.press(*["down"] * ids.index("typo"))
-        assert detail(picker) == "typo cannot be used: [models.typo] unknown key 'n_ctxx'"
+        assert detail(picker) == f"typo cannot be used: [models.typo] unknown key 'n_ctxx' ({home_short(user)})"
 
 
 async def test_the_picker_reads_models_toml_again_when_it_opens(stores, app_on, isolated_dirs):

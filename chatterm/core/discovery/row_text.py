@@ -60,6 +60,13 @@ def where(row: ModelRow) -> str:
     return home_short(row.found.location)
 
 
+def problem_text(row: ModelRow) -> str:
+    """Why the model cannot be used, and where it was found unless the reason
+    names that already (a models.toml entry's error names its file)."""
+    problem = row.problem or ""
+    return problem if str(row.found.location) in problem else f"{problem} ({where(row)})"
+
+
 def kv_text(row: ModelRow) -> str:
     """KV/token, with the KV type when it is not f16."""
     kv = row.kv_bytes_per_token
