@@ -175,11 +175,10 @@ def run(args: argparse.Namespace) -> int:
                             f"{host['cores']} cores · calibration sum(range(10**6)) "
                             f"{host['calibration_ms']:.1f} ms before, {host['calibration_after_ms']:.1f} ms after")
     Console().print(table)
-    warnings = list(result["warnings"])
-    if not judged and engine.capabilities.kv_control:
-        warnings.append(f"targets not judged on {counted(args.runs, 'run')}: "
-                        f"pass --runs {MIN_JUDGED_RUNS} or more for a median")
-    for warning in warnings:
+    if not judged and engine.capabilities.kv_control:  # in the JSON too: no verdict was given
+        result["warnings"].append(f"targets not judged on {counted(args.runs, 'run')}: "
+                                  f"pass --runs {MIN_JUDGED_RUNS} or more for a median")
+    for warning in result["warnings"]:
         err.print(literal(f"warning: {warning}"), style="yellow")
     if args.json:
         write_json(result, args.json, ws.db_path)  # after the table: a write that fails now loses no figure

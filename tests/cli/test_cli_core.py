@@ -159,6 +159,7 @@ def test_bench_json_end_to_end(tmp_path):
     # One run is no median: its ratio is shown, not judged met or missed.
     assert "not judged" in row and "met" not in row and "missed" not in row
     assert "warning: targets not judged on 1 run: pass --runs 3 or more" in result.stderr
+    assert any(w.startswith("targets not judged on 1 run") for w in data["warnings"])
     assert "about 2-3 minutes" in result.stderr  # how long it takes is said before it starts
     # The machine it ran on is part of the result, and stderr (not a terminal
     # here) got a line per step instead of a spinner it cannot show.

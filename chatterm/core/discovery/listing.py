@@ -158,8 +158,8 @@ CONFIGURED = "models.toml"
 
 def configured(catalog: ModelCatalog) -> list[Found]:
     """The catalog's local models, and its skipped entries as unusable ones
-    (their error the reason): a listing that left them out would count a
-    typo'd entry nowhere."""
+    (their error the reason), whatever kind they meant (the kind may be what
+    is wrong): a listing that left them out would count a typo'd entry nowhere."""
     found = []
     for mid, error in catalog.broken.items():
         if mid in catalog.models:

@@ -172,7 +172,7 @@ def _to_v8(conn: sqlite3.Connection) -> None:
             SELECT MAX(p.turn_index) FROM turns p
              WHERE p.session_id = turns.session_id AND p.turn_index < turns.turn_index)"""
     )
-    # Siblings (same parent) in order, and the latest child of a turn, from the index.
+    # Siblings (same parent) in order, and the children a walk down a branch reads, from the index.
     conn.execute("CREATE INDEX turns_by_parent ON turns(session_id, parent_index, turn_index)")
     conn.execute("ALTER TABLE sessions ADD COLUMN title TEXT")
     conn.execute("ALTER TABLE sessions ADD COLUMN current_index INTEGER")

@@ -307,8 +307,8 @@ class SessionStore:
         return [] if target.parent is None else self._path(session_id, target.parent, -1)
 
     def select_turn(self, session_id: int, turn_index: int, *, keep_path: bool = False) -> list[TurnRecord]:
-        """Make turn `turn_index` current, going on to the newest turn under it
-        (where the user last was on that branch), and return the new current path.
+        """Make turn `turn_index` current, going on to the newest turn recorded
+        under it (where that branch was last continued), and return the new current path.
         `keep_path` (opening a search hit): a turn on the current path keeps
         that path, the branch the user was on."""
         self.turn(session_id, turn_index)  # unknown session or turn: named
