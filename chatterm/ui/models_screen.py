@@ -50,7 +50,7 @@ from chatterm.core.discovery.row_text import (
     picker_detail,
     problem_text,
 )
-from chatterm.core.metrics.format import printable
+from chatterm.core.metrics.format import fmt_price, printable
 from chatterm.errors import describe
 from chatterm.ui.notices import notify_plain
 from chatterm.ui.row_table import RowTable
@@ -316,8 +316,11 @@ def open_model_picker(app: "ChatApp") -> None:
         notify_plain(app, problem, title="models.toml", severity="warning")
     if app.lease.engine is not None and app.workspace.reprice(app.lease.engine):
         price = app.lease.engine.price
+        cached = price.cached_input_per_m
+        cached_text = f" ({fmt_price(cached)} cached)" if cached is not None and cached != price.input_per_m else ""
         notify_plain(app, f"The next turns are priced as models.toml now sets {price.label}: "
-                     f"${price.input_per_m:g} per 1M input tokens, ${price.output_per_m:g} per 1M output.",
+                     f"{fmt_price(price.input_per_m)} per 1M input tokens{cached_text}, "
+                     f"{fmt_price(price.output_per_m)} per 1M output.",
                      title="models.toml")
     app.push_screen(ModelPicker(app.workspace.catalog, app.spec.id, session.persona.name, session.session_id,
                                 session.setup.engine_factory, app.lease), chosen)

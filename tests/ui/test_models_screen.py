@@ -197,7 +197,7 @@ async def test_prices_edited_in_models_toml_apply_to_the_next_turn(stores, app_o
         before = app.conversation.turns[-1]
         user = isolated_dirs["CHATTERM_CONFIG_DIR"] / "models.toml"
         user.parent.mkdir(parents=True, exist_ok=True)
-        user.write_text('[prices."gpt-4.1"]\ninput = 1000\noutput = 3000\nlabel = "Dear"\n')
+        user.write_text('[prices."gpt-4.1"]\ninput = 1000\ncached_input = 0.00001\noutput = 3000\nlabel = "Dear"\n')
         await open_picker(pilot)
         await pilot.press("escape")
         await send(pilot, "and again")
@@ -206,8 +206,8 @@ async def test_prices_edited_in_models_toml_apply_to_the_next_turn(stores, app_o
         assert after.cost_output_usd == pytest.approx(after.generated_tokens * 3000 / 1e6)
         assert before.cost_output_usd < before.generated_tokens * 3000 / 1e6 / 10
         told = [n.message for n in app._notifications if "priced as models.toml now sets Dear" in n.message]
-        assert told == ["The next turns are priced as models.toml now sets Dear: $1000 per 1M input tokens, "
-                        "$3000 per 1M output."]
+        assert told == ["The next turns are priced as models.toml now sets Dear: $1,000.00 per 1M input tokens "
+                        "($0.00001 cached), $3,000.00 per 1M output."]
 
 
 async def test_switching_loads_the_default_models_file_and_chats_on_it(stores, app_on):

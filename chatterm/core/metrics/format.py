@@ -136,6 +136,13 @@ def fmt_usd(usd: float | None) -> str:
     return "–" if usd is None else usd_number(usd, "$")
 
 
+def fmt_price(usd_per_m: float) -> str:
+    """A price per 1M tokens as a price list writes it: `$2.00`, `$0.075`,
+    `$0.00001`, `$1,234.50` (not `:g`'s `1e-05` or `1.2345e+03`)."""
+    whole, _, cents = f"{usd_per_m:,.6f}".partition(".")  # finer than any price list
+    return f"${whole}.{cents.rstrip('0').ljust(2, '0')}"
+
+
 NOTICED_WAIT_MS = 100.0
 """A wait for the engine this long is one the user noticed: the labels say so."""
 

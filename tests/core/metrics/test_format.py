@@ -154,3 +154,10 @@ def test_recent_times_are_as_short_as_they_can_be_read():
     assert fmt_recent_time(at(2026, 12, 6, 23, 59), now) == "Dec 6 23:59"
     assert fmt_recent_time(at(2026, 1, 2, 8, 0), now) == "Jan 2 08:00"
     assert fmt_recent_time(at(2025, 12, 7, 9, 5), now) == "2025-12-07"
+
+
+def test_a_price_per_million_reads_as_a_price_list_writes_it():
+    from chatterm.core.metrics.format import fmt_price
+
+    assert [fmt_price(x) for x in (2, 0.075, 0.0125, 0.00001, 1234.5, 0, 1234567.891)] == [
+        "$2.00", "$0.075", "$0.0125", "$0.00001", "$1,234.50", "$0.00", "$1,234,567.891"]
