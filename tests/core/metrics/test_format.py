@@ -9,6 +9,7 @@ from chatterm.core.metrics.cost import apply_cost
 from chatterm.core.metrics.format import (
     ahead_line,
     fmt_ms,
+    fmt_price,
     fmt_recent_time,
     fmt_usd,
     footer_line,
@@ -157,7 +158,5 @@ def test_recent_times_are_as_short_as_they_can_be_read():
 
 
 def test_a_price_per_million_reads_as_a_price_list_writes_it():
-    from chatterm.core.metrics.format import fmt_price
-
     assert [fmt_price(x) for x in (2, 0.075, 0.0125, 0.00001, 1234.5, 0, 1234567.891)] == [
         "$2.00", "$0.075", "$0.0125", "$0.00001", "$1,234.50", "$0.00", "$1,234,567.891"]
