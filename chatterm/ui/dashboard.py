@@ -172,7 +172,7 @@ class Dashboard(TypingGoesToPrompt, VerticalScroll):
         context: str | Content = fmt_int(used)
         if self._n_ctx:
             context += f" / {fmt_int(self._n_ctx)}"
-            if used is not None and used > self._n_ctx and self._persona_alone:  # too large for the model
+            if used is not None and used >= self._n_ctx and self._persona_alone:  # no room for any turn
                 context = Content.assemble(context, (" · more than the context holds", "$error"))
             elif used is not None and used >= self._n_ctx:
                 # A reply that ran to the end of the context, or turns counted on

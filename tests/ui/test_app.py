@@ -149,6 +149,7 @@ async def test_dashboard_values_wrap_under_the_value_and_are_never_cut(build):
     (8_192, False, "8,192 / 8,192 · full: the oldest turns leave next"),
     # A persona larger than the model's context: not "231 %", nor "nearly full".
     (18_944, True, "18,944 / 8,192 · more than the context holds"),
+    (8_192, True, "8,192 / 8,192 · more than the context holds"),  # no room left for a turn: no "full"
     # Turns counted on a model with a larger context: they are cut to fit, no error.
     (9_000, False, "9,000 / 8,192 · full: the oldest turns leave next"),
 ])
