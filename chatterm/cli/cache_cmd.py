@@ -56,6 +56,13 @@ def _cache(args: argparse.Namespace) -> PromptCache:
     return workspace(args).kv_cache()
 
 
+def _listing(title) -> Table:
+    """A table with a header rule only, columns two spaces apart: no vertical
+    rules to take the room a name needs at 80 columns (a long model id folds)."""
+    return Table(title=title, box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 1), collapse_padding=True,
+                 pad_edge=False)
+
+
 MIN_COLUMNS = 40
 """The narrowest COLUMNS a piped `ls` fits: below it rich would drop every row."""
 
@@ -76,11 +83,9 @@ def run_ls(args: argparse.Namespace) -> int:
     if not entries:
         console.print(literal(f"No cached states in {cache.folder}"))
         return 0
-    # No vertical rules: at 80 columns they took the room "persona assistant"
-    # needs, and it was cut to "persona assista…" (what `cache clear` takes).
-    # A long model id folds onto a second line instead.
-    table = Table(title=literal(f"Prompt cache · {cache.folder}"), box=box.SIMPLE_HEAD, show_edge=False,
-                  padding=(0, 1), collapse_padding=True, pad_edge=False)
+    # At 80 columns vertical rules took the room "persona assistant" needs: it
+    # was cut to "persona assista…" (what `cache clear` takes).
+    table = _listing(literal(f"Prompt cache · {cache.folder}"))
     for column in ("kind", "model", "tokens", "bytes", "tier", "last used", "status"):
         table.add_column(column, justify="right" if column in ("tokens", "bytes") else "left",
                          no_wrap=column not in ("model", "status"), overflow="fold")
@@ -106,9 +111,10 @@ def run_ls(args: argparse.Namespace) -> int:
                           "(stored as blocks when saved again, where the model allows)")
     console.print(table)
     if usage:
-        blocks = Table(title="Blocks by model (a block shared by several entries is stored once)")
+        blocks = _listing("Blocks by model (a block shared by several entries is stored once)")
         for column in ("model", "bytes/token", "blocks", "bytes", "shared bytes", "entries"):
-            blocks.add_column(column, justify="left" if column == "model" else "right", no_wrap=True)
+            blocks.add_column(column, justify="left" if column == "model" else "right",
+                              no_wrap=column != "model", overflow="fold")
         for u in usage:
             blocks.add_row(literal(u.model_id), f"{u.bytes_per_token:,}", f"{u.blocks:,}", size(u.bytes),
                            size(u.shared_bytes), f"{u.chains:,}")
