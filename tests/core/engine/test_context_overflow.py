@@ -140,6 +140,37 @@ def test_a_shift_typed_ahead_in_one_conversation_is_not_the_next_ones(ws):
         engine.close()
 
 
+@pytest.mark.parametrize("type_ahead", [False, True])
+def test_a_new_conversation_never_starts_from_another_ones_turns_shifted(ws, type_ahead):
+    """Ctrl+N, then a message an earlier turn also sent: the old turns before it
+    were shifted out and its KV, computed with them in view, reused ("2 in (56
+    cached)"), so a greedy reply differed from a fresh prefill's. Only a prompt
+    that leaves turns out may shift."""
+    persona = greedy(ws.personas.get("terse-coder"), max_tokens=24)
+    repeated = "The quick brown fox jumps over the lazy dog and keeps running far away."
+    engine = engine_for(ws, "auto")
+    try:
+        old = Conversation(engine, persona, history=[])
+        for text in ("alpha beta gamma", repeated):
+            list(old.send(text).stream())
+        fresh = Conversation(engine, persona, history=[])
+        if type_ahead:
+            engine.prefill_ahead(persona, [], repeated)
+        turn = fresh.send(repeated)
+        reply = "".join(turn.stream())
+        m = turn.metrics
+        assert m.shifted_tokens == 0 and "shifted out" not in m.cache_detail, m.cache_detail
+        assert m.reused_tokens <= len(engine.prefix_tokens(persona)), m.cache_detail
+    finally:
+        engine.close()
+    cold = engine_for(ws, "auto")
+    try:
+        cold.kv_cache = None
+        assert "".join(Conversation(cold, persona, history=[]).send(repeated).stream()) == reply
+    finally:
+        cold.close()
+
+
 def test_truncate_reprefills_once_per_cut_not_every_turn(ws):
     rows, (policy, reason, _), _ = converse(ws, "truncate")
     assert policy == "truncate" and reason == "set in models.toml"

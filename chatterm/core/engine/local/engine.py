@@ -418,7 +418,7 @@ class LocalEngine(Engine):
                 self._context_replaced()  # emptied, if the restore failed
                 if reason is None and span:
                     t_shift = time.perf_counter()
-                    if kv_shift.shift(llm, keep, span):
+                    if self._shift(keep, span):
                         shifted, shift_ms = span, (time.perf_counter() - t_shift) * 1000.0
                     else:
                         reason = "the memory refused to shift"
@@ -435,6 +435,17 @@ class LocalEngine(Engine):
             live = 0
         return Reuse("live" if live else "", llm.n_tokens, misses=misses, shifted=shifted, shift_ms=shift_ms)
 
+    def _shift(self, keep: int, span: int) -> bool:
+        """`kv_shift.shift`, with the abort flag held until the next decode has
+        rotated the moved keys (`AbortFlag.hold`): a turn's Enter stopping a
+        type-ahead batch at that moment corrupted them."""
+        llm = self.llm
+        assert llm is not None
+        if not kv_shift.shift(llm, keep, span):
+            return False
+        self._gate.abort.hold()
+        return True
+
     def _shift_live(self, target: list[int], keep: int) -> tuple[int, float]:
         """Under SHIFT, remove from the live context the turns after its first
         `keep` tokens that `target` left out; (tokens removed, ms)."""
@@ -450,7 +461,7 @@ class LocalEngine(Engine):
         if after is None or after[1] < now + MIN_REUSE:
             return 0, 0.0
         t0 = time.perf_counter()
-        if not kv_shift.shift(llm, keep, after[0]):
+        if not self._shift(keep, after[0]):
             return 0, 0.0
         return after[0], (time.perf_counter() - t0) * 1000.0
 
@@ -489,7 +500,8 @@ class LocalEngine(Engine):
                 report(progress)
 
         self._threads.apply()
-        result = kv_state.prefill(llm, tokens, on_progress, _StopFlag(turn) if turn is not None else None)
+        result = kv_state.prefill(llm, tokens, on_progress, _StopFlag(turn) if turn is not None else None,
+                                  decoded=self._gate.abort.release)  # a shift's keys are rotated
         self._rate.measured(result.ms, result.done)
         return result
 
@@ -690,9 +702,10 @@ class LocalEngine(Engine):
         live = self._live_tokens()
         if not prefix or live[: len(prefix)] != prefix:
             return None  # the persona is being prepared (switch or first turn)
-        target, total = self._ahead_tokens(persona, history, draft)
+        target, total, dropped = self._ahead_tokens(persona, history, draft)
         if target[: len(prefix)] != prefix:
             return None  # the template does not start with the persona prefix
+        keep = len(prefix) if dropped else 0  # as a turn shifts: only for turns its prompt leaves out
         if not self._ahead.began:
             # The first prefill since the last turn: a stored state may hold more
             # of the prompt than the context does (a resumed conversation, whose
@@ -701,14 +714,14 @@ class LocalEngine(Engine):
             # The history alone (nothing typed) needs no logits: its restore may
             # cover it whole (`_reuse` leaves a prompt's last token to decode),
             # which a token past it that matches nothing allows.
-            reuse = self._reuse(target if draft else [*target, -1], True, expect, len(prefix))
+            reuse = self._reuse(target if draft else [*target, -1], True, expect, keep)
             self._ahead.note_shift(reuse.shifted, reuse.shift_ms, len(prefix))
             live = self._live_tokens()
             if live[: len(prefix)] != prefix:
                 return None  # a restore failed and emptied the context: the turn starts over
             if reuse.restored:
                 self._ahead.restored = replace(reuse, ahead=True)
-        elif (shift := self._shift_live(target, len(prefix)))[0]:
+        elif (shift := self._shift_live(target, keep))[0]:
             self._ahead.note_shift(*shift, len(prefix))
             live = self._live_tokens()  # the turns the next prompt leaves out are gone
         self._threads.apply()
@@ -719,7 +732,7 @@ class LocalEngine(Engine):
                 progress(done, of)
 
         already = common_prefix_len(live, target)
-        report = self._ahead.prefill(llm, live, target, total, on_batch, epoch)
+        report = self._ahead.prefill(llm, live, target, total, on_batch, epoch, self._gate.abort.release)
         if (not draft and report is not None and report.ready == len(target) > already
                 and session_id is not None and session_id == self._session and self.kv_cache is not None):
             # The history on screen (a version gone back to with ←, a fork) now
@@ -731,8 +744,9 @@ class LocalEngine(Engine):
 
     def _ahead_tokens(
         self, persona: Persona, history: list[ChatMessage], draft: str
-    ) -> tuple[list[int], int]:
-        """(the tokens to prefill for `draft`, the length of its whole prompt).
+    ) -> tuple[list[int], int, int]:
+        """(the tokens to prefill for `draft`, the length of its whole prompt,
+        the oldest turns of `history` it leaves out).
 
         All but the last token of the prompt a send of the draft would have,
         template closing tokens included, so Enter leaves one token to decode.
@@ -745,11 +759,11 @@ class LocalEngine(Engine):
         try:
             fitted = self.fit_prompt(persona, history, draft or "x", persona.sampling.max_tokens)
         except ChattermError:
-            return [], 0  # the persona alone fills the context: nothing to do ahead
+            return [], 0, 0  # the persona alone fills the context: nothing to do ahead
         if not draft:
             end = self._fitter.history_end(persona, history, fitted)
-            return fitted.tokens[:end], end
-        return fitted.tokens[:-1], len(fitted.tokens)
+            return fitted.tokens[:end], end, fitted.dropped_turns
+        return fitted.tokens[:-1], len(fitted.tokens), fitted.dropped_turns
 
     def drop_ahead(self) -> None:
         if self._ahead.drop():
@@ -811,7 +825,11 @@ class LocalEngine(Engine):
         pp = self.persona_prefix(persona)
         prepared, self._prepared = self._prepared, None
         expect = [Slot.session(self._session)] if self._session is not None else []
-        reuse = self._reuse(tokens, use_cache, expect, len(pp.tokens) if pp.helps else 0)
+        # A shift is for turns this prompt left out. Without that it would give a
+        # new conversation whose message matches a later one of the context's
+        # conversation that message's KV, computed with the earlier turns in view.
+        keep = len(pp.tokens) if pp.helps and fitted.dropped_turns else 0
+        reuse = self._reuse(tokens, use_cache, expect, keep)
         if reuse.source == "live" and self._ahead.shifted and reuse.tokens > self._ahead.shift_keep:
             # Going on in the context type-ahead shifted while the message was
             # typed: that shift is this turn's (its notice, detail and figures).

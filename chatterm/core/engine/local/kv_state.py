@@ -149,8 +149,10 @@ def prefill(
     on_progress: Callable[[PrefillProgress], None] | None = None,
     abort: threading.Event | None = None,
     batch: int | None = None,
+    decoded: Callable[[], None] | None = None,
 ) -> PrefillResult:
-    """Evaluate `tokens` after the context's current ones, batch by batch."""
+    """Evaluate `tokens` after the context's current ones, batch by batch;
+    `decoded()` after each batch's decode (before `on_progress`)."""
     step = max(1, min(batch or llm.n_batch, llm.n_batch))
     offset = llm.n_tokens
     tokens = list(tokens)
@@ -164,6 +166,8 @@ def prefill(
         t_batch = time.perf_counter()
         llm.eval(chunk)
         done += len(chunk)
+        if decoded is not None:
+            decoded()
         if on_progress is not None:
             now = time.perf_counter()
             on_progress(PrefillProgress(done, total, now - t0, len(chunk), now - t_batch, offset))

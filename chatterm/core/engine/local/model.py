@@ -28,12 +28,17 @@ Contract:
 - `AbortFlag` is llama.cpp's abort callback for one context: `set(True)`
   makes the decode in progress stop at its next graph node (CPU backend), and
   the decode raises RuntimeError; `set(False)` before the next decode.
+  `hold()` (after a context shift) keeps it from stopping the next decode
+  until `release()`: llama.cpp re-rotates the moved keys in place, layer by
+  layer, at the start of that decode, and an abort midway left some layers
+  rotated and the shift pending, so they were rotated twice.
 """
 
 from __future__ import annotations
 
 import ctypes
 import logging
+import threading
 from dataclasses import dataclass
 
 import llama_cpp
@@ -165,6 +170,10 @@ class AbortFlag:
     def __init__(self) -> None:
         self._buffer = ctypes.create_string_buffer(2)
         self._callback = None  # kept referenced: llama.cpp holds the pointer
+        self._lock = threading.Lock()
+        self._wanted = False
+        """The flag as set; the buffer holds it unless `hold()` keeps it off."""
+        self._held = False
 
     def install(self, llm: llama_cpp.Llama) -> None:
         try:
@@ -175,11 +184,26 @@ class AbortFlag:
         llama_cpp.llama_set_abort_callback(llm.ctx, self._callback, ctypes.cast(self._buffer, ctypes.c_void_p))
 
     def set(self, on: bool) -> None:
-        self._buffer[0] = b"\x01" if on else b"\x00"
+        with self._lock:
+            self._wanted = on
+            if not self._held:
+                self._buffer[0] = b"\x01" if on else b"\x00"
+
+    def hold(self) -> None:
+        """Let nothing stop a decode until `release()` (a set meanwhile waits for it)."""
+        with self._lock:
+            self._held = True
+            self._buffer[0] = b"\x00"
+
+    def release(self) -> None:
+        with self._lock:
+            if self._held:
+                self._held = False
+                self._buffer[0] = b"\x01" if self._wanted else b"\x00"
 
     @property
     def is_set(self) -> bool:
-        return self._buffer[0] == b"\x01"
+        return self._wanted
 
 
 def _gpu_name() -> str:

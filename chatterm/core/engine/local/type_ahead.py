@@ -115,8 +115,10 @@ class TypeAhead:
         total: int,
         progress: Callable[[int, int], None] | None,
         epoch: int,
+        decoded: Callable[[], None] | None = None,
     ) -> AheadReport | None:
-        """Make the context (`live`) hold `target`; None when llama.cpp could not trim it."""
+        """Make the context (`live`) hold `target`; None when llama.cpp could not
+        trim it. `decoded()` after each batch's decode (`kv_state.prefill`)."""
         common = common_prefix_len(live, target)
         if not kv_state.trim(llm, common):
             return None  # the context was cleared
@@ -135,6 +137,7 @@ class TypeAhead:
                 (lambda p: progress(common + p.done, total)) if progress is not None else None,
                 _Stop(self, epoch),
                 AHEAD_BATCH,
+                decoded,
             )
         finally:
             # Interrupted or not, the batches done are ready and their time was spent.
