@@ -579,6 +579,9 @@ class ConversationView(TypingGoesToPrompt, VerticalScroll):
         for reply in self.query(AssistantReply):
             await reply.stop_stream()
         await self.remove_children()
+        # A turn selected in the conversation left had let the anchor go: the
+        # next one (a persona switched back to) opened scrolled to its top.
+        self.anchor()
 
 
 def branch_label(record: "TurnRecord") -> str:

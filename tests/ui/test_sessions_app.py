@@ -108,6 +108,33 @@ async def test_switching_back_to_a_persona_returns_to_its_last_conversation(buil
         await pilot.press("escape")
 
 
+async def test_switching_back_after_selecting_a_turn_elsewhere_shows_the_conversations_end(build, store):
+    """A turn selected (scrolled to) in the conversation left: the one switched
+    back to opened at its top, its newest turns and the "Back to" notice below."""
+    app, _ = build(store=store)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        for i in range(5):
+            await send(pilot, f"message {i}: " + "a long line of words to fill the screen " * 12)
+        await pick_persona(pilot, "terse-coder")
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: app.persona.id == "terse-coder" and app.conversation is not None,
+                       what="the switch")
+        for i in range(3):
+            await send(pilot, f"coder {i}: " + "a long line of words to fill the screen " * 12)
+        view = app.chat.messages
+        view.focus()
+        await pilot.press("shift+up", "shift+up", "shift+up")
+        await wait_for(pilot, lambda: view.query(AssistantReply).first().has_class("-selected")
+                       and view.scroll_y < view.max_scroll_y, what="the first turn selected, in view")
+        await pick_persona(pilot, "assistant")
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: app.persona.id == "assistant" and len(users(app)) == 5, what="the way back")
+        await pilot.pause(0.3)
+        await wait_for(pilot, lambda: view.max_scroll_y > 0 and view.scroll_y == view.max_scroll_y,
+                       what=f"the end in view ({view.scroll_y} of {view.max_scroll_y})")
+
+
 async def test_a_deleted_session_is_not_offered_to_go_back_to(build, store, workspace):
     app, _ = build(store=store)
     async with app.run_test(size=SIZE) as pilot:
