@@ -366,10 +366,10 @@ class ChatApp(App[None]):
         self.session.fork(reply.turn_id if reply is not None else None)
 
     def action_copy_reply(self) -> None:
-        copy_reply(self, self.chat.messages.current_reply())
+        copy_reply(self, self.chat.messages.copy_source())
 
     def action_copy_code(self) -> None:
-        copy_code(self, self.chat.messages.current_reply())
+        copy_code(self, self.chat.messages.copy_source())
 
     def action_models(self) -> None:
         from chatterm.ui.models_screen import open_model_picker

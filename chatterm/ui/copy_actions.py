@@ -72,7 +72,7 @@ def copy_reply(app: "App", reply: "AssistantReply | None") -> None:
 def copy_code_block(app: "App", reply: "AssistantReply | None", number: int) -> None:
     """Copy the reply's code block `number` (1-based)."""
     if reply is None or not reply.source.strip():
-        notify_plain(app, "No reply to copy from yet.")
+        notify_plain(app, "No reply to copy yet.")
         return
     blocks = code_blocks(reply.source)
     if not blocks:

@@ -227,6 +227,11 @@ class AssistantReply(Widget):
         return self.size.width or 80
 
     # -- streaming ----------------------------------------------------------------
+    @property
+    def streaming(self) -> bool:
+        """Still being written (its turn has not ended)."""
+        return self._streaming
+
     async def write(self, text: str) -> None:
         """Append streamed text (the caller batches what arrived since its last write)."""
         if not self._streaming or not text:
@@ -475,6 +480,13 @@ class ConversationView(TypingGoesToPrompt, VerticalScroll):
             return self._selected
         replies = self.query(AssistantReply)
         return replies.last() if replies else None
+
+    def copy_source(self) -> AssistantReply | None:
+        """The reply the copy keys copy: the selected one, else the last that
+        is not streaming (the last finished while a new one is written)."""
+        if self.has_selection:
+            return self._selected
+        return next((r for r in reversed(list(self.query(AssistantReply))) if not r.streaming), None)
 
     def action_toggle_message(self) -> None:
         """Show all of the selected turn's long message (the last turn's when none is selected)."""

@@ -31,7 +31,7 @@ async def test_copy_the_reply_and_a_code_block(build):
         await pilot.press("f9")
         await wait_for(pilot, lambda: "No reply to copy yet." in notifications(app), what="the refusal")
         await pilot.press("f10")  # nothing to look for a code block in: not "this reply has none"
-        await wait_for(pilot, lambda: "No reply to copy from yet." in notifications(app), what="the refusal")
+        await wait_for(pilot, lambda: notifications(app).count("No reply to copy yet.") == 2, what="the refusal")
         await send(pilot, "first")
         await pilot.press("f9")
         # The reply as shown: the escape sequence is inert text, never a live one.
@@ -60,3 +60,19 @@ async def test_copy_the_reply_and_a_code_block(build):
         await pilot.press("enter")
         await wait_for(pilot, lambda: notifications(app).count("This reply has no code block.") == 2,
                        what="the palette's copy of the selected reply")
+
+
+async def test_while_a_reply_is_written_the_copy_keys_take_the_last_finished_one(build):
+    """They said "No reply to copy yet." beside ten replies on screen."""
+    app, engines = build(["Finished answer.", "one two three four five six"])
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        await send(pilot, "first")
+        engine = engines[0]
+        engine.hold_after = 2
+        app.query_one("#prompt").insert("second")
+        await pilot.press("enter")
+        await wait_for(pilot, engine.held.is_set, what="the reply held mid-stream")
+        await pilot.press("f9")
+        await wait_for(pilot, lambda: app.clipboard == "Finished answer.", what="the finished reply copied")
+        engine.gate.set()
