@@ -152,6 +152,12 @@ class PrefillProgress:
         return (self.done - self.skipped) / self.elapsed_s if self.elapsed_s > 0 else 0.0
 
     @property
+    def latest_rate(self) -> float:
+        """Tokens per second of the latest batch, the speed the ETA goes on
+        from (the rate so far before one is known)."""
+        return self.batch / self.batch_s if self.batch > 0 and self.batch_s > 0 else self.rate
+
+    @property
     def eta_s(self) -> float | None:
         """Seconds left (None before the first batch).
 

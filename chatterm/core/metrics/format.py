@@ -201,10 +201,12 @@ def stop_label(m: TurnMetrics) -> str:
 
 
 def prefill_progress_line(p: PrefillProgress) -> str:
-    """"prefilling 1,024 / 30,000 tokens · 256 tok/s · 1m 53s left"."""
+    """"prefilling 1,024 / 30,000 tokens · 256 tok/s · 1m 53s left": the latest
+    batch's rate, which the time left goes on from (the mean since the start,
+    beside it, read as if the time left were wrong: later tokens cost more)."""
     line = f"prefilling {p.done:,} / {p.total:,} tokens"
-    if p.rate > 0:
-        line += f" · {p.rate:,.0f} tok/s"
+    if p.latest_rate > 0:
+        line += f" · {p.latest_rate:,.0f} tok/s"
     if p.eta_s is not None:
         minutes, seconds = divmod(int(round(p.eta_s)), 60)
         line += f" · {minutes}m {seconds:02d}s left" if minutes else f" · {seconds}s left"

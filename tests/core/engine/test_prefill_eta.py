@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from chatterm.core.engine.interface import PrefillProgress
+from chatterm.core.metrics.format import prefill_progress_line
 
 BATCH = 512
 
@@ -51,3 +52,14 @@ def test_tokens_found_in_the_context_count_as_done_but_not_as_time_spent():
     p = PrefillProgress(skipped + BATCH, 2368, elapsed, BATCH, elapsed, 0, skipped)
     assert p.rate == pytest.approx(BATCH / elapsed)
     assert p.eta_s == pytest.approx((2368 - skipped - BATCH) * elapsed / BATCH)
+
+
+def test_the_progress_line_shows_the_rate_its_time_left_goes_on_from():
+    """"3,072 / 5,763 tokens · 58 tok/s · 1m 52s left": 2,691 tokens at the
+    mean rate shown are 46 s; the latest batch ran at 24 tok/s."""
+    progress, _ = simulated(5763, BATCH * 6, base=1e-3, growth=1.2e-5)
+    line = prefill_progress_line(progress)
+    left = progress.total - progress.done
+    assert progress.latest_rate < 0.6 * progress.rate
+    assert f" · {progress.latest_rate:,.0f} tok/s · " in line
+    assert progress.eta_s >= left / progress.latest_rate
