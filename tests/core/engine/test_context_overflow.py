@@ -211,15 +211,16 @@ def test_the_newest_turn_stays_while_it_fits_and_a_cut_of_every_turn_says_so(ws)
         first = engine.start_turn(persona, history, "And?")
         list(first.stream())
         assert first.metrics.dropped_turns == 1 and first.metrics.shifted_tokens == 0
-        assert ("Context full (512 tokens): the oldest turn left the model's context, the rest is prefilled "
-                "once (too little of it was in the model's memory to shift).") in first.notices
+        assert ("Context full (512 tokens, 24 of them kept for the reply): the oldest turn left the model's "
+                "context, the rest is prefilled once (too little of it was in the model's memory to shift).") \
+            in first.notices
         engine.reset_context()
         turn = engine.start_turn(persona, history, "word " * 250)  # now the newest turn does not fit
         list(turn.stream())
         assert turn.metrics.dropped_turns == 2, turn.notices
         (notice,) = [n for n in turn.notices if n.startswith("Context full")]
-        assert notice == ("Context full (512 tokens): the oldest 2 turns left the model's context; "
-                          "no earlier turn is left in it, only the persona and this message.")
+        assert notice == ("Context full (512 tokens, 24 of them kept for the reply): the oldest 2 turns left "
+                          "the model's context; no earlier turn is left in it, only the persona and this message.")
         # The footer agrees: it said "cut, the rest prefilled" of a prompt with no rest.
         assert context_cut_label(turn.metrics) == "context full: 2 oldest turns cut (not shifted)"
     finally:

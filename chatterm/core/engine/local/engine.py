@@ -97,6 +97,7 @@ from chatterm.core.engine.interface import (
     PrefixReport,
     Progress,
     Turn,
+    reply_room,
 )
 from chatterm.core.engine.local import kv_shift, kv_state, offload, templates
 from chatterm.core.engine.local.context_gate import ContextGate
@@ -838,7 +839,8 @@ class LocalEngine(Engine):
         m.shifted_tokens, m.shift_ms = reuse.shifted, reuse.shift_ms
         if fitted.moved_turns:
             left = fitted.dropped_turns == len(turn_starts([m.role for m in history]))
-            turn.notices.append(self._cut_notice(fitted.moved_turns, reuse.shifted, left))
+            turn.notices.append(self._cut_notice(fitted.moved_turns, reuse.shifted, left,
+                                                 persona.sampling.max_tokens))
         turn.notices.extend(fitted.notices)
         credit = self._record_start(m, persona, pp, reuse, prepared, len(tokens))
         try:
@@ -864,11 +866,14 @@ class LocalEngine(Engine):
                 # would otherwise be part of the TTFT.
                 m.ahead_history_tokens = credit.before(self._fitter.history_end(persona, history, fitted))
 
-    def _cut_notice(self, turns: int, shifted: int, none_left: bool) -> str:
+    def _cut_notice(self, turns: int, shifted: int, none_left: bool, max_tokens: int) -> str:
         n_ctx = self.llm.n_ctx() if self.llm is not None else self.spec.n_ctx
+        # The room kept for the reply is said: beside "1,557 / 2,048" on the
+        # dashboard, "Context full" alone read as wrong.
+        full = f"Context full ({n_ctx:,} tokens, {reply_room(max_tokens, n_ctx):,} of them kept for the reply)"
         oldest = "the oldest turn" if turns == 1 else f"the oldest {turns:,} turns"
         if none_left:  # nothing of the history is left to shift or prefill
-            return (f"Context full ({n_ctx:,} tokens): {oldest} left the model's "
+            return (f"{full}: {oldest} left the model's "
                     "context; no earlier turn is left in it, only the persona and this message.")
         if shifted:
             how = f"shifted out of the cached state ({shifted:,} tokens): the rest is not prefilled again"
@@ -878,7 +883,7 @@ class LocalEngine(Engine):
                    # would share too few tokens with the prompt to beat a prefill.
                    if self.overflow is Overflow.SHIFT
                    else f"the rest is prefilled once ({self.overflow.value}: {self.overflow_reason})")
-        return f"Context full ({n_ctx:,} tokens): {oldest} left the model's context, {how}."
+        return f"{full}: {oldest} left the model's context, {how}."
 
     def _record_start(
         self,
