@@ -326,6 +326,28 @@ def test_cancel_interrupts_a_long_prefill(ws):
         engine.close()
 
 
+def test_a_first_turn_stopped_before_any_text_makes_no_session_a_later_one_is_recorded(ws, tmp_path):
+    """Ctrl+C in `chatterm ask` during the prefill left an empty session
+    (TTFT –, no reply) in `chatterm sessions`."""
+    persona = greedy(ws.personas.get("terse-coder"), max_tokens=16)
+    engine = make_engine(ws)
+    try:
+        with SessionStore(tmp_path / "stopped.db") as store:
+            conversation = Conversation(engine, persona, store=store)
+            first = conversation.send("Write a long essay about the sea.")
+            first.cancel()  # before its first token
+            assert "".join(first.stream()) == "" and first.metrics.stop_reason == "cancelled"
+            assert store.sessions() == [] and conversation.session_id is None and conversation.history == []
+            list(conversation.send("Hello?").stream())
+            second = conversation.send("And the sea?")
+            second.cancel()
+            list(second.stream())
+            (session,) = store.sessions()
+            assert [t.user_text for t in store.turns(session.id)] == ["Hello?", "And the sea?"]
+    finally:
+        engine.close()
+
+
 def test_context_overflow_cuts_oldest_turns_deep_never_the_persona(ws, tmp_path):
     persona = greedy(ws.personas.get("terse-coder"), max_tokens=16)
     small = replace(ws.catalog.get(None), id="tiny-ctx", n_ctx=512)
