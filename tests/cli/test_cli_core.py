@@ -265,6 +265,19 @@ def test_wrong_types_in_models_toml_are_one_line_errors(tmp_path):
     assert listing.returncode == 0 and "warning: skipped:" in listing.stderr and "n_threads" in listing.stderr
 
 
+def test_an_id_with_a_dot_left_unquoted_is_told_to_quote_it(tmp_path):
+    """[prices.gpt-4.1] said "[prices.gpt-4] unknown key '1'", which TOML's
+    reading explains and a user does not."""
+    config = tmp_path / "config"
+    config.mkdir()
+    (config / "models.toml").write_text('[prices.gpt-4.1]\ninput = 1\noutput = 2\n'
+                                        '[models.my.model]\nsource = "x.gguf"\n')
+    listing = chatterm(tmp_path, "cache", "ls")
+    assert listing.returncode == 0, listing.stderr
+    assert "[prices.gpt-4] unknown key '1'; an id with a dot needs quotes: [prices.\"gpt-4.1\"]" in listing.stderr
+    assert "an id with a dot needs quotes: [models.\"my.model\"]" in listing.stderr
+
+
 def test_malformed_models_toml_names_file_and_line(tmp_path):
     models = tmp_path / "bad.toml"
     models.write_text('[defaults]\nmodel = "x"\n[models.x\n')

@@ -92,7 +92,8 @@ def from_table(
     known = toml_keys(cls)
     unknown = sorted(set(raw) - known)
     if unknown:
-        raise bad(path, where, f"unknown key {unknown[0]!r}")
+        name = unknown[0]
+        raise bad(path, where, f"unknown key {name!r}{_dotted_id_hint(raw[name], where, name)}")
     values: dict[str, Any] = dict(fixed or {})
     for f in dataclasses.fields(cls):
         name = toml_name(f)
@@ -108,13 +109,22 @@ def from_table(
         except NotShown as exc:
             raise bad(path, where, f"{name} {exc} (its value is not shown)") from None
         except ValueError as exc:
-            raise bad(path, where, f"{name} {_shown(value)} {exc}") from None
+            raise bad(path, where, f"{name} {_shown(value)} {exc}{_dotted_id_hint(value, where, name)}") from None
     try:
         return cls(**values)
     except TypeError:
         missing = [toml_name(f) for f in dataclasses.fields(cls)
                    if f.name not in values and f.default is MISSING and f.default_factory is MISSING]
         raise bad(path, where, f"missing key {missing[0]!r}") from None
+
+
+def _dotted_id_hint(value: Any, where: str, name: str) -> str:
+    """A table where a table's key was expected: TOML read `[prices.gpt-4.1]`
+    as [prices] > [gpt-4] > [1], so an id with a dot needs quotes; "" else."""
+    if not isinstance(value, Mapping) or "." not in where:
+        return ""
+    kind, entry = where.split(".", 1)
+    return f"; an id with a dot needs quotes: [{kind}.\"{entry}.{name}\"]"
 
 
 def _shown(value: Any) -> str:
