@@ -41,6 +41,8 @@ class Workspace:
     """`--models FILE` (None: the bundled catalog and the user's models.toml)."""
     _reload_told: set[str] = field(default_factory=set, repr=False)
     """The problems the last `reload_catalog` told."""
+    _personas_told: set[str] = field(default_factory=set, repr=False)
+    """The problems the last `reload_personas` told."""
 
     @classmethod
     def load(cls, models_file: Path | None = None, db_path: Path | None = None) -> "Workspace":
@@ -71,6 +73,21 @@ class Workspace:
                 self.catalog = catalog
         told, self._reload_told = self._reload_told, set(new)
         return [line for line in new if line not in told]  # each told once, not on every reload
+
+    def reload_personas(self, keep: Persona | None = None) -> list[str]:
+        """Read the persona files again (the TUI's persona picker: one may have
+        been added or edited since the launch). `keep`, the persona in use,
+        stays listed when its file is gone or broken now (its conversation
+        goes on). The problems of files that do not read, each told once."""
+        personas = load_personas()
+        if keep is not None and keep.id not in personas.personas:
+            personas.personas[keep.id] = keep
+            personas.broken.pop(keep.id, None)
+        before = set(self.personas.errors)
+        self.personas = personas
+        new = [skipped(error) for error in personas.errors if error not in before]
+        told, self._personas_told = self._personas_told, set(new)
+        return [line for line in new if line not in told]
 
     def reprice(self, engine: "Engine") -> bool:
         """Give the running `engine` the price its model has in the catalog as it

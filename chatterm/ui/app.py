@@ -299,6 +299,9 @@ class ChatApp(App[None]):
     def _read_persona_cache(self) -> None:
         """Where each persona's prefix is cached: a scan of the cache folder, so off the UI thread."""
         misfits: dict[str, str] = {}
+        # A persona file added or edited since the launch is offered now.
+        for problem in self.workspace.reload_personas(keep=self.persona):
+            self.call_from_thread(notify_plain, self, problem, title="personas", severity="warning")
         try:
             with self.lease.use() as engine:
                 cached = engine.cached_personas()

@@ -135,6 +135,22 @@ async def test_switching_back_after_selecting_a_turn_elsewhere_shows_the_convers
                        what=f"the end in view ({view.scroll_y} of {view.max_scroll_y})")
 
 
+async def test_a_persona_file_added_while_the_app_runs_is_offered_by_f2(build, store, isolated_dirs):
+    """It needed a restart, though models.toml is read again by the models picker."""
+    app, _ = build(store=store)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        folder = isolated_dirs["CHATTERM_CONFIG_DIR"] / "personas"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "echo.toml").write_text('name = "Echo"\nsystem_prompt = "Repeat the message."\n')
+        (folder / "broken.toml").write_text('name = \n')
+        picker = await pick_persona(pilot, "echo")
+        assert "→ new conversation" in option_text(picker, "echo")
+        assert any("broken.toml" in n and "skipped" in n for n in notifications(app))
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: app.persona.id == "echo", what="the switch to the new persona")
+
+
 async def test_a_deleted_session_is_not_offered_to_go_back_to(build, store, workspace):
     app, _ = build(store=store)
     async with app.run_test(size=SIZE) as pilot:
