@@ -246,7 +246,7 @@ def run(args: argparse.Namespace) -> int:
                         sys.stdout.write(printable(delta))
                         sys.stdout.flush()
             except KeyboardInterrupt:
-                turn.cancel()
+                turn.abandon()  # before any text: no session is left behind
             finally:
                 if stop_progress is not None:
                     stop_progress()

@@ -8,7 +8,8 @@ Contract:
   turn with its metrics is committed to the store, failed turns included.
 - The session row is created on the first turn, so an opened-and-closed app
   leaves no empty session behind (nor does a first turn that failed or was
-  stopped before any text; a later one is recorded); a resumed conversation passes its id. The
+  abandoned, `Turn.abandon`, before any text; a later one is recorded); a
+  resumed conversation passes its id. The
   engine hears of the conversation at once (`note_conversation`: its id, or
   None for a new one), so a local engine readies the memory a stored
   state restores into while the user types, and looks for the right one.
@@ -134,11 +135,12 @@ class Conversation:
         tokens = turn.reply_tokens
         added = turn_messages(text, turn.reply, m, tokens)
         if (self.store is not None and self.session_id is None and not turn.reply
-                and m.stop_reason in (StopReason.ERROR, StopReason.CANCELLED)):
-            # No session is made for a first turn that failed or was stopped
+                and (m.stop_reason == StopReason.ERROR or turn.abandoned)):
+            # No session is made for a first turn that failed or was given up
             # before any text (a persona too large, a server down, Ctrl+C in
             # `ask`): it would be an empty one. Nor is it counted: the figures
-            # are the stored session's.
+            # are the stored session's. A stop by Esc or a switch is stored:
+            # the message stays on screen, and a switch back finds it.
             return
         self.history += added
         self.turns.append(m)

@@ -244,12 +244,21 @@ class Turn:
         self._t_first: float | None = None
         self._finished: list[Callable[[Turn], None]] = []
         self.done = False
+        self.abandoned = False
+        """Cancelled by `abandon()`: the caller gives the turn up."""
 
     # -- for callers -----------------------------------------------------
     def cancel(self) -> None:
         self._cancel.set()
         for hook in list(self._cancel_hooks):
             hook()
+
+    def abandon(self) -> None:
+        """Cancel, giving the turn up (Ctrl+C in `chatterm ask`): a first turn
+        abandoned before any text makes no session (`Conversation`). A cancel
+        (Esc, a switch) keeps the message: the TUI still shows it."""
+        self.abandoned = True
+        self.cancel()
 
     @property
     def cancelled(self) -> bool:

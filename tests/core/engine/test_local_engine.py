@@ -326,24 +326,32 @@ def test_cancel_interrupts_a_long_prefill(ws):
         engine.close()
 
 
-def test_a_first_turn_stopped_before_any_text_makes_no_session_a_later_one_is_recorded(ws, tmp_path):
+def test_a_first_turn_abandoned_before_any_text_makes_no_session_a_stopped_one_is_kept(ws, tmp_path):
     """Ctrl+C in `chatterm ask` during the prefill left an empty session
-    (TTFT –, no reply) in `chatterm sessions`."""
+    (TTFT –, no reply) in `chatterm sessions`. A stop (Esc, a switch) keeps the
+    message: the TUI shows it, and a switch back must find it."""
     persona = greedy(ws.personas.get("terse-coder"), max_tokens=16)
     engine = make_engine(ws)
     try:
         with SessionStore(tmp_path / "stopped.db") as store:
             conversation = Conversation(engine, persona, store=store)
             first = conversation.send("Write a long essay about the sea.")
-            first.cancel()  # before its first token
+            first.abandon()  # before its first token
             assert "".join(first.stream()) == "" and first.metrics.stop_reason == "cancelled"
             assert store.sessions() == [] and conversation.session_id is None and conversation.history == []
             list(conversation.send("Hello?").stream())
             second = conversation.send("And the sea?")
-            second.cancel()
+            second.abandon()  # a later turn is recorded either way
             list(second.stream())
             (session,) = store.sessions()
             assert [t.user_text for t in store.turns(session.id)] == ["Hello?", "And the sea?"]
+        with SessionStore(tmp_path / "esc.db") as store:
+            conversation = Conversation(engine, persona, store=store)
+            stopped = conversation.send("Write a long essay about the sea.")
+            stopped.cancel()
+            list(stopped.stream())
+            (session,) = store.sessions()
+            assert [t.user_text for t in store.turns(session.id)] == ["Write a long essay about the sea."]
     finally:
         engine.close()
 
