@@ -482,11 +482,13 @@ class ConversationView(TypingGoesToPrompt, VerticalScroll):
         return replies.last() if replies else None
 
     def copy_source(self) -> AssistantReply | None:
-        """The reply the copy keys copy: the selected one, else the last that
-        is not streaming (the last finished while a new one is written)."""
+        """The reply the copy keys copy: the selected one, else the last with
+        text that is not streaming (the last finished while a new one is
+        written; not one stopped before any text)."""
         if self.has_selection:
             return self._selected
-        return next((r for r in reversed(list(self.query(AssistantReply))) if not r.streaming), None)
+        return next((r for r in reversed(list(self.query(AssistantReply)))
+                     if not r.streaming and r.source.strip()), None)
 
     def action_toggle_message(self) -> None:
         """Show all of the selected turn's long message (the last turn's when none is selected)."""

@@ -271,11 +271,14 @@ def test_an_id_with_a_dot_left_unquoted_is_told_to_quote_it(tmp_path):
     config = tmp_path / "config"
     config.mkdir()
     (config / "models.toml").write_text('[prices.gpt-4.1]\ninput = 1\noutput = 2\n'
-                                        '[models.my.model]\nsource = "x.gguf"\n')
+                                        '[models.my.model]\nsource = "x.gguf"\n'
+                                        '[models.other]\nsource = "x.gguf"\nn_ctx = { a = 1 }\n')
     listing = chatterm(tmp_path, "cache", "ls")
     assert listing.returncode == 0, listing.stderr
     assert "[prices.gpt-4] unknown key '1'; an id with a dot needs quotes: [prices.\"gpt-4.1\"]" in listing.stderr
     assert "an id with a dot needs quotes: [models.\"my.model\"]" in listing.stderr
+    other = next(line for line in listing.stderr.splitlines() if "[models.other]" in line)
+    assert "n_ctx" in other and "quotes" not in other  # only a wrong value
 
 
 def test_malformed_models_toml_names_file_and_line(tmp_path):

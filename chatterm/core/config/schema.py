@@ -93,7 +93,7 @@ def from_table(
     unknown = sorted(set(raw) - known)
     if unknown:
         name = unknown[0]
-        raise bad(path, where, f"unknown key {name!r}{_dotted_id_hint(raw[name], where, name)}")
+        raise bad(path, where, f"unknown key {name!r}{_dotted_id_hint(raw[name], where, name, known)}")
     values: dict[str, Any] = dict(fixed or {})
     for f in dataclasses.fields(cls):
         name = toml_name(f)
@@ -109,7 +109,8 @@ def from_table(
         except NotShown as exc:
             raise bad(path, where, f"{name} {exc} (its value is not shown)") from None
         except ValueError as exc:
-            raise bad(path, where, f"{name} {_shown(value)} {exc}{_dotted_id_hint(value, where, name)}") from None
+            raise bad(path, where, f"{name} {_shown(value)} {exc}{_dotted_id_hint(value, where, name, known)}") \
+                from None
     try:
         return cls(**values)
     except TypeError:
@@ -118,10 +119,11 @@ def from_table(
         raise bad(path, where, f"missing key {missing[0]!r}") from None
 
 
-def _dotted_id_hint(value: Any, where: str, name: str) -> str:
-    """A table where a table's key was expected: TOML read `[prices.gpt-4.1]`
-    as [prices] > [gpt-4] > [1], so an id with a dot needs quotes; "" else."""
-    if not isinstance(value, Mapping) or "." not in where:
+def _dotted_id_hint(value: Any, where: str, name: str, known: set[str] | frozenset[str]) -> str:
+    """A table of this entry's own keys where a key was expected: TOML read
+    `[prices.gpt-4.1]` as [prices] > [gpt-4] > [1], so an id with a dot needs
+    quotes; "" else (`n_ctx = {a = 1}` is only a wrong value)."""
+    if not isinstance(value, Mapping) or "." not in where or not set(value) & set(known):
         return ""
     kind, entry = where.split(".", 1)
     return f"; an id with a dot needs quotes: [{kind}.\"{entry}.{name}\"]"
