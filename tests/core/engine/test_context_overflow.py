@@ -171,6 +171,30 @@ def test_a_new_conversation_never_starts_from_another_ones_turns_shifted(ws, typ
         cold.close()
 
 
+def test_a_session_opened_with_turns_left_out_never_shifts_another_ones_context(ws):
+    """The context holds session 70; session 71 is opened (F3) and its prompt
+    leaves its first turn out, keeping a message and reply the same as 70's
+    second: 70's first turn was shifted out and its KV reused for them."""
+    persona = greedy(ws.personas.get("terse-coder"), max_tokens=24)
+    repeated = "The quick brown fox jumps over the lazy dog and keeps running far away."
+    engine = engine_for(ws, "auto")
+    try:
+        old = Conversation(engine, persona, history=[])
+        engine.note_conversation(70)
+        for text in ("alpha beta gamma", repeated):
+            list(old.send(text).stream())
+        engine.note_conversation(71)
+        history = [ChatMessage("user", "word " * 420), ChatMessage("assistant", "ok"), *old.history[2:]]
+        turn = engine.start_turn(persona, history, "And?")
+        list(turn.stream())
+        m = turn.metrics
+        assert m.dropped_turns == 1, turn.notices
+        assert m.shifted_tokens == 0 and "shifted out" not in m.cache_detail, m.cache_detail
+        assert m.reused_tokens <= len(engine.prefix_tokens(persona)), m.cache_detail
+    finally:
+        engine.close()
+
+
 def test_truncate_reprefills_once_per_cut_not_every_turn(ws):
     rows, (policy, reason, _), _ = converse(ws, "truncate")
     assert policy == "truncate" and reason == "set in models.toml"

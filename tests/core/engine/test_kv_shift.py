@@ -8,7 +8,7 @@ import llama_cpp
 import numpy as np
 import pytest
 
-from chatterm.core.engine.local import kv_shift
+from chatterm.core.engine.local import kv_shift, kv_state
 from chatterm.core.engine.local.model import AbortFlag
 from chatterm.core.workspace import Workspace
 
@@ -47,5 +47,23 @@ def test_an_abort_asked_for_meanwhile_waits_for_the_rotation_and_then_stops_the_
         with pytest.raises(RuntimeError):
             llm.eval(tokens[:1])
         flag.set(False)
+    finally:
+        llm.close()
+
+
+def test_the_decode_that_rotates_is_one_token_so_a_held_stop_waits_milliseconds():
+    """The abort is held through the first decode after a shift: a whole
+    first batch (hundreds of tokens, seconds on a CPU) then ignored Esc."""
+    llm = open_llm()
+    try:
+        tokens = llm.tokenize(b"One two three four five six seven eight nine ten. " * 6)
+        llm.eval(tokens)
+        assert kv_shift.shift(llm, KEEP, SPAN)
+        batches: list[int] = []
+        released: list[int] = []
+        kv_state.prefill(llm, tokens[:40], lambda p: batches.append(p.batch),
+                         decoded=lambda: released.append(len(batches)), first=1)
+        assert batches[0] == 1 and sum(batches) == 40 and len(batches) >= 2
+        assert released[0] == 0  # released after that first decode, before its progress
     finally:
         llm.close()

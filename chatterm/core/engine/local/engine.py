@@ -121,6 +121,9 @@ from chatterm.errors import ChattermError
 
 log = logging.getLogger(__name__)
 
+_NOBODY = object()
+"""`LocalEngine._live_session` of a context that holds no conversation's turns."""
+
 def _perf_counters(llm: llama_cpp.Llama) -> dict[str, float]:
     """llama.cpp's own counters for the context since its last perf reset."""
     perf = llama_cpp.llama_perf_context(llm.ctx)
@@ -168,6 +171,10 @@ class LocalEngine(Engine):
         yet; cleared whenever the context is cleared."""
         self._session: int | None = None
         """The session the next turn continues (note_conversation)."""
+        self._live_session: object = _NOBODY
+        """Whose turns the live context holds: a session id, None for a
+        conversation not stored (yet), `_NOBODY` for none (cleared, a persona
+        alone, a state just restored). Only that conversation may shift it."""
         self._gate = ContextGate(self._lock, AbortFlag())
         """Who holds the context, and how a turn or a cancel makes it let go."""
         self._ahead = TypeAhead(self._gate.turn_waiting)
@@ -250,12 +257,14 @@ class LocalEngine(Engine):
         cleared, restored over, trimmed to a persona, or is being prepared)."""
         self._prepared = None
         self._ahead.forget()
+        self._live_session = _NOBODY
 
     def _clear_context(self) -> None:
         llm = self.llm
         assert llm is not None
         self._context_replaced()
         kv_state.clear(llm)
+        self._gate.abort.release()  # a pending shift went with the cells
 
     # -- information -----------------------------------------------------
     @property
@@ -404,9 +413,11 @@ class LocalEngine(Engine):
                 # A shift needs the whole state; so does a file (the cache may
                 # hand out only the shared part of a chain of blocks).
                 cells = len(entry.tokens) if span or entry.chain is None else candidate.shared
+                own = entry.model_id == self.spec.id  # else another entry's, for the same file and settings
                 if cells > llm.n_ctx():  # a state from a larger context: fine there, kept
-                    misses.append(f"{entry.slot.label} ({entry.tier}): {cells:,} tokens do not fit "
-                                  f"this {llm.n_ctx():,}-token context")
+                    if own:
+                        misses.append(f"{entry.slot.label} ({entry.tier}): {cells:,} tokens do not fit "
+                                      f"this {llm.n_ctx():,}-token context")
                     continue
                 opened = cache.open(Candidate(entry, len(entry.tokens)) if span else candidate)
                 if isinstance(opened, Miss):
@@ -430,7 +441,8 @@ class LocalEngine(Engine):
                                  saved_by=entry.model_id if entry.model_id != self.spec.id else "")
                 reason = reason or "the memory cannot drop a suffix"
                 misses.append(f"{entry.slot.label} ({entry.tier}): rejected: {reason}")
-                cache.discard(entry, reason)
+                if own:  # another entry's state may be fine in its own context
+                    cache.discard(entry, reason)
                 live, shifted, shift_ms = 0, 0, 0.0  # a failed restore leaves an empty context
         if not kv_state.trim(llm, live):
             live = 0
@@ -439,7 +451,8 @@ class LocalEngine(Engine):
     def _shift(self, keep: int, span: int) -> bool:
         """`kv_shift.shift`, with the abort flag held until the next decode has
         rotated the moved keys (`AbortFlag.hold`): a turn's Enter stopping a
-        type-ahead batch at that moment corrupted them."""
+        type-ahead batch at that moment corrupted them. That decode is one
+        token (`_rotation_batch`), so a stop waits milliseconds, not a batch."""
         llm = self.llm
         assert llm is not None
         if not kv_shift.shift(llm, keep, span):
@@ -447,13 +460,18 @@ class LocalEngine(Engine):
         self._gate.abort.hold()
         return True
 
+    def _rotation_batch(self) -> int | None:
+        """The next prefill's first batch size: one token while a shift's
+        rotation is pending (the abort is held through that decode), else None."""
+        return 1 if self._gate.abort.held else None
+
     def _shift_live(self, target: list[int], keep: int) -> tuple[int, float]:
         """Under SHIFT, remove from the live context the turns after its first
         `keep` tokens that `target` left out; (tokens removed, ms)."""
         llm = self.llm
         assert llm is not None
-        if self.overflow is not Overflow.SHIFT or keep <= 0:
-            return 0, 0.0
+        if self.overflow is not Overflow.SHIFT or keep <= 0 or self._live_session != self._session:
+            return 0, 0.0  # another conversation's turns: their KV must not carry over
         live = self._live_tokens()
         now = common_prefix_len(live, target)
         if now >= len(live):
@@ -502,7 +520,7 @@ class LocalEngine(Engine):
 
         self._threads.apply()
         result = kv_state.prefill(llm, tokens, on_progress, _StopFlag(turn) if turn is not None else None,
-                                  decoded=self._gate.abort.release)  # a shift's keys are rotated
+                                  decoded=self._gate.abort.release, first=self._rotation_batch())
         self._rate.measured(result.ms, result.done)
         return result
 
@@ -556,15 +574,18 @@ class LocalEngine(Engine):
         if session_id is None or self.kv_cache is None:
             return ""
         slot = Slot.session(session_id)
-        for entry in self.kv_cache.entries(self.spec.id):
-            if entry.slot == slot and not entry.problem:
-                anchor = entry.info.get("context_anchor", "")
-                return anchor if isinstance(anchor, str) else ""
+        # This model's own state first, else another entry's it can restore (`PromptCache.lookup`).
+        usable = [e for e in self.kv_cache.entries() if e.slot == slot and not e.problem
+                  and (e.model_id == self.spec.id or e.compat == self._compat)]
+        for entry in sorted(usable, key=lambda e: e.model_id != self.spec.id):
+            anchor = entry.info.get("context_anchor", "")
+            return anchor if isinstance(anchor, str) else ""
         return ""
 
     def keep_conversation(self, session_id: int) -> None:
         """Keep the live context as session `session_id`'s conversation state."""
         self._session = session_id
+        self._live_session = session_id  # a first turn's conversation has its id now
         if self.kv_cache is None:
             return
         # Called from a turn's finish callbacks: a consumer that abandoned the
@@ -711,7 +732,8 @@ class LocalEngine(Engine):
             # The first prefill since the last turn: a stored state may hold more
             # of the prompt than the context does (a resumed conversation, whose
             # state is restored instead of prefilled again while the user types).
-            expect = [Slot.session(self._session)] if self._session is not None else []
+            session = session_id if session_id is not None else self._session  # whose history this is
+            expect = [Slot.session(session)] if session is not None else []
             # The history alone (nothing typed) needs no logits: its restore may
             # cover it whole (`_reuse` leaves a prompt's last token to decode),
             # which a token past it that matches nothing allows.
@@ -733,7 +755,10 @@ class LocalEngine(Engine):
                 progress(done, of)
 
         already = common_prefix_len(live, target)
-        report = self._ahead.prefill(llm, live, target, total, on_batch, epoch, self._gate.abort.release)
+        report = self._ahead.prefill(llm, live, target, total, on_batch, epoch, self._gate.abort.release,
+                                     self._rotation_batch())
+        if report is not None:  # the context holds this history now (a caller that named none: the noted one's)
+            self._live_session = session_id if session_id is not None else self._session
         if (not draft and report is not None and report.ready == len(target) > already
                 and session_id is not None and session_id == self._session and self.kv_cache is not None):
             # The history on screen (a version gone back to with ←, a fork) now
@@ -831,6 +856,7 @@ class LocalEngine(Engine):
         # conversation that message's KV, computed with the earlier turns in view.
         keep = len(pp.tokens) if pp.helps and fitted.dropped_turns else 0
         reuse = self._reuse(tokens, use_cache, expect, keep)
+        self._live_session = self._session  # the context is this turn's prompt from here on
         if reuse.source == "live" and self._ahead.shifted and reuse.tokens > self._ahead.shift_keep:
             # Going on in the context type-ahead shifted while the message was
             # typed: that shift is this turn's (its notice, detail and figures).

@@ -150,9 +150,11 @@ def prefill(
     abort: threading.Event | None = None,
     batch: int | None = None,
     decoded: Callable[[], None] | None = None,
+    first: int | None = None,
 ) -> PrefillResult:
     """Evaluate `tokens` after the context's current ones, batch by batch;
-    `decoded()` after each batch's decode (before `on_progress`)."""
+    `decoded()` after each batch's decode (before `on_progress`); `first`: the
+    first batch's size, when it must be short (it runs while nothing may stop it)."""
     step = max(1, min(batch or llm.n_batch, llm.n_batch))
     offset = llm.n_tokens
     tokens = list(tokens)
@@ -162,7 +164,7 @@ def prefill(
     while done < total:
         if abort is not None and abort.is_set():
             break
-        chunk = tokens[done : done + step]
+        chunk = tokens[done : done + (min(step, first) if first and not done else step)]
         t_batch = time.perf_counter()
         llm.eval(chunk)
         done += len(chunk)

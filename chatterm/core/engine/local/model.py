@@ -205,6 +205,10 @@ class AbortFlag:
     def is_set(self) -> bool:
         return self._wanted
 
+    @property
+    def held(self) -> bool:
+        return self._held
+
 
 def _gpu_name() -> str:
     from chatterm.core.system.gpu import gpu_status

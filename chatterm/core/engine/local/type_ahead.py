@@ -116,9 +116,11 @@ class TypeAhead:
         progress: Callable[[int, int], None] | None,
         epoch: int,
         decoded: Callable[[], None] | None = None,
+        first: int | None = None,
     ) -> AheadReport | None:
         """Make the context (`live`) hold `target`; None when llama.cpp could not
-        trim it. `decoded()` after each batch's decode (`kv_state.prefill`)."""
+        trim it. `decoded()` after each batch's decode, `first` the first batch's
+        size (`kv_state.prefill`)."""
         common = common_prefix_len(live, target)
         if not kv_state.trim(llm, common):
             return None  # the context was cleared
@@ -138,6 +140,7 @@ class TypeAhead:
                 _Stop(self, epoch),
                 AHEAD_BATCH,
                 decoded,
+                first,
             )
         finally:
             # Interrupted or not, the batches done are ready and their time was spent.
