@@ -195,6 +195,20 @@ def test_damaged_truncated_and_foreign_blocks_are_misses_with_their_reason(tmp_p
     assert isinstance(miss, Miss) and "foreign block" in miss.reason
 
 
+@pytest.mark.parametrize("bad", [True, 2**31, -(2**31) - 1, 1.0, None, "7"])
+def test_a_chain_record_with_a_token_that_is_no_int32_is_a_miss_with_its_reason(tmp_path, bad):
+    cache = PromptCache(tmp_path / "kv")
+    tokens = toks(300)
+    cache.save("m", PERSONA, tokens, fake_state(tokens), COMPAT)
+    (record,) = (tmp_path / "kv" / "m").glob("*.kvchain")
+    body = json.loads(record.read_text())
+    body["tokens"][5] = bad
+    record.write_text(json.dumps(body))
+    found = PromptCache(tmp_path / "kv").lookup("m", COMPAT, tokens + [9])
+    assert found.candidates == []
+    assert any("corrupt chain record (tokens or segments)" in m for m in found.misses), found.misses
+
+
 def test_todays_whole_state_files_are_read_and_become_blocks_when_saved_again(tmp_path):
     tokens = toks(200)
     folder = tmp_path / "kv"
