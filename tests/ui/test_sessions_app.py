@@ -149,6 +149,10 @@ async def test_a_persona_file_added_while_the_app_runs_is_offered_by_f2(build, s
         assert any("broken.toml" in n and "skipped" in n for n in notifications(app))
         await pilot.press("enter")
         await wait_for(pilot, lambda: app.persona.id == "echo", what="the switch to the new persona")
+        (folder / "echo.toml").unlink()  # the persona in use stays, its conversation goes on
+        picker = await pick_persona(pilot, "echo")
+        assert "→ current conversation" in option_text(picker, "echo")
+        await pilot.press("escape")
 
 
 async def test_a_deleted_session_is_not_offered_to_go_back_to(build, store, workspace):
