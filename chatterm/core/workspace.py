@@ -41,8 +41,6 @@ class Workspace:
     """`--models FILE` (None: the bundled catalog and the user's models.toml)."""
     _reload_told: set[str] = field(default_factory=set, repr=False)
     """The problems the last `reload_catalog` told."""
-    _personas_told: set[str] = field(default_factory=set, repr=False)
-    """The problems the last `reload_personas` told."""
 
     @classmethod
     def load(cls, models_file: Path | None = None, db_path: Path | None = None) -> "Workspace":
@@ -83,11 +81,9 @@ class Workspace:
         if keep is not None and keep.id not in personas.personas:
             personas.personas[keep.id] = keep
             personas.broken.pop(keep.id, None)
-        before = set(self.personas.errors)
+        before = set(self.personas.errors)  # told at the launch or a reload before
         self.personas = personas
-        new = [skipped(error) for error in personas.errors if error not in before]
-        told, self._personas_told = self._personas_told, set(new)
-        return [line for line in new if line not in told]
+        return [skipped(error) for error in personas.errors if error not in before]
 
     def reprice(self, engine: "Engine") -> bool:
         """Give the running `engine` the price its model has in the catalog as it
