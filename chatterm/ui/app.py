@@ -300,7 +300,12 @@ class ChatApp(App[None]):
         """Where each persona's prefix is cached: a scan of the cache folder, so off the UI thread."""
         misfits: dict[str, str] = {}
         # A persona file added or edited since the launch is offered now.
-        for problem in self.workspace.reload_personas(keep=self.persona):
+        try:
+            problems = self.workspace.reload_personas(keep=self.persona)
+        except (OSError, ChattermError):  # the folder unreadable now: the personas read before stand
+            log.warning("persona files not read again", exc_info=True)
+            problems = []
+        for problem in problems:
             self.call_from_thread(notify_plain, self, problem, title="personas", severity="warning")
         try:
             with self.lease.use() as engine:

@@ -155,6 +155,20 @@ async def test_a_persona_file_added_while_the_app_runs_is_offered_by_f2(build, s
         await pilot.press("escape")
 
 
+async def test_f2_opens_with_the_personas_read_before_when_their_folder_cannot_be_read(build, store, monkeypatch):
+    app, _ = build(store=store)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+
+        def unreadable(*_args):
+            raise PermissionError("personas: permission denied")
+
+        monkeypatch.setattr("chatterm.core.workspace.load_personas", unreadable)
+        picker = await pick_persona(pilot, "terse-coder")
+        assert "→ new conversation" in option_text(picker, "terse-coder")
+        await pilot.press("escape")
+
+
 async def test_a_deleted_session_is_not_offered_to_go_back_to(build, store, workspace):
     app, _ = build(store=store)
     async with app.run_test(size=SIZE) as pilot:
