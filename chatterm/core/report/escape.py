@@ -121,13 +121,19 @@ def csv_keeps(text: str) -> bool:
     return not text.startswith(FORMULA_STARTS) and _CSV_CHANGED.search(text) is None
 
 
+def plain_float(value: float) -> str:
+    """A finite float as the JSONL export writes it (orjson): `0.000092`, not
+    repr's `9.2e-05`, so a CSV column of costs reads alike."""
+    return orjson.dumps(value).decode()
+
+
 def csv_cell(value) -> str:
     if value is None:
         return ""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, float):
-        return repr(value) if math.isfinite(value) else ""
+        return plain_float(value) if math.isfinite(value) else ""
     if isinstance(value, int):
         return str(value)
     text = literal_lines(str(value))  # read in a terminal too (stdout): no escape sequence stays live

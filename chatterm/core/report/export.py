@@ -47,7 +47,7 @@ from typing import Iterable, Iterator, Mapping, Sequence
 from chatterm.core.config import paths
 from chatterm.core.config.catalog import PriceProfile
 from chatterm.core.metrics.turn_metrics import TURN_FIELDS, TurnMetrics
-from chatterm.core.report.escape import csv_cell, csv_keeps, json_line
+from chatterm.core.report.escape import csv_cell, csv_keeps, json_line, plain_float
 from chatterm.core.report.figures import Exported, build
 from chatterm.core.report.html import render_html
 from chatterm.core.report.markdown import render_markdown
@@ -192,6 +192,8 @@ _BOOLS = _turn_fields("bool")
 """SQLite keeps booleans as 0/1 (NULL, from an early chatterm: false)."""
 _TEXTS = _turn_fields("str")
 _STAMP = 1 + TURN_FIELDS.index("submitted_at")
+_FLOATS = (*(i for i in _turn_fields("float") if i != _STAMP), 1 + TURN_FIELDS.index("cost_usd"))
+"""Written as the JSONL export writes them (`plain_float`): repr gave `9.2e-05` beside `0.000255`."""
 _NUMBERS = tuple(i for i in range(1 + len(TURN_FIELDS)) if i not in (*_BOOLS, *_TEXTS, _STAMP))
 _INHERITED = 1 + len(TURN_FIELDS) + BRANCH_FIELDS.index("inherited")
 _JSONL_KEYS = ROW_FIELDS + TEXT_FIELDS
@@ -233,6 +235,10 @@ def _csv_turn_cells(turn: tuple) -> list:
                 cells[i] = csv_cell(value)
         for i in (*_BOOLS, _INHERITED):
             cells[i] = "true" if cells[i] else "false"
+        for i in _FLOATS:
+            value = cells[i]
+            if value.__class__ is float and -1e-4 < value < 1e-4 and value:  # where repr writes an exponent
+                cells[i] = plain_float(value)
         cells[_STAMP] = csv_cell(iso_utc(cells[_STAMP]))
         return cells
     for i in (*_BOOLS, _INHERITED):
