@@ -574,8 +574,12 @@ class LocalEngine(Engine):
         if session_id is None or self.kv_cache is None:
             return ""
         slot = Slot.session(session_id)
-        # This model's own state first, else another entry's it can restore (`PromptCache.lookup`).
-        usable = [e for e in self.kv_cache.entries() if e.slot == slot and not e.problem
+        # This model's own state first, else another entry's it can restore
+        # (`PromptCache.lookup`). Before the load (`chatterm ask` notes its
+        # session meanwhile) the compat is not known: the other folders' records
+        # are not read then, beside the imports the load overlaps.
+        entries = self.kv_cache.entries(None if self._compat else self.spec.id)
+        usable = [e for e in entries if e.slot == slot and not e.problem
                   and (e.model_id == self.spec.id or e.compat == self._compat)]
         for entry in sorted(usable, key=lambda e: e.model_id != self.spec.id):
             anchor = entry.info.get("context_anchor", "")
