@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import logging
 import sys
 import threading
@@ -258,13 +257,15 @@ def run(args: argparse.Namespace) -> int:
         if late:
             turn.notices.append(late)
         if args.json:
-            print(json.dumps({
+            from chatterm.core.report.escape import json_document  # orjson, only for --json
+
+            print(json_document({
                 "reply": turn.reply,
                 "session_id": conversation.session_id,
                 "notices": [*(plan.warnings if plan else []), *turn.notices],
                 "store_error": conversation.store_error,
                 "metrics": m.to_dict(),
-            }, indent=2))
+            }))
         else:
             if turn.reply and not turn.reply.endswith("\n"):
                 sys.stdout.write("\n")

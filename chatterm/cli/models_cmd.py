@@ -17,7 +17,6 @@ there, the same folder as another, a system-wide one this user cannot read).
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import sys
 from pathlib import Path
@@ -27,6 +26,7 @@ from chatterm.core.discovery.fit import BUDGET_SHARE, machine_memory
 from chatterm.core.discovery.listing import configured, list_models, store_roots
 from chatterm.core.discovery.row_text import COLUMNS, cells, memory_label, problem_text
 from chatterm.core.metrics.format import printable
+from chatterm.core.report.escape import json_document
 
 
 def register(sub, common) -> None:
@@ -48,13 +48,13 @@ def run(args: argparse.Namespace) -> int:
     rows = list_models(folders, memory=memory, configured=configured(models))
     roots = store_roots()
     if args.json:
-        print(json.dumps({
+        print(json_document({
             "memory": {"kind": memory.kind, "available_bytes": memory.available_bytes,
                        "budget_share": BUDGET_SHARE},
             "stores": [{"store": r.store, "path": str(r.path), "scanned": r.scanned, "state": r.state}
                        for r in roots],
             "models": [row.to_dict() for row in rows],
-        }, indent=2))
+        }))
         return 0
     if args.verbose:
         print("Store folders:")

@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from chatterm.core.report.escape import plain_float
 from chatterm.core.store.session_store import SessionStore
 from tests.conftest import CHATTERM, REPO, subprocess_env
 
@@ -62,6 +63,9 @@ def test_ask_streams_reply_and_second_ask_restores_from_disk(tmp_path):
                 "decode_tok_s", "cost_usd", "stop_reason"):
         assert key in m
     assert m["cached_tokens"] > 0 and m["prefilled_tokens"] < m["prompt_tokens"]
+    # Costs written as the JSONL and CSV exports write them (0.000014, not 1.4e-05).
+    written = dict(re.findall(r'"(cost_\w+_usd)": ([^,\n]+)', second.stdout))
+    assert len(written) >= 3 and written == {key: plain_float(m[key]) for key in written}
 
     sessions = chatterm(tmp_path, "sessions")
     assert sessions.returncode == 0 and "quick" in sessions.stdout

@@ -21,6 +21,7 @@ Contract (every string that reaches an export goes through one of these):
 - `json_line`: a value as one exact JSON line (JSONL) that is safe to print:
   JSON's own escapes, plus DEL, C1 controls, line separators and bidi controls
   as `\\uXXXX`; NaN and infinities are null, bytes hex.
+  `json_document`: the same, indented, for a command's `--json` output.
 - `csv_cell`: a value as a CSV cell. Numbers stay numbers (a negative number is a
   number, never prefixed); text is `literal_lines` (CSV goes to stdout by
   default: no escape sequence reaches the terminal); a text cell that starts like a spreadsheet formula
@@ -123,7 +124,8 @@ def csv_keeps(text: str) -> bool:
 
 def plain_float(value: float) -> str:
     """A finite float as the JSONL export writes it (orjson): `0.000092`, not
-    repr's `9.2e-05`, so a CSV column of costs reads alike."""
+    repr's `9.2e-05`, so a CSV column of costs reads alike (an exponent only
+    below 1e-5, as in JSONL)."""
     return orjson.dumps(value).decode()
 
 
@@ -144,9 +146,19 @@ def csv_cell(value) -> str:
 
 def json_line(value) -> bytes:
     """`value` as one line of JSON, newline included (see the contract)."""
-    # orjson writes compact UTF-8, escapes C0 controls, " and \ as JSON requires,
+    return _safe_json(value, orjson.OPT_APPEND_NEWLINE)
+
+
+def json_document(value) -> str:
+    """`value` as indented JSON, escaped as `json_line` escapes it: what a
+    command's `--json` prints (floats as `0.000014`, not json's `1.4e-05`)."""
+    return _safe_json(value, orjson.OPT_INDENT_2).decode()
+
+
+def _safe_json(value, option: int) -> bytes:
+    # orjson writes UTF-8, escapes C0 controls, " and \ as JSON requires,
     # and writes NaN and infinities as null (JSON has none).
-    line = orjson.dumps(value, default=_plain, option=orjson.OPT_APPEND_NEWLINE)
+    line = orjson.dumps(value, default=_plain, option=option)
     # isascii is a fast C scan; DEL is the one ASCII character to escape.
     if not line.isascii() or b"\x7f" in line:
         text = line.decode()

@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from chatterm.core.metrics.turn_metrics import TurnMetrics
-from chatterm.core.report.escape import BIDI_CONTROLS, FORMULA_STARTS, literal_lines, one_line
+from chatterm.core.report.escape import BIDI_CONTROLS, FORMULA_STARTS, json_document, literal_lines, one_line
 from chatterm.core.report.export import ROW_FIELDS
 from chatterm.core.store.session_store import SessionStore
 from tests.conftest import export_text
@@ -203,3 +203,13 @@ def test_a_crafted_database_cannot_smuggle_formulas_into_numeric_columns(tmp_pat
     # SQLite's length() stops at a NUL: the character counts are still the texts' own.
     assert [r["user_chars"] for r in rows] == ["9", "9"] and [r["reply_chars"] for r in rows] == ["4", "4"]
     assert jsonl[0]["user_chars"] == 9 and jsonl[0]["reply"] == "a\x00\x00b"
+
+
+def test_json_output_is_inert_and_writes_small_floats_plainly():
+    """What `ask --json` and `models --json` print: read in a terminal, so no
+    control reaches it; a cost reads `0.000014`, as the JSONL export writes it."""
+    value = {"reply": "\x1b[31mred\x9b2J\u202eevil\u2028", "cost_usd": 1.4e-05, "nan": float("nan")}
+    text = json_document(value)
+    assert all(ch == "\n" or ch.isprintable() for ch in text), repr(text)
+    assert '"cost_usd": 0.000014' in text and '"nan": null' in text
+    assert json.loads(text) == {**value, "nan": None}
