@@ -10,7 +10,9 @@ Contract:
   chatterm database, is a ChattermError naming the file. A writable database
   is then switched to WAL (retried while another process is opening it) and
   migrated one version per transaction, re-reading the version under the
-  write lock, so processes opening it together migrate it once.
+  write lock, so processes opening it together migrate it once. A current
+  database takes no write lock to open: another process's long write does not
+  hold up a reader or a turn that can wait for its own write.
 """
 
 from __future__ import annotations
@@ -102,6 +104,8 @@ def check_version(conn: sqlite3.Connection, path: Path, version: int) -> None:
 
 def migrate(conn: sqlite3.Connection, path: Path) -> None:
     """Run the migrations up to SCHEMA_VERSION, each in one transaction."""
+    if conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION:
+        return  # current: no write lock to wait for behind another process's write
     while True:
         conn.execute("BEGIN IMMEDIATE")
         try:

@@ -86,7 +86,20 @@ __all__ = ["SCHEMA_VERSION", "SearchHit", "SessionInfo", "SessionStore", "TurnRe
 _ENVIRONMENT_ERRORS = ("SQLITE_IOERR", "SQLITE_FULL", "SQLITE_READONLY", "SQLITE_PERM")
 """SQLite errors that say nothing against the database file itself."""
 
+_FOLDER_REFUSED = ("SQLITE_CANTOPEN", "SQLITE_READONLY_DIRECTORY")
+"""What SQLite says when it cannot make a database's -wal or -shm file."""
+
+_LOCKED = ("SQLITE_BUSY", "SQLITE_LOCKED")
+"""Another connection held the lock past the busy timeout."""
+
 T = TypeVar("T")
+
+
+def _reason(exc: Exception) -> str:
+    """SQLite's words, or for a lock another process held too long, the user's."""
+    if getattr(exc, "sqlite_errorname", "").startswith(_LOCKED):
+        return f"another process is writing it and held its lock for over {opening.BUSY_TIMEOUT_S:g} s"
+    return str(exc)
 
 def _rollback(conn: sqlite3.Connection) -> None:
     """Roll back the transaction a failed write left, where SQLite has not
@@ -174,6 +187,8 @@ class SessionStore:
                     f"cannot create {self.path}: {exc} (is its folder {self.path.parent} writable, "
                     "and is there room on the disk?)"
                 ) from None
+            if name.startswith(_LOCKED):
+                raise ChattermError(f"cannot open {self.path}: {_reason(exc)}; try again") from None
             if name.startswith(_ENVIRONMENT_ERRORS):
                 # The file may be fine: the disk or the folder is the problem.
                 raise ChattermError(
@@ -193,8 +208,9 @@ class SessionStore:
     def _folder_problem(self, exc: sqlite3.Error, existed: bool) -> str | None:
         """Why the folder of an existing database cannot be written, when that is
         why SQLite could not open it (it said only "unable to open database
-        file", which read as a corrupt database)."""
-        if not existed or getattr(exc, "sqlite_errorname", "") != "SQLITE_CANTOPEN":
+        file", which read as a corrupt database: CANTOPEN where the OS said
+        EPERM, READONLY_DIRECTORY where it said EACCES, a mode's refusal)."""
+        if not existed or getattr(exc, "sqlite_errorname", "") not in _FOLDER_REFUSED:
             return None
         return cannot_create_in(self.path.parent)  # SQLite needs it even to read a WAL database
 
@@ -451,10 +467,11 @@ class SessionStore:
                 _rollback(conn)
                 raise
         except (sqlite3.Error, OSError) as exc:
+            reason = _reason(exc)
             if strict:
-                raise ChattermError(f"{self.path}: {what}: {exc}") from None
+                raise ChattermError(f"{self.path}: {what}: {reason}") from None
             if self.write_error is None:
-                self.write_error = f"{self.path}: {what}: {exc}"
+                self.write_error = f"{self.path}: {what}: {reason}"
             return None
         return result
 

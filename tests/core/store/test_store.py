@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import sqlite3
 import threading
 from pathlib import Path
@@ -546,6 +547,88 @@ def test_a_database_in_a_folder_that_cannot_be_written(read_only_folder):
         SessionStore(db)
     message = str(refused.value)
     assert f"its folder {db.parent} cannot be written" in message and "not a usable" not in message
+
+
+def test_a_database_another_process_is_writing(tmp_path, monkeypatch):
+    """A current database opens beside another process's long write (no write
+    lock is needed to open it), and a write that times out behind it says so,
+    not "not a usable chatterm database"."""
+    from chatterm.core.store import opening
+
+    db = tmp_path / "chatterm.db"
+    with SessionStore(db) as store:
+        sid = new_session(store)
+        store.record_turn(sid, "kept", "safe", full_metrics())
+    old_database(tmp_path / "old.db", 7).close()
+    monkeypatch.setattr(opening, "BUSY_TIMEOUT_S", 0.2)
+    holders = []
+    for path in (db, tmp_path / "old.db"):
+        holder = sqlite3.connect(path, isolation_level=None)
+        holder.execute("BEGIN IMMEDIATE")
+        holders.append(holder)
+    try:
+        with SessionStore(db) as store:
+            assert [t.user_text for t in store.turns(sid)] == ["kept"]
+            with pytest.raises(ChattermError) as refused:
+                store.rename_session(sid, "new")
+            assert str(refused.value) == (f"{db}: could not rename session {sid}: another process is writing it "
+                                          "and held its lock for over 0.2 s")
+            assert store.record_turn(sid, "more", "text", full_metrics()) is None
+            assert "another process is writing it" in store.write_error
+        with pytest.raises(ChattermError) as refused:
+            SessionStore(tmp_path / "old.db")  # to migrate, it needs the lock
+        assert str(refused.value) == (f"cannot open {tmp_path / 'old.db'}: another process is writing it and "
+                                      "held its lock for over 0.2 s; try again")
+    finally:
+        for holder in holders:
+            holder.execute("ROLLBACK")
+            holder.close()
+
+
+_AS_ANOTHER_USER = """
+import sys
+from pathlib import Path
+from chatterm.core.store.session_store import SessionStore
+from chatterm.errors import ChattermError
+db = Path(sys.argv[1])
+with SessionStore(db, readonly=True) as store:
+    print([r.user_text for r in store.turns(store.latest_session_id())])
+try:
+    SessionStore(db)
+except ChattermError as exc:
+    print(exc)
+"""
+
+
+def test_a_database_in_a_folder_whose_mode_refuses_its_user(tmp_path):
+    """Where the folder's mode refuses the user (EACCES: SQLite says
+    READONLY_DIRECTORY, not the CANTOPEN of an immutable folder), the database
+    reads as it is and a write names the folder. Root is made an ordinary
+    user for it: without the capability to override file modes."""
+    import shutil
+    import subprocess
+    import sys
+
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    db = folder / "chatterm.db"
+    with SessionStore(db) as store:
+        store.record_turn(new_session(store), "kept", "safe", full_metrics())
+    folder.chmod(0o555)
+    command = [sys.executable, "-c", _AS_ANOTHER_USER, str(db)]
+    if os.geteuid() == 0:
+        if shutil.which("setpriv") is None:
+            pytest.skip("no setpriv to run without the capability to override file modes")
+        dropped = "-dac_override,-dac_read_search"
+        command = ["setpriv", f"--inh-caps={dropped}", f"--bounding-set={dropped}", *command]
+    try:
+        run = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    finally:
+        folder.chmod(0o755)
+    assert run.returncode == 0, run.stderr
+    kept, refused = run.stdout.splitlines()
+    assert kept == "['kept']"
+    assert f"its folder {folder} cannot be written" in refused and "not a usable" not in refused
 
 
 def damaged_past_its_header(db) -> None:
