@@ -304,7 +304,9 @@ def test_an_argument_that_is_not_utf8_is_one_line(args, isolated_dirs):
      "the message on standard input is not UTF-8 (byte 0xff at offset 0)"),
     (f"{CHATTERM_CMD} ask --no-store <&-", "no message: pass it as an argument or on standard input"),
     (f"{CHATTERM_CMD} sessions >&-", "standard output is closed"),
-], ids=["stdin not UTF-8", "stdin closed", "stdout closed"])
+    (f"{CHATTERM_CMD} paths >/dev/full", "cannot write to standard output: No space left on device"),
+    (f"{CHATTERM_CMD} cache ls >/dev/full", "cannot write to standard output: No space left on device"),
+], ids=["stdin not UTF-8", "stdin closed", "stdout closed", "stdout full", "stdout full, rich"])
 def test_standard_streams_that_hold_no_text_or_are_closed_are_one_line(command, line, isolated_dirs):
     out = subprocess.run(command, shell=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=60)
     assert out.returncode == 2 and out.stderr.decode().strip() == f"chatterm: error: {line}", out.stderr
