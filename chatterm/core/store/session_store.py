@@ -522,7 +522,7 @@ class SessionStore:
         return infos[0]
 
     def _session_infos(self, where: str, params: tuple) -> list[SessionInfo]:
-        with self._lock:
+        with self._snapshot():
             if self._empty():
                 return []
             return listing.session_infos(self._query, self._tree, where, params)
@@ -554,7 +554,7 @@ class SessionStore:
         same parent and text) are one hit, the newest, and a regeneration whose
         reply holds every word of `text` too is a hit for that reply. A fork's copy of its
         parent's turn is no hit of its own while the parent is stored."""
-        with self._lock:
+        with self._snapshot():
             if self._empty():
                 return []
             rows = text_search.search(self._query, text, limit, fts=self._fts, parent=tree.parent_sql(self._tree),
@@ -590,7 +590,7 @@ class SessionStore:
     def turns(self, session_id: int) -> list[TurnRecord]:
         """The current path, oldest first: what the model's history is made of
         (ChattermError when the session is unknown)."""
-        with self._lock:
+        with self._snapshot():
             return self._path(session_id, self._seen_leaf(session_id), -1)
 
     def turns_page(self, session_id: int, before_index: int | None, limit: int) -> list[TurnRecord]:
@@ -599,7 +599,7 @@ class SessionStore:
         session is read a screenful at a time. ChattermError when the session
         is unknown."""
         limit = max(limit, 0)
-        with self._lock:
+        with self._snapshot():
             leaf = self._seen_leaf(session_id) if before_index is None else self._leaf(session_id)
             if before_index is None or not limit:
                 return self._path(session_id, leaf, limit) if limit else []
@@ -615,7 +615,7 @@ class SessionStore:
     def turn(self, session_id: int, turn_index: int) -> TurnRecord:
         """One turn, on the current path or not (ChattermError naming an unknown
         session or turn)."""
-        with self._lock:
+        with self._snapshot():
             self._leaf(session_id)  # unknown session: named
             records = self._path(session_id, turn_index, 1)
         if not records or records[0].index != turn_index:
@@ -633,7 +633,7 @@ class SessionStore:
 
     def all_turns(self, session_id: int) -> list[TurnRecord]:
         """Every computed turn in index order, on any branch (the reports)."""
-        with self._lock:
+        with self._snapshot():
             self._leaf(session_id)
             columns = ", ".join(f"t.{c}" for c in self._record_columns)
             branch = "t.branch, t.inherited" if self._tree else "'main', 0"
@@ -689,7 +689,7 @@ class SessionStore:
         a column an older database lacks reads as the field's default. No
         TurnMetrics are built: exporting 100,000 turns spent a third of its time
         making them. ChattermError when the session is unknown."""
-        with self._lock:
+        with self._snapshot():
             if not self.has_session(session_id):
                 raise self._unknown(session_id)
             columns, defaults = ["turn_index"], []
@@ -711,7 +711,7 @@ class SessionStore:
     def turn_metrics(self, session_id: int) -> list[TurnMetrics]:
         """Every computed turn's metrics in order, on any branch, without the
         texts (session figures: a regenerated turn keeps its own TTFT and cost)."""
-        with self._lock:
+        with self._snapshot():
             if not self.has_session(session_id):
                 raise self._unknown(session_id)
             columns = sorted(METRIC_FIELDS & self._turn_columns)
@@ -720,6 +720,25 @@ class SessionStore:
                 (session_id,),
             )
         return metrics_of(columns, rows)
+
+    @contextmanager
+    def _snapshot(self) -> Iterator[None]:
+        """The lock, and one read transaction: a read made of several queries
+        sees one state of the file (WAL), never a session another process
+        deleted between two of them (a listing's KeyError)."""
+        with self._lock:
+            conn = self._conn
+            if conn is None or conn.in_transaction:  # nothing stored yet, or inside a write
+                yield
+                return
+            try:
+                conn.execute("BEGIN")
+            except sqlite3.Error as exc:
+                raise ChattermError(f"{self.path}: cannot read the session database ({exc})") from None
+            try:
+                yield
+            finally:
+                _rollback(conn)  # it wrote nothing
 
     def _query(self, sql: str, params: tuple = ()) -> list[tuple]:
         try:

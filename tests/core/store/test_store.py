@@ -585,6 +585,30 @@ def test_a_database_another_process_is_writing(tmp_path, monkeypatch):
             holder.close()
 
 
+def test_a_listing_reads_one_state_of_the_file_while_another_store_deletes(tmp_path):
+    """`sessions()` is several queries: a session deleted by another process
+    between two of them raised KeyError; they now read one snapshot."""
+    db = tmp_path / "chatterm.db"
+    with SessionStore(db) as store:
+        ids = [new_session(store) for _ in range(3)]
+        for sid in ids:
+            store.record_turn(sid, f"q{sid}", "a", full_metrics())
+    with SessionStore(db, readonly=True) as reader, SessionStore(db) as other:
+        query, calls = reader._query, []
+
+        def query_then_delete(sql, params=()):
+            rows = query(sql, params)
+            calls.append(sql)
+            if len(calls) == 1:
+                assert other.delete_session(ids[1]) == 1
+            return rows
+
+        reader._query = query_then_delete
+        assert [info.id for info in reader.sessions()] == ids[::-1]  # as it was when the listing began
+        assert len(calls) > 1
+        assert [info.id for info in reader.sessions()] == [ids[2], ids[0]]
+
+
 _AS_ANOTHER_USER = """
 import sys
 from pathlib import Path
