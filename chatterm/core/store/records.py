@@ -166,11 +166,19 @@ def sql_value(value: object) -> object:
 
 
 def metrics_of(names: list[str], rows: Iterable[Sequence]) -> list[TurnMetrics]:
-    """Rows of metric columns (`names`, all TurnMetrics fields) as TurnMetrics."""
+    """Rows of metric columns (`names`, all TurnMetrics fields) as TurnMetrics.
+    A NULL where the field has a value by default (the schema lets metric
+    columns be NULL; an early chatterm or a hand edit left some) reads as that
+    default: the reports add and compare them."""
     bools = [i for i, name in enumerate(names) if name in BOOL_FIELDS]
+    filled = [(i, FIELD_DEFAULTS[name]) for i, name in enumerate(names)
+              if FIELD_DEFAULTS.get(name) is not None]
     metrics = []
     for row in rows:
         values = list(row)
+        for i, default in filled:
+            if values[i] is None:
+                values[i] = default
         for i in bools:
             values[i] = bool(values[i])
         metrics.append(TurnMetrics(**dict(zip(names, values, strict=True))))

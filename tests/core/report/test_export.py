@@ -15,6 +15,7 @@ import json
 import multiprocessing
 import os
 import re
+import sqlite3
 from datetime import datetime
 from pathlib import Path
 
@@ -395,6 +396,24 @@ def test_non_finite_numbers_are_null_in_jsonl(tmp_path):
         row = json.loads(export_text(store, [sid], "jsonl"))
     assert row["ttft_ms"] is None and row["prefill_ms"] is None and row["decode_ms"] is None
     assert row["reply"] == "a"
+
+
+NULLABLE_METRICS = ("prompt_tokens", "cached_tokens", "prefilled_tokens", "generated_tokens", "prefill_ms",
+                    "cost_input_usd", "cost_cached_input_usd", "cost_output_usd", "saved_prefill_ms", "saved_usd")
+
+
+def test_null_metric_columns_read_as_their_defaults_in_the_reports(tmp_path):
+    """The schema lets metric columns be NULL (an early chatterm, NaN, a hand
+    edit): the reports add and compare them, and raised TypeError."""
+    db = tmp_path / "s.db"
+    first, _ = build_sample(db)
+    with sqlite3.connect(db) as conn:
+        conn.execute(f"UPDATE turns SET {', '.join(f'{name} = NULL' for name in NULLABLE_METRICS)}")
+    with SessionStore(db, readonly=True) as store:
+        metrics = store.turn_metrics(first)
+        assert {getattr(m, name) for m in metrics for name in NULLABLE_METRICS} == {0}
+        for fmt in ("md", "html"):
+            assert "Hello! How can I help?" in export_text(store, [first], fmt)
 
 
 @pytest.mark.parametrize("fmt", ["jsonl", "csv"])
