@@ -407,6 +407,7 @@ class RemoteEngine(Engine):
     def _events(self, turn: Turn, exchange: "_Exchange", resp: httpx.Response, key: str) -> Iterator[str]:
         finish: str | None = None
         done = False
+        high = ""  # a delta's trailing high surrogate, waiting for its pair
         for data in _sse_data(resp.iter_lines()):
             if turn.cancelled:
                 return
@@ -439,9 +440,13 @@ class RemoteEngine(Engine):
                 content = delta.get("content") if isinstance(delta, dict) else None
                 if content:
                     turn.token_arrived()
-                    yield str(content)
+                    text, high = _whole_characters(high + str(content))
+                    if text:
+                        yield text
                 if choice.get("finish_reason"):
                     finish = str(choice["finish_reason"])
+        if high:
+            yield _LONE
         if turn.cancelled:
             return
         if finish is None and not done:
@@ -461,6 +466,23 @@ class RemoteEngine(Engine):
         if self._client is not None:
             self._client.close()
             self._client = None
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_LONE = "\ufffd"
+
+
+def _whole_characters(text: str) -> tuple[str, str]:
+    """(the text to show, a trailing high surrogate kept for the next delta).
+    JSON's `\\ud83d\\ude00` escapes may reach us as a pair split across two
+    events, or a lone half: joined, or U+FFFD, since a lone surrogate can be
+    neither written to the terminal nor stored as UTF-8."""
+    if _SURROGATE.search(text) is None:
+        return text, ""
+    high = ""
+    if "\ud800" <= text[-1] <= "\udbff":
+        text, high = text[:-1], text[-1]
+    return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace"), high
 
 
 def _read_timeout(exc: Exception, default: float) -> float:

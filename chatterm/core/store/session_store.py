@@ -466,7 +466,7 @@ class SessionStore:
             except BaseException:
                 _rollback(conn)
                 raise
-        except (sqlite3.Error, OSError) as exc:
+        except (sqlite3.Error, OSError, UnicodeError) as exc:  # UnicodeError: a lone surrogate in a text
             reason = _reason(exc)
             if strict:
                 raise ChattermError(f"{self.path}: {what}: {reason}") from None

@@ -29,6 +29,7 @@ from chatterm.core.config.personas import Persona, Sampling
 from chatterm.core.engine.conversation import Conversation
 from chatterm.core.engine.interface import ChatMessage
 from chatterm.core.engine.remote import RemoteEngine, estimate_prompt_tokens
+from chatterm.core.store.session_store import SessionStore
 from chatterm.errors import ChattermError
 
 pytestmark = pytest.mark.timeout(120)
@@ -417,6 +418,33 @@ def test_malformed_event_ends_the_turn_and_keeps_the_partial_reply(scripted):
     assert "malformed event" in m.error and "{not json" in m.error
     assert m.ttft_ms is not None and m.generated_tokens == 1
     eng.close()
+
+
+def test_surrogate_halves_are_joined_across_events_or_replaced_and_the_turn_is_stored(scripted, tmp_path):
+    """JSON may escape an emoji as two halves, and a server may split them over
+    two events or send one alone: a lone surrogate can neither be written to
+    a terminal nor stored as UTF-8 (the turn was lost)."""
+    def script(h):
+        h.start_events()
+        for part in ("smile \ud83d", "\ude00 then \udc00 and", " \ud83d"):
+            h.event(chunk(part))  # json.dumps escapes each half as \uXXXX
+        h.event(chunk(finish="stop"))
+        h.event("[DONE]")
+
+    scripted.script = script
+    eng = RemoteEngine(make_spec(scripted.url), PRICE)
+    turn = eng.start_turn(make_persona(), [], "Hello")
+    assert "".join(drain(turn)) == turn.reply == "smile \U0001f600 then \ufffd and \ufffd"
+    assert turn.metrics.stop_reason == "eos"
+    eng.close()
+    with SessionStore(tmp_path / "s.db") as store:
+        sid = store.create_session(model_id="m", model_identity="x", engine="remote", device="server",
+                                   persona_id="assistant")
+        assert store.record_turn(sid, "Hello", turn.reply, turn.metrics) is not None
+        assert store.turns(sid)[0].reply == turn.reply
+        # Whatever else hands the store a lone surrogate: refused like a full disk, never raised.
+        assert store.record_turn(sid, "again", "half \ud83d", turn.metrics) is None
+        assert "surrogates not allowed" in store.write_error
 
 
 @pytest.mark.parametrize(
