@@ -134,12 +134,17 @@ def run_clear(args: argparse.Namespace) -> int:
     elif args.session is not None:
         if kind == "persona":
             raise ChattermError(f"--kind persona does not go with --session {args.session}")
-        kind, key = "session", str(args.session)  # the cache keys sessions by their id as text
+        kind, key = "session", cache.session_slot(args.session).key  # this database's session
     if key is not None:
-        known = sorted({e.slot.key for e in cache.entries() if e.slot.kind == kind})
-        if key not in known:
-            valid = ", ".join(known) or "none cached"
-            raise ChattermError(f"no cached state for {kind} {key!r} (cached: {valid})")
+        slots = {e.slot for e in cache.entries() if e.slot.kind == kind}
+        if key not in {slot.key for slot in slots}:
+            if kind == "session":  # this database's: ids, as the user gives them
+                known, asked = sorted(s.session_id for s in slots if s.scope == cache.session_scope), str(args.session)
+            else:
+                known, asked = sorted(s.key for s in slots), key
+            cached = f"cached: {', '.join(known)}" if known else (
+                "no session of this database is cached" if kind == "session" else "no persona is cached")
+            raise ChattermError(f"no cached state for {kind} {asked!r} ({cached})")
     removed = cache.clear(kind, key)
     print(f"removed {counted(removed, 'state file')}")
     left = [e for e in cache.entries() if e.tier == "disk" and e.slot.is_of(kind, key)]

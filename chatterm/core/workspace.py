@@ -111,6 +111,7 @@ class Workspace:
             self.kv_dir,
             disk_budget_bytes=self.catalog.kv_cache_budget_mb << 20,
             ram_budget_bytes=self.catalog.ram_cache_budget_mb << 20,
+            session_scope=session_scope(self.db_path),
         )
 
     def make_engine(self, spec: "ModelSpec") -> "Engine":
@@ -132,3 +133,20 @@ class Workspace:
         except BaseException:  # an interrupted import included
             early.close()
             raise
+
+
+def session_scope(db_path: Path) -> str:
+    """The prompt cache's name for the sessions of database `db_path`: session
+    ids are unique within one database only, and every database shares the
+    cache folder, so `--db other.db`'s session 1 is not the data folder's
+    session 1 (deleting one removed the other's states). The data folder's own
+    database keeps bare ids, so the states it cached before stay found; any
+    other is its resolved path's digest."""
+    import hashlib
+
+    own = paths.data_dir() / "chatterm.db"
+    try:
+        resolved, own = db_path.resolve(), own.resolve()
+    except (OSError, RuntimeError):  # a looping link: the path as given
+        resolved = db_path.absolute()
+    return "" if resolved == own else hashlib.sha256(str(resolved).encode()).hexdigest()[:8]

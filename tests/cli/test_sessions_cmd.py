@@ -95,6 +95,28 @@ def kv_files(slot: Slot) -> list:
     return [e for e in PromptCache(paths.kv_cache_dir()).entries() if e.slot == slot]
 
 
+def test_each_database_s_sessions_have_their_own_kv_states(env, tmp_path, capsys, monkeypatch):
+    """Session ids are unique within one database only and every database
+    shares the cache folder: deleting `--db other.db`'s session 1 removed the
+    data folder's session 1 states too."""
+    from chatterm.core.workspace import Workspace
+
+    other = tmp_path / "other.db"
+    assert sample(env)[0] == sample(other)[0] == 1
+    own, theirs = (Workspace.load(db_path=db).kv_cache() for db in (env, other))
+    assert own.session_slot(1) == Slot.session(1)  # the data folder's: bare ids, as cached before
+    assert theirs.session_slot(1).label == f"session 1 of database {theirs.session_scope}"
+    for cache in (own, theirs, theirs):
+        cache.save("smollm2-135m", cache.session_slot(1), list(range(30)), bytearray(4096), {"x": 1})
+    monkeypatch.setattr("sys.stdin", io.StringIO(""))
+    assert main(["--db", str(other), "sessions", "delete", "1", "--yes"]) == 0
+    assert "Deleted session 1: 1 turn, 1 KV state." in capsys.readouterr().out
+    assert kv_files(own.session_slot(1)) and not kv_files(theirs.session_slot(1))
+    assert main(["--db", str(other), "cache", "clear", "--session", "1"]) == 2
+    assert "no cached state for session '1' (no session of this database is cached)" in capsys.readouterr().err
+    assert main(["cache", "clear", "--session", "1"]) == 0 and not kv_files(own.session_slot(1))
+
+
 def test_delete_asks_on_a_terminal_and_needs_yes_without_one(env, capsys, monkeypatch):
     first, second = sample(env)
     cache = PromptCache(paths.kv_cache_dir())

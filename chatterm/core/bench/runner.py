@@ -334,7 +334,7 @@ def _bench_resume(engine, persona: Persona, runs: int, say: Report) -> dict[str,
     def persona_only(q):
         engine.reset_context()
         cache.clear_ram()
-        saved = _disk_entry(cache, engine.spec.id, Slot.session(RESUME_SESSION)).path
+        saved = _disk_entry(cache, engine.spec.id, cache.session_slot(RESUME_SESSION)).path
         assert saved is not None
         hidden = saved.with_name(saved.name + ".bench")
         saved.rename(hidden)  # today's path: no conversation state
@@ -361,7 +361,7 @@ def _bench_resume(engine, persona: Persona, runs: int, say: Report) -> dict[str,
                 raise ChattermError(f"resume benchmark expected {expect!r}, got {m.cache_detail!r}")
             if i:
                 series[label].append(m)
-    cache.clear(kind="session", key=str(RESUME_SESSION))
+    cache.clear(kind="session", key=cache.session_slot(RESUME_SESSION).key)
     ttft = {label: _median([m.ttft_ms for m in ms]) for label, ms in series.items()}
     return {
         "conversation_tokens": conversation_tokens,

@@ -89,7 +89,8 @@ class Slot:
     kind: str
     """"persona" or "session"."""
     key: str
-    """The persona id, or the session id as a string."""
+    """The persona id, or the session id as a string; "ID@SCOPE" for a session
+    of a database other than the data folder's (`PromptCache.session_scope`)."""
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -101,8 +102,18 @@ class Slot:
         return cls("persona", persona_id)
 
     @classmethod
-    def session(cls, session_id: int | str) -> "Slot":
-        return cls("session", str(session_id))
+    def session(cls, session_id: int | str, scope: str = "") -> "Slot":
+        return cls("session", f"{session_id}@{scope}" if scope else str(session_id))
+
+    @property
+    def session_id(self) -> str:
+        """A session slot's id, without its database's scope."""
+        return self.key.partition("@")[0]
+
+    @property
+    def scope(self) -> str:
+        """A session slot's database (`PromptCache.session_scope`)."""
+        return self.key.partition("@")[2]
 
     def is_of(self, kind: str | None, key: str | None) -> bool:
         """Whether the slot is one `clear(kind, key)` removes (None: any)."""
@@ -110,7 +121,9 @@ class Slot:
 
     @property
     def label(self) -> str:
-        """"persona shop-support" or "session 12"."""
+        """"persona shop-support", "session 12" or "session 12 of database 3f2a9c1e"."""
+        if self.kind == "session" and self.scope:
+            return f"session {self.session_id} of database {self.scope}"
         return f"{self.kind} {self.key}"
 
     @property
@@ -220,8 +233,13 @@ class PromptCache:
         disk_budget_bytes: int = DEFAULT_DISK_BUDGET_BYTES,
         ram_budget_bytes: int = DEFAULT_RAM_BUDGET_BYTES,
         block_tokens: int = DEFAULT_BLOCK_TOKENS,
+        session_scope: str = "",
     ):
         self.folder = folder
+        self.session_scope = session_scope
+        """Whose session ids this cache's session slots are (`session_slot`):
+        ids are unique within one database only, and databases may share a
+        cache folder. "" for the data folder's own database."""
         self.disk_budget_bytes = disk_budget_bytes
         self.ram_budget_bytes = ram_budget_bytes
         self.write_error: str | None = None
@@ -236,6 +254,10 @@ class PromptCache:
         self._layouts: dict[tuple[str, str], bool] = {}
         """(model, compat) -> whether its states survived a split and join."""
         self._noted: set[tuple[str, str]] = set()
+
+    def session_slot(self, session_id: int) -> Slot:
+        """The slot of session `session_id` of this cache's database."""
+        return Slot.session(session_id, self.session_scope)
 
     # -- paths -----------------------------------------------------------
     def path_for(self, model_id: str, slot: Slot) -> Path:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from chatterm.core.cache.prompt_cache import Candidate, Miss, PromptCache, Slot
+from chatterm.core.cache.prompt_cache import Candidate, Miss, PromptCache
 from chatterm.core.metrics.format import counted
 from chatterm.core.store.session_store import SessionStore
 from chatterm.errors import ChattermError
@@ -58,7 +58,7 @@ def copy_session_states(cache: PromptCache, source: int, target: int) -> int:
     # A slot may show up in several tiers (RAM, disk): one copy per model, from
     # the most recently used entry that can be read.
     for entry in cache.entries():
-        if entry.slot != Slot.session(source) or entry.problem or entry.model_id in copied:
+        if entry.slot != cache.session_slot(source) or entry.problem or entry.model_id in copied:
             continue
         opened = cache.open(Candidate(entry, len(entry.tokens)))
         if isinstance(opened, Miss):
@@ -68,7 +68,7 @@ def copy_session_states(cache: PromptCache, source: int, target: int) -> int:
             if opened.verify is not None and not opened.verify():
                 log.info("fork: state of %s not copied: its payload fails its digests", entry.slot.label)
                 continue
-            if cache.save(entry.model_id, Slot.session(target), opened.tokens, opened.payload, entry.compat,
+            if cache.save(entry.model_id, cache.session_slot(target), opened.tokens, opened.payload, entry.compat,
                           entry.info) is not None:
                 copied.add(entry.model_id)
         finally:
@@ -90,5 +90,5 @@ def delete_session(
     if in_use is not None and session_id == in_use:
         raise ChattermError(f"session {session_id} is the one in use; open another before deleting it")
     turns = store.delete_session(session_id)
-    states = cache.clear(kind="session", key=str(session_id)) if cache is not None else 0
+    states = cache.clear(kind="session", key=cache.session_slot(session_id).key) if cache is not None else 0
     return Deleted(turns, states)

@@ -559,12 +559,15 @@ class LocalEngine(Engine):
         if self.kv_cache is not None:
             self.kv_cache.flush()
 
+    def _session_slot(self, session_id: int) -> Slot:
+        return self.kv_cache.session_slot(session_id) if self.kv_cache is not None else Slot.session(session_id)
+
     def note_conversation(self, session_id: int | None) -> None:
         if session_id != self._session:
             if session_id is not None and self.kv_cache is not None:
                 # Its state will be restored at the next turn: the memory that
                 # takes is faulted in now, beside the model's load or the typing.
-                threading.Thread(target=self.kv_cache.reserve, args=(self.spec.id, Slot.session(session_id)),
+                threading.Thread(target=self.kv_cache.reserve, args=(self.spec.id, self._session_slot(session_id)),
                                  name="chatterm-reserve", daemon=True).start()
             self._anchor = self._saved_anchor(session_id)
         self._session = session_id
@@ -573,7 +576,7 @@ class LocalEngine(Engine):
         """Where session `session_id`'s cached state starts its history ("": the beginning)."""
         if session_id is None or self.kv_cache is None:
             return ""
-        slot = Slot.session(session_id)
+        slot = self._session_slot(session_id)
         # This model's own state first, else another entry's it can restore
         # (`PromptCache.lookup`). Before the load (`chatterm ask` notes its
         # session meanwhile) the compat is not known: the other folders' records
@@ -599,7 +602,7 @@ class LocalEngine(Engine):
             return
         try:
             if self.llm is not None and self.llm.n_tokens >= MIN_REUSE:
-                self._keep(Slot.session(session_id), {"context_anchor": self._anchor})
+                self._keep(self._session_slot(session_id), {"context_anchor": self._anchor})
         finally:
             self._gate.lock.release()
 
@@ -737,7 +740,7 @@ class LocalEngine(Engine):
             # of the prompt than the context does (a resumed conversation, whose
             # state is restored instead of prefilled again while the user types).
             session = session_id if session_id is not None else self._session  # whose history this is
-            expect = [Slot.session(session)] if session is not None else []
+            expect = [self._session_slot(session)] if session is not None else []
             # The history alone (nothing typed) needs no logits: its restore may
             # cover it whole (`_reuse` leaves a prompt's last token to decode),
             # which a token past it that matches nothing allows.
@@ -769,7 +772,7 @@ class LocalEngine(Engine):
             # fills the context: it becomes the session's state, so a switch
             # away and back restores this branch, not its last turn's. Only its
             # own session's: another one opened meanwhile keeps the state it has.
-            self._keep(Slot.session(session_id), {"context_anchor": self._anchor})
+            self._keep(self._session_slot(session_id), {"context_anchor": self._anchor})
         return report
 
     def _ahead_tokens(
@@ -854,7 +857,7 @@ class LocalEngine(Engine):
         self._anchor = fitted.anchor
         pp = self.persona_prefix(persona)
         prepared, self._prepared = self._prepared, None
-        expect = [Slot.session(self._session)] if self._session is not None else []
+        expect = [self._session_slot(self._session)] if self._session is not None else []
         # A shift is for turns this prompt left out. Without that it would give a
         # new conversation whose message matches a later one of the context's
         # conversation that message's KV, computed with the earlier turns in view.

@@ -77,7 +77,7 @@ class Reuse:
         if self.saved_by:
             source += f", saved by {self.saved_by}"
         if self.restored and self.slot is not None and self.slot.kind == "session":
-            return f"{share} (conversation, session {self.slot.key}, {source}{shifted})"
+            return f"{share} (conversation, session {self.slot.session_id}, {source}{shifted})"
         if self.restored:
             return f"{share} (persona prefix, {source})"
         if self.source == "live" and self.tokens >= MIN_REUSE:
