@@ -5,8 +5,10 @@ Contract:
 - An entry is the KV state of a token sequence, plus the compatibility fields
   it was computed under (`kv_state.compat_fields`: model file, llama.cpp build,
   KV types, rope ...). It occupies a slot: ("persona", persona id) for a
-  persona's shareable prefix, ("session", session id) for a conversation. A
-  slot holds one entry per model; saving a slot replaces its entry.
+  persona's shareable prefix, ("session", session id) for a conversation
+  (`session_slot`: "ID@SCOPE" for a database other than the data folder's,
+  since databases share the folder and their ids). A slot holds one entry per
+  model; saving a slot replaces its entry.
 - A state in llama.cpp's sequence layout (`state_layout.parse`) is kept as a
   chain of blocks (`chatterm.core.cache.block_store`): blocks shared with
   other entries (a session's persona, the previous turn) are stored once, a
