@@ -177,30 +177,31 @@ class ModelPicker(ModalScreen["ModelSwitch | None"]):
             status.update(Content(f"Could not list the models: {printable(event.error)}"))
             return
         rows = sorted(event.rows, key=lambda r: not r.usable)  # stable: the stores' order within each
-        self._rows = {row.id: row for row in rows}
+        # Keyed by position: a shadowed model shows the id of the one it shadows.
+        self._rows = {str(i): row for i, row in enumerate(rows)}
         table = self.query_one(DataTable)
-        for row in rows:
+        for key, row in self._rows.items():
             texts = picker_cells(row)
-            if row.id == self._current:
+            if row.id == self._current and row.usable:
                 texts = (f"● {texts[0]}", *texts[1:])
-            table.add_row(*(Text(t) for t in texts), key=row.id)
+            table.add_row(*(Text(t) for t in texts), key=key)
         usable = sum(1 for r in rows if r.usable)
         if not rows:
             status.update(Content("No GGUF models found (docs/models.md says where chatterm looks)."))
         else:
             fits = f"; fits: weights + KV cache against {memory_label(event.memory)}" if event.memory else ""
             status.update(Content(f"{usable} usable, {len(rows) - usable} unusable{fits}"))
-        self._show_detail(rows[0].id if rows else None)
+        self._show_detail("0" if rows else None)
 
     @on(DataTable.RowHighlighted)
     def _highlighted(self, event: DataTable.RowHighlighted) -> None:
         if self._loading is None:
             self._show_detail(event.row_key.value)
 
-    def _show_detail(self, model_id: str | None, refused: bool = False) -> None:
-        """The line under the table for `model_id`; `refused`: Enter or c was
+    def _show_detail(self, key: str | None, refused: bool = False) -> None:
+        """The line under the table for row `key`; `refused`: Enter or c was
         pressed on it and it cannot be used (said so, not the same line again)."""
-        row = self._rows.get(model_id) if model_id is not None else None
+        row = self._rows.get(key) if key is not None else None
         if row is None:
             text = ""
         elif refused:
@@ -225,14 +226,15 @@ class ModelPicker(ModalScreen["ModelSwitch | None"]):
         key, _ = table.coordinate_to_cell_key(table.cursor_coordinate)
         self._switch(key.value, carry_on=True)
 
-    def _switch(self, model_id: str | None, *, carry_on: bool) -> None:
-        row = self._rows.get(model_id) if model_id is not None else None
+    def _switch(self, key: str | None, *, carry_on: bool) -> None:
+        row = self._rows.get(key) if key is not None else None
         if self._loading is not None or row is None:
             return
         if not row.usable:
             self.app.bell()
-            self._show_detail(model_id, refused=True)
+            self._show_detail(key, refused=True)
             return
+        model_id = row.id
         if model_id == self._current:
             self.dismiss(None)
             return

@@ -100,9 +100,18 @@ async def open_picker(pilot) -> ModelPicker:
 
 async def choose(pilot, picker: ModelPicker, model_id: str) -> None:
     table = picker.query_one("#models-table")
-    table.move_cursor(row=table.get_row_index(model_id))
+    table.move_cursor(row=row_ids(table).index(model_id))
     await pilot.pause()
     await pilot.press("enter")
+
+
+def row_ids(table) -> list[str]:
+    """The listed ids, in order (the model in use without its mark)."""
+    return [table.get_row_at(i)[0].plain.removeprefix("● ") for i in range(table.row_count)]
+
+
+def row_of(table, model_id: str) -> list:
+    return table.get_row_at(row_ids(table).index(model_id))
 
 
 def detail(picker: ModelPicker) -> str:
@@ -118,10 +127,10 @@ async def test_picker_lists_the_models_with_their_facts_literally(stores, app_on
         header = [str(c.label) for c in table.columns.values()]
         # "fits" first after the id: at 80 columns the last ones scroll out of view.
         assert header == ["id", "fits", "size", "quant", "params", "trained ctx", "KV/token", "arch"]
-        smol = dict(zip(header, (cell.plain for cell in table.get_row(SMOL_ID)), strict=True))
+        smol = dict(zip(header, (cell.plain for cell in row_of(table, SMOL_ID)), strict=True))
         assert (smol["fits"], smol["quant"], smol["params"], smol["trained ctx"], smol["arch"]) == (
             "yes", "Q4_1", "135M", "8,192", "llama")
-        tiny = dict(zip(header, (cell.plain for cell in table.get_row(TINY_ID)), strict=True))
+        tiny = dict(zip(header, (cell.plain for cell in row_of(table, TINY_ID)), strict=True))
         assert tiny["id"] == TINY_ID  # a folder name with markup, shown as it is
         assert (tiny["arch"], tiny["params"], tiny["quant"]) == ("llama", "2.05K", "F16")
         assert tiny["KV/token"] == f"{2 * 2 * (16 + 16) * 2:,} B"
@@ -129,10 +138,10 @@ async def test_picker_lists_the_models_with_their_facts_literally(stores, app_on
         # the fit in full and where the model was found are in the detail line.
         assert table.virtual_size.width <= table.scrollable_content_region.width
         assert "fits: n_ctx 8,192, " in detail(picker) and "found in" in detail(picker)
-        ids = [row.value for row in table.rows]
+        ids = row_ids(table)
         assert ids.index(CUT_ID) == len(ids) - 1  # unusable ones last
         # The model in use, defined in models.toml, is listed first and marked.
-        assert ids[0] == app.spec.id and table.get_row(app.spec.id)[0].plain == f"● {app.spec.id}"
+        assert ids[0] == app.spec.id and row_of(table, app.spec.id)[0].plain == f"● {app.spec.id}"
         await choose(pilot, picker, CUT_ID)
         assert app.screen is picker  # an unusable model cannot be chosen, and Enter says so
         assert detail(picker).startswith(f"Not loaded: {CUT_ID} cannot be used (")
@@ -152,12 +161,31 @@ async def test_an_entry_skipped_at_launch_is_listed_as_unusable_with_its_reason(
     async with app.run_test(size=SIZE) as pilot:
         await loaded(pilot)
         picker = await open_picker(pilot)
-        ids = [row.value for row in picker.query_one("#models-table").rows]
+        ids = row_ids(picker.query_one("#models-table"))
         assert ids[-2:] == ["typo", CUT_ID] or ids[-2:] == [CUT_ID, "typo"]  # with the unusable, last
         status = str(picker.query_one("#models-status").content)
         assert f"{len(ids) - 2} usable, 2 unusable" in status
         await pilot.press(*["down"] * ids.index("typo"))
         assert detail(picker) == f"typo cannot be used: [models.typo] unknown key 'n_ctxx' ({home_short(user)})"
+
+
+async def test_an_id_found_twice_is_a_usable_row_and_a_shadowed_one(stores, app_on, monkeypatch):
+    """LM Studio's two homes holding one repo each gave two rows of one id, and
+    the table's DuplicateKey ended the app."""
+    from pathlib import Path
+
+    home, repo = Path(stores).parents[4], Path(stores).parent.relative_to(Path(stores).parents[2])
+    tiny_gguf(home / ".cache" / "lm-studio" / "models" / repo / "other.gguf")  # the home read first
+    app, _ = app_on()
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        picker = await open_picker(pilot)
+        ids = row_ids(picker.query_one("#models-table"))
+        assert ids.count(SMOL_ID) == 2
+        await pilot.press(*["down"] * (len(ids) - 1 - ids[::-1].index(SMOL_ID)))
+        assert detail(picker).startswith(f"{SMOL_ID} cannot be used: ") and "has the same id" in detail(picker)
+        await pilot.press("enter")
+        assert app.screen is picker and detail(picker).startswith(f"Not loaded: {SMOL_ID} cannot be used")
 
 
 async def test_the_picker_reads_models_toml_again_when_it_opens(stores, app_on, isolated_dirs):
@@ -169,14 +197,14 @@ async def test_the_picker_reads_models_toml_again_when_it_opens(stores, app_on, 
         user.parent.mkdir(parents=True, exist_ok=True)
         user.write_text(f'[models.added-later]\nsource = "{stores}"\nn_ctx = 2048\n')
         picker = await open_picker(pilot)
-        assert "added-later" in [row.value for row in picker.query_one("#models-table").rows]
+        assert "added-later" in row_ids(picker.query_one("#models-table"))
         await pilot.press("escape")
         # Saved half-edited: the models read before stay (the running one and
         # the one added), and the problem is told once, not on every open.
         user.write_text(user.read_text() + '\n[models.broken-later]\nsource = "x.gguf"\nn_ctx = "big"\n')
         for _ in range(2):
             picker = await open_picker(pilot)
-            listed = [row.value for row in picker.query_one("#models-table").rows]
+            listed = row_ids(picker.query_one("#models-table"))
             assert "added-later" in listed and app.spec.id in listed
             await pilot.press("escape")
         toasts = [n.message for n in app._notifications if "broken-later" in n.message]
@@ -184,7 +212,7 @@ async def test_the_picker_reads_models_toml_again_when_it_opens(stores, app_on, 
         assert toasts[0].endswith("(the models read before are kept until it is fixed)")
         user.write_text("[models.unclosed\n")  # not TOML at all
         picker = await open_picker(pilot)
-        assert "added-later" in [row.value for row in picker.query_one("#models-table").rows]
+        assert "added-later" in row_ids(picker.query_one("#models-table"))
         assert app.workspace.catalog.get(app.spec.id) == app.spec
 
 
@@ -234,7 +262,7 @@ async def continue_on(pilot, picker: ModelPicker, model_id: str) -> None:
     """`c` on `model_id` in the open picker, and the switch done."""
     app = pilot.app
     table = picker.query_one("#models-table")
-    table.move_cursor(row=table.get_row_index(model_id))
+    table.move_cursor(row=row_ids(table).index(model_id))
     await pilot.pause()
     await pilot.press("c")
     await wait_for(pilot, lambda: app.spec.id == model_id and app.conversation is not None
@@ -297,7 +325,7 @@ async def test_c_while_a_reply_streams_continues_with_that_reply_stopped_and_sho
             await wait_for(pilot, engines[0].held.is_set, what="the stream to be held")
             picker = await open_picker(pilot)
             table = picker.query_one("#models-table")
-            table.move_cursor(row=table.get_row_index(TINY_ID))
+            table.move_cursor(row=row_ids(table).index(TINY_ID))
             await pilot.pause()
 
             def release_once_switching() -> None:

@@ -16,14 +16,15 @@ Contract:
   so is an entry models.toml's checks skipped (the reason its error).
 - `list_models(...)` adds each model's header facts (through `FactsCache`),
   its default context and whether it fits `machine_memory()`: the
-  `configured` entries it is given first, then what `discover` finds. A bad
-  entry is a row with its reason (`ModelRow.problem`), never an exception.
+  `configured` entries it is given first, then what `discover` finds, one
+  row per id (`unique`). A bad entry is a row with its reason
+  (`ModelRow.problem`), never an exception.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
@@ -199,6 +200,35 @@ def list_models(model_folders: Iterable[Path] = (), *, env: Mapping[str, str] | 
                 memory: Memory | None = None, configured: Iterable[Found] = ()) -> list[ModelRow]:
     cache = cache or FactsCache()
     memory = memory or machine_memory()
-    rows = [describe(f, cache, memory) for f in [*configured, *discover(model_folders, env, home)]]
+    rows = [describe(f, cache, memory) for f in unique([*configured, *discover(model_folders, env, home)])]
     cache.save()
     return rows
+
+
+def unique(found: Iterable[Found]) -> list[Found]:
+    """One row per id: an id found again for the same files (folders that
+    overlap, a models.toml entry named as the store names the model) is left
+    out; for other files (one LM Studio repo in both of its folders) it is
+    unusable, since `--model ID` loads the first."""
+    first: dict[str, Found] = {}
+    out = []
+    for f in found:
+        seen = first.setdefault(f.id, f)
+        if seen is f:
+            out.append(f)
+        elif not _same_files(seen, f):
+            out.append(replace(f, files=(), problem=f"{seen.location} has the same id, listed first; "
+                                                     f"--model {f.id} loads that one"))
+    return out
+
+
+def _same_files(a: Found, b: Found) -> bool:
+    """Whether both are the same files (a hard link or a symlink is the file)."""
+    return bool(a.files) and len(a.files) == len(b.files) and all(map(_same_file, a.files, b.files))
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return os.path.realpath(a) == os.path.realpath(b)

@@ -42,6 +42,30 @@ def test_each_damaged_entry_is_a_row_with_its_reason(layout):
         assert rows[mid].problem.isprintable()
 
 
+def test_an_id_is_one_row_listed_again_for_the_same_file_and_shadowed_for_another(tmp_path):
+    """Folders that overlap list a file twice; LM Studio's two homes may hold
+    one repo each (copies): a second row of one id broke the picker's table
+    (DuplicateKey), and `--model ID` loads only the first anyway."""
+    from tests.core.discovery.layouts import link, smol_path
+
+    home, folder = tmp_path / "home", tmp_path / "m"
+    repo = Path("HuggingFaceTB") / "SmolLM2"
+    first = link(smol_path(), home / ".cache" / "lm-studio" / "models" / repo / "smol.gguf")
+    second = home / ".lmstudio" / "models" / repo / "smol.gguf"
+    second.parent.mkdir(parents=True)
+    second.write_bytes(smol_path().read_bytes()[: 1 << 20])
+    link(smol_path(), folder / "sub" / "own.gguf")
+    rows = list_models([folder, folder / "sub", folder], env={}, home=home,
+                       cache=FactsCache(tmp_path / "facts.json"), memory=PLENTY)
+    ids = [row.id for row in rows]
+    own = str(folder / "sub" / "own.gguf")
+    assert sorted(ids) == sorted([own, "lmstudio:HuggingFaceTB/SmolLM2", "lmstudio:HuggingFaceTB/SmolLM2"]), ids
+    kept, shadowed = [row for row in rows if row.id == "lmstudio:HuggingFaceTB/SmolLM2"]
+    assert kept.usable and kept.found.files == (first,)
+    assert shadowed.problem == (f"{first} has the same id, listed first; "
+                                "--model lmstudio:HuggingFaceTB/SmolLM2 loads that one")
+
+
 def test_projector_files_are_not_chat_models(layout):
     rows = rows_of(layout)
     assert not [mid for mid in rows if "mmproj" in mid.lower()]
