@@ -19,8 +19,9 @@ import tomlkit
 from tomlkit.exceptions import TOMLKitError
 
 from chatterm.core.config.schema import boolean, from_table, key, text
-from chatterm.core.config.tomlfile import read_toml
+from chatterm.core.config.tomlfile import TOML_MAX_BYTES, read_toml
 from chatterm.core.system.atomic import atomic_write_bytes
+from chatterm.core.system.small_file import read_small
 from chatterm.errors import ChattermError
 
 SECTION = "tui"
@@ -52,7 +53,8 @@ def load_ui_settings(path: Path) -> UiSettings:
 
 def remember_theme(path: Path, theme: str) -> None:
     try:
-        document = tomlkit.parse(path.read_text(encoding="utf-8")) if path.exists() else tomlkit.document()
+        text = read_small(path, TOML_MAX_BYTES, "a TOML file").decode("utf-8") if path.exists() else None
+        document = tomlkit.parse(text) if text is not None else tomlkit.document()
     except (OSError, UnicodeDecodeError, TOMLKitError) as exc:
         raise ChattermError(f"{path}: cannot update settings: {getattr(exc, 'strerror', None) or exc}") from None
     section = document.get(SECTION)

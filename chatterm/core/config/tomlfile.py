@@ -6,7 +6,11 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from chatterm.core.system.small_file import read_small
 from chatterm.errors import ChattermError
+
+TOML_MAX_BYTES = 16 << 20
+"""Far more than any models.toml, persona or settings file."""
 
 
 def read_toml(path: Path) -> dict[str, Any]:
@@ -14,16 +18,17 @@ def read_toml(path: Path) -> dict[str, Any]:
 
     tomllib's message already carries "(at line N, column M)".
     """
+    data = b""
     try:
-        with open(path, "rb") as fh:
-            return tomllib.load(fh)
+        data = read_small(path, TOML_MAX_BYTES, "a TOML file")  # a FIFO or a huge file: an error, not a hang
+        return tomllib.loads(data.decode("utf-8"))
     except FileNotFoundError:
         raise ChattermError(f"{path}: file not found") from None
     except tomllib.TOMLDecodeError as exc:
         message = str(exc)
         if "(at end of document)" in message:
             # e.g. an unclosed string: name the last line so the user knows where to look.
-            lines = path.read_bytes().count(b"\n") + 1
+            lines = data.count(b"\n") + 1
             message = message.replace("(at end of document)", f"(at end of document, line {lines})")
         raise ChattermError(f"{path}: invalid TOML: {message}") from None
     except UnicodeDecodeError as exc:

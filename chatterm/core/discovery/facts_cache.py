@@ -22,6 +22,7 @@ from typing import Sequence
 from chatterm.core.config import paths
 from chatterm.core.discovery.gguf_facts import GgufFacts, Unusable, read_facts
 from chatterm.core.system.atomic import atomic_write_bytes
+from chatterm.core.system.small_file import read_small
 
 MAX_ENTRIES = 2000
 
@@ -44,8 +45,8 @@ class FactsCache:
         self._entries: dict[str, dict] = {}
         self._dirty = False
         try:
-            loaded = json.loads(self.file.read_bytes())
-        except (OSError, ValueError):
+            loaded = json.loads(read_small(self.file, 64 << 20))
+        except (OSError, ValueError, RecursionError):  # a garbled file is an empty cache
             loaded = {}
         if isinstance(loaded, dict):
             self._entries = {k: v for k, v in loaded.items() if isinstance(v, dict)}

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Iterator, Mapping
 
 from chatterm.core.discovery.found import Found, StoreError, entries, ggufs_in
+from chatterm.core.system.small_file import read_small
 
 REPO_PREFIX = "models--"
 
@@ -37,7 +38,7 @@ def roots(env: Mapping[str, str], home: Path) -> list[Path]:
 
 def _snapshot(repo: Path) -> Path | None:
     try:
-        rev = (repo / "refs" / "main").read_text(encoding="ascii").strip()
+        rev = read_small(repo / "refs" / "main", 4096).decode("ascii").strip()
     except (OSError, UnicodeDecodeError):
         rev = ""
     if rev and "/" not in rev and rev not in (".", "..") and (repo / "snapshots" / rev).is_dir():

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Iterator, Mapping
 
 from chatterm.core.discovery.found import Found, GgufGroup, StoreError, entries, ggufs_in, is_dir
+from chatterm.core.system.small_file import read_small
 
 POINTER_FILE = ".lmstudio-home-pointer"
 
@@ -28,7 +29,7 @@ def homes(env: Mapping[str, str], home: Path) -> list[Path]:
     if env.get("LMSTUDIO_HOME"):
         found.append(Path(env["LMSTUDIO_HOME"]).expanduser())
     try:
-        pointed = (home / POINTER_FILE).read_text(encoding="utf-8").strip()
+        pointed = read_small(home / POINTER_FILE, 64 << 10).decode("utf-8").strip()
     except (OSError, UnicodeDecodeError):
         pointed = ""
     if pointed:
@@ -40,8 +41,8 @@ def homes(env: Mapping[str, str], home: Path) -> list[Path]:
 def models_folder(lm_home: Path) -> Path:
     """`downloadsFolder` from the home's settings.json, else `models/`."""
     try:
-        settings = json.loads((lm_home / "settings.json").read_bytes())
-    except (OSError, ValueError):
+        settings = json.loads(read_small(lm_home / "settings.json", 1 << 20))
+    except (OSError, ValueError, RecursionError):  # RecursionError: JSON nested too deeply
         settings = None
     folder = settings.get("downloadsFolder") if isinstance(settings, dict) else None
     if isinstance(folder, str) and folder:

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Iterator, Mapping
 
 from chatterm.core.discovery.found import Found, StoreError, entries, is_file
+from chatterm.core.system.small_file import read_small
 
 MODEL_LAYER = "application/vnd.ollama.image.model"
 TENSOR_LAYER = "application/vnd.ollama.image.tensor"
@@ -64,15 +65,19 @@ def manifest_parts(name: str) -> tuple[str, str, str, str] | None:
     return parts[0], parts[1], parts[2], tag
 
 
+MANIFEST_MAX_BYTES = 1 << 20
+"""Ollama's manifests are a few hundred bytes; a bigger file is not one (read whole otherwise)."""
+
+
 def read_manifest(root: Path, manifest: Path, mid: str) -> Found:
     def unusable(why: str) -> Found:
         return Found(mid, "ollama", manifest, problem=why)
 
     try:
-        data = json.loads(manifest.read_bytes())
+        data = json.loads(read_small(manifest, MANIFEST_MAX_BYTES, "a manifest"))
     except OSError as exc:
         return unusable(f"cannot read the manifest: {exc.strerror or exc}")
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested too deeply
         return unusable("the manifest is not JSON")
     layers = data.get("layers") if isinstance(data, dict) else None
     if not isinstance(layers, list):

@@ -66,6 +66,35 @@ def test_an_id_is_one_row_listed_again_for_the_same_file_and_shadowed_for_anothe
                                 "--model lmstudio:HuggingFaceTB/SmolLM2 loads that one")
 
 
+def test_fifos_deep_json_and_a_huge_manifest_in_the_stores_are_reasons_not_hangs(tmp_path):
+    """A FIFO as LM Studio's settings or home pointer or as a Hugging Face ref
+    hung `chatterm models` (and the TUI's exit); JSON nested 100,000 deep was a
+    RecursionError; a 3 GiB manifest was read whole."""
+    from tests.core.system.test_small_file import returns_soon
+
+    home = tmp_path / "home"
+    (home / ".lmstudio").mkdir(parents=True)
+    os.mkfifo(home / ".lmstudio" / "settings.json")
+    os.mkfifo(home / ".lmstudio-home-pointer")
+    refs = home / ".cache" / "huggingface" / "hub" / "models--o--f" / "refs"
+    refs.mkdir(parents=True)
+    os.mkfifo(refs / "main")
+    library = home / ".ollama" / "models" / "manifests" / "registry.ollama.ai" / "library"
+    (library / "deep").mkdir(parents=True)
+    (library / "deep" / "latest").write_text("[" * 100_000 + "]" * 100_000)
+    (library / "huge").mkdir()
+    with open(library / "huge" / "latest", "wb") as fh:
+        fh.truncate(3 << 30)
+    (library / "fifo").mkdir()
+    os.mkfifo(library / "fifo" / "latest")
+    rows = returns_soon(lambda: list_models([], env={}, home=home, cache=FactsCache(tmp_path / "facts.json"),
+                                            memory=PLENTY))
+    problems = {row.id: row.problem for row in rows}
+    assert problems["ollama:deep:latest"] == "the manifest is not JSON"
+    assert problems["ollama:huge:latest"] == ("cannot read the manifest: 3,221,225,472 bytes, "
+                                              "more than the 1 MiB a manifest is")
+
+
 def test_projector_files_are_not_chat_models(layout):
     rows = rows_of(layout)
     assert not [mid for mid in rows if "mmproj" in mid.lower()]
