@@ -2,9 +2,11 @@
 
 Contract:
 - `machine_memory()`: the GPU's free memory when NVML (the `gpu` extra's
-  nvidia-ml-py, else `nvidia-smi`) sees an NVIDIA GPU, all GPUs together
-  (llama.cpp spreads layers across them); else the RAM available
-  (/proc/meminfo MemAvailable, elsewhere free physical pages).
+  nvidia-ml-py, else `nvidia-smi`) sees an NVIDIA GPU and this llama.cpp
+  can offload to one, all GPUs together (llama.cpp spreads layers across
+  them); else `ram()`, the RAM available (/proc/meminfo MemAvailable,
+  elsewhere free physical pages). A models.toml entry with `n_gpu_layers = 0`
+  is judged against `ram()` (`listing.describe`).
 - A model needs its file size (the weights) plus its KV cache at n_ctx:
   `kv_bytes_per_token(facts, kv_type)` x n_ctx, the header's f16 figure
   scaled to the KV type's bytes per element (q8_0 and q4_0 store 32
@@ -14,7 +16,7 @@ Contract:
 - `fits(facts, memory, n_ctx, kv_type)`: whether a context a models.toml
   entry sets fits.
 - `default_n_ctx(facts, memory)`: the trained context, or less when the KV
-  cache would not fit beside the weights, in multiples of 256; None when not
+  cache would not fit beside the weights, then in multiples of 256; None when not
   even `MIN_CTX` tokens (or the trained context, if shorter) fit: the model
   does not fit this machine. A header without the KV numbers gets
   `FALLBACK_CTX` and is judged by its weights alone.
@@ -91,9 +93,24 @@ def machine_memory() -> Memory:
     gpu = _nvml_free()
     if gpu is None:
         gpu = _nvidia_smi_free()
-    if gpu is not None:
+    if gpu is not None and _llama_offloads():
         return Memory("GPU", gpu)
+    return ram()
+
+
+def ram() -> Memory:
     return Memory("RAM", _ram_available())
+
+
+def _llama_offloads() -> bool:
+    """Whether this llama-cpp-python can put layers on a GPU: the plain wheel
+    cannot, and a model judged against the GPU's memory then loads into RAM.
+    (Imported only where a GPU is seen: 0.2 s.)"""
+    try:
+        import llama_cpp
+    except Exception:  # noqa: BLE001 - a broken install loads nothing anywhere
+        return False
+    return bool(llama_cpp.llama_supports_gpu_offload())
 
 
 def kv_bytes_per_token(facts: GgufFacts, kv_type: str = "f16") -> int | None:
@@ -122,6 +139,6 @@ def default_n_ctx(facts: GgufFacts, memory: Memory) -> int | None:
         return n_ctx if facts.file_size <= budget else None
     room = (budget - facts.file_size) // facts.kv_bytes_per_token
     n_ctx = min(trained, room)
-    if n_ctx >= CTX_STEP:
+    if room < trained and n_ctx >= CTX_STEP:  # cut to a step; a trained 514 fits as 514, not 512
         n_ctx -= n_ctx % CTX_STEP
     return n_ctx if n_ctx >= min(MIN_CTX, trained) and n_ctx > 0 else None

@@ -46,6 +46,8 @@ class Found:
     """The context a models.toml entry sets; None: the default this machine affords."""
     kv_type: str = "f16"
     """The KV cache type the model loads with (a models.toml entry's `kv_type`)."""
+    on_cpu: bool = False
+    """A models.toml entry's `n_gpu_layers = 0`: it loads into RAM, whatever GPU there is."""
 
     @property
     def usable(self) -> bool:

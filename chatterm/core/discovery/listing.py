@@ -12,7 +12,7 @@ Contract:
 - `configured(catalog)`: the local models models.toml defines (the
   shipped default model among them), by their ids, store "models.toml",
   with the entry's `n_ctx` and `kv_type`: their row's KV/token and fit are
-  at those; one whose file cannot be used is an entry with the reason, and
+  at those (and against RAM with `n_gpu_layers = 0`); one whose file cannot be used is an entry with the reason, and
   so is an entry models.toml's checks skipped (the reason its error).
 - `list_models(...)` adds each model's header facts (through `FactsCache`),
   its default context and whether it fits `machine_memory()`: the
@@ -39,6 +39,7 @@ from chatterm.core.discovery.fit import (
     kv_bytes_per_token,
     machine_memory,
     needed_bytes,
+    ram,
 )
 from chatterm.core.discovery.found import Found
 from chatterm.core.discovery.gguf_facts import GgufFacts, Unusable
@@ -175,7 +176,8 @@ def configured(catalog: ModelCatalog) -> list[Found]:
         except ChattermError as exc:
             found.append(Found(spec.id, CONFIGURED, spec.defined_in or Path(spec.source), problem=str(exc)))
         else:
-            found.append(Found(spec.id, CONFIGURED, path, (path,), n_ctx=spec.n_ctx, kv_type=spec.kv_type))
+            found.append(Found(spec.id, CONFIGURED, path, (path,), n_ctx=spec.n_ctx, kv_type=spec.kv_type,
+                               on_cpu=spec.n_gpu_layers == 0))
     return found
 
 
@@ -187,6 +189,8 @@ def describe(found: Found, cache: FactsCache, memory: Memory) -> ModelRow:
     except Unusable as exc:
         return ModelRow(found, problem=str(exc))
     kv_type = found.kv_type
+    if found.on_cpu and memory.kind == "GPU":
+        memory = ram()
     if found.n_ctx is not None:
         n_ctx = found.n_ctx if fits(facts, memory, found.n_ctx, kv_type) else None
         return ModelRow(found, facts, n_ctx=n_ctx, needed_bytes=needed_bytes(facts, found.n_ctx, kv_type))

@@ -139,6 +139,41 @@ def test_fit_and_default_context_follow_the_memory_given(layout):
     assert too_small.to_dict()["fits"] is False
 
 
+@pytest.mark.parametrize("trained", [300, 514, 1000, 2048, 8192])
+def test_a_trained_context_under_2048_off_the_256_steps_fits_whole(trained):
+    """Cut to a step first, 514 became 512, below the trained 514 it was then
+    held to: "no" for a model that fits many times over."""
+    from chatterm.core.discovery.fit import default_n_ctx
+    from chatterm.core.discovery.gguf_facts import GgufFacts
+
+    facts = GgufFacts("bert", 100, "F16", 1 << 20, trained, False, 18432)
+    assert default_n_ctx(facts, PLENTY) == trained
+
+
+def test_fit_is_judged_on_ram_where_layers_cannot_go_to_the_gpu(tmp_path, monkeypatch, layout):
+    """A GPU seen by nvidia-smi beside a CPU-only llama-cpp-python (the plain
+    wheel), or an entry with n_gpu_layers = 0: its weights load into RAM."""
+    from chatterm.core.discovery import fit
+    from chatterm.core.discovery.found import Found
+    from chatterm.core.discovery.listing import CONFIGURED, describe
+
+    smi = tmp_path / "bin" / "nvidia-smi"
+    smi.parent.mkdir()
+    smi.write_text("#!/bin/sh\necho 81000\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{smi.parent}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setattr(fit, "_nvml_free", lambda: None)
+    monkeypatch.setattr(fit, "_ram_available", lambda: 200 << 20)
+    monkeypatch.setattr(fit, "_llama_offloads", lambda: False)
+    assert fit.machine_memory() == Memory("RAM", 200 << 20)
+    monkeypatch.setattr(fit, "_llama_offloads", lambda: True)
+    gpu = fit.machine_memory()
+    assert gpu == Memory("GPU", 81000 << 20)
+    entry = Found("e", CONFIGURED, layout.smol, (layout.smol,), n_ctx=8192)
+    assert describe(entry, FactsCache(layout.facts_file), gpu).fits  # 274 MiB against 79 GiB
+    assert not describe(replace(entry, on_cpu=True), FactsCache(layout.facts_file), gpu).fits  # against 200 MiB
+
+
 def test_a_models_toml_entry_is_judged_at_its_own_context_and_kv_type(layout):
     from chatterm.core.discovery.found import Found
     from chatterm.core.discovery.listing import CONFIGURED, describe
