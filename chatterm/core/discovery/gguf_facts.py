@@ -60,6 +60,10 @@ class GgufFacts:
         return cls(**{f.name: raw[f.name] for f in dataclasses.fields(cls)})
 
 
+MAX_LAYERS = 10_000
+"""More blocks than any model has (the largest have a few hundred)."""
+
+
 def _kv_bytes_per_token(meta: dict[str, Any], arch: str) -> int | None:
     layers = meta.get(f"{arch}.block_count")
     heads = meta.get(f"{arch}.attention.head_count")
@@ -72,11 +76,24 @@ def _kv_bytes_per_token(meta: dict[str, Any], arch: str) -> int | None:
         head_dim = embedding // heads
     key_len = meta.get(f"{arch}.attention.key_length") or head_dim
     value_len = meta.get(f"{arch}.attention.value_length") or head_dim
-    if not isinstance(layers, int) or not key_len or not value_len or kv_heads is None:
+    # A header's numbers are the file's word: a count past any real model's (a
+    # crafted 227-byte file said 4 billion layers) or a negative length is unknown.
+    if not (isinstance(layers, int) and 0 < layers <= MAX_LAYERS and _positive(key_len) and _positive(value_len)):
         return None
     # Some architectures give KV heads per layer (an array), most one number.
-    per_layer = list(kv_heads) if isinstance(kv_heads, list) else [kv_heads] * layers
-    return F16_BYTES * sum(int(h) * (key_len + value_len) for h in per_layer[:layers])
+    if isinstance(kv_heads, list):
+        if len(kv_heads) < layers or not all(isinstance(h, int) and h >= 0 for h in kv_heads[:layers]):
+            return None
+        heads_total = sum(kv_heads[:layers])
+    elif isinstance(kv_heads, int) and kv_heads >= 0:
+        heads_total = kv_heads * layers
+    else:
+        return None
+    return F16_BYTES * heads_total * (key_len + value_len)
+
+
+def _positive(value: object) -> bool:
+    return isinstance(value, int) and value > 0
 
 
 def _quantization(header: Header) -> str:
@@ -130,13 +147,18 @@ def read_facts(files: Sequence[Path]) -> GgufFacts:
         raise Unusable(f"{files[0].name} is a projector (mmproj) file, not a chat model")
     split_count = meta.get("split.count")
     if len(files) > 1 and split_count != len(files):
-        raise Unusable(f"{files[0].name} says it is split in {split_count} shards; {len(files)} were found")
+        said = f"says it is split in {split_count} shards" if isinstance(split_count, int) else "names no split"
+        raise Unusable(f"{files[0].name} {said}; {len(files)} were found")
+    if len(files) == 1 and isinstance(split_count, int) and split_count > 1:
+        raise Unusable(f"{files[0].name} is shard 1 of {split_count}; the others were not found beside it")
     parameters = sum(t.n_elements for t in first.tensors)
     size = first_size
     for shard in files[1:]:
         header, shard_size = _open(shard)
         parameters += sum(t.n_elements for t in header.tensors)
         size += shard_size
+    if not parameters:  # llama.cpp's ggml-vocab-*.gguf: a tokenizer for its tests
+        raise Unusable(f"{files[0].name} holds no weights (a vocabulary-only GGUF, not a model)")
     context = meta.get(f"{arch}.context_length")
     name = meta.get("general.name")
     return GgufFacts(

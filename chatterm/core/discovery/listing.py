@@ -176,8 +176,9 @@ def configured(catalog: ModelCatalog) -> list[Found]:
         except ChattermError as exc:
             found.append(Found(spec.id, CONFIGURED, spec.defined_in or Path(spec.source), problem=str(exc)))
         else:
-            found.append(Found(spec.id, CONFIGURED, path, (path,), n_ctx=spec.n_ctx, kv_type=spec.kv_type,
-                               on_cpu=spec.n_gpu_layers == 0))
+            files = folders.find(path)  # shard 1 of a split: all its shards, or which one is missing
+            found.append(Found(spec.id, CONFIGURED, path, files.files, files.problem, n_ctx=spec.n_ctx,
+                               kv_type=spec.kv_type, on_cpu=spec.n_gpu_layers == 0))
     return found
 
 

@@ -127,3 +127,41 @@ def test_per_layer_kv_heads_and_key_lengths(tmp_path):
     assert facts.kv_bytes_per_token == 2 * (2 + 0 + 4) * (64 + 32)
     assert facts.context_length is None and facts.quantization == "F32"
 
+
+
+def header_only(path, layers, key_length=64, tensors=True, split_count=None):
+    """A GGUF whose header says what the test asks (the gguf package writes it)."""
+    import gguf
+
+    writer = gguf.GGUFWriter(path, "llama")
+    writer.add_key_value("llama.block_count", layers, gguf.GGUFValueType.UINT32)
+    writer.add_head_count(32)
+    writer.add_head_count_kv(8)
+    writer.add_embedding_length(4096)
+    writer.add_key_value("llama.attention.key_length", key_length, gguf.GGUFValueType.INT32)
+    if split_count is not None:
+        writer.add_key_value("split.count", split_count, gguf.GGUFValueType.UINT16)
+    if tensors:
+        writer.add_tensor("token_embd.weight", np.zeros((8, 64), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+@pytest.mark.parametrize("layers, key_length", [(4_000_000_000, 128), (40, -360)],
+                         ids=["4 billion layers", "a negative key length"])
+def test_header_numbers_no_model_has_leave_the_kv_size_unknown(tmp_path, layers, key_length):
+    """A 227-byte header saying 4 billion layers made a list of 4 billion
+    heads (MemoryError); a negative length gave negative KV sizes."""
+    facts = read_facts([header_only(tmp_path / "x.gguf", layers, key_length)])
+    assert facts.kv_bytes_per_token is None
+    assert read_facts([header_only(tmp_path / "y.gguf", 40)]).kv_bytes_per_token == 2 * 40 * 8 * (64 + 128)
+
+
+def test_a_gguf_without_weights_or_with_its_shards_missing_is_not_a_model(tmp_path):
+    with pytest.raises(Unusable, match=r"^v\.gguf holds no weights \(a vocabulary-only GGUF, not a model\)$"):
+        read_facts([header_only(tmp_path / "v.gguf", 40, tensors=False)])
+    with pytest.raises(Unusable, match="^s.gguf is shard 1 of 3; the others were not found beside it$"):
+        read_facts([header_only(tmp_path / "s.gguf", 40, split_count=3)])

@@ -174,6 +174,23 @@ def test_fit_is_judged_on_ram_where_layers_cannot_go_to_the_gpu(tmp_path, monkey
     assert not describe(replace(entry, on_cpu=True), FactsCache(layout.facts_file), gpu).fits  # against 200 MiB
 
 
+def test_a_models_toml_entry_naming_shard_1_is_the_whole_split(layout, tmp_path):
+    """Listed with shard 1 alone: 75.2M params and 58 MiB for the 135M, 94 MiB model."""
+    from chatterm.core.config.catalog import load_catalog
+    from chatterm.core.discovery.listing import configured
+
+    models = tmp_path / "models.toml"
+    models.write_text(f'[models.split]\nsource = "{layout.split[0]}"\nprice_profile = "local"\n'
+                      '[prices.local]\ninput = 0\noutput = 0\n')
+    (split,) = [f for f in configured(load_catalog(models)) if f.id == "split"]
+    assert split.files == tuple(layout.split)
+    whole = rows_of(layout)[str(layout.folder / "nested" / layout.smol.name)]
+    row = list_models([], env={}, home=tmp_path, cache=FactsCache(layout.facts_file), memory=PLENTY,
+                      configured=[split])[0]
+    assert (row.facts.parameters, row.facts.file_size) == (whole.facts.parameters, sum(
+        p.stat().st_size for p in layout.split))
+
+
 def test_a_models_toml_entry_is_judged_at_its_own_context_and_kv_type(layout):
     from chatterm.core.discovery.found import Found
     from chatterm.core.discovery.listing import CONFIGURED, describe
