@@ -5,7 +5,9 @@ Contract:
   symlink to the same blob (Ollama, the HF cache, a folder of links) is one
   entry, and a file rewritten in place is read again.
 - An entry holds the `GgufFacts` or the `Unusable` reason: a truncated file
-  is not re-read on every listing either.
+  is not re-read on every listing either. Only a reason in the file's content
+  is kept (not "cannot read": permissions change without the key), with the
+  names it was read under, so a hard link under another name reads as itself.
 - The cache is a JSON file in chatterm's cache folder, written atomically
   (`save()`), only when something new was read, and keeping the newest
   `MAX_ENTRIES`. A missing, unreadable or garbled file is an empty cache;
@@ -57,18 +59,20 @@ class FactsCache:
             key = _identity(files)
         except OSError as exc:
             raise Unusable(f"cannot read {Path(exc.filename or files[0]).name}: {exc.strerror or exc}") from None
+        names = [f.name for f in files]
         entry = self._entries.get(key)
         if entry is not None:
             try:
                 if "problem" in entry:
-                    raise Unusable(str(entry["problem"]))
+                    raise Unusable(_renamed(str(entry["problem"]), entry.get("names"), names))
                 return GgufFacts.from_dict(entry["facts"])
             except (KeyError, TypeError):
                 pass  # an entry of another shape: read the file again
         try:
             facts = read_facts(files)
         except Unusable as exc:
-            self._remember(key, {"problem": str(exc)})
+            if exc.lasting:  # not a file this process could not read: it may be readable next time
+                self._remember(key, {"problem": str(exc), "names": names})
             raise
         self._remember(key, {"facts": facts.to_dict()})
         return facts
@@ -88,3 +92,13 @@ class FactsCache:
         except OSError:
             return  # an unwritable cache folder: the next listing reads the headers again
         self._dirty = False
+
+
+def _renamed(reason: str, then: object, now: list[str]) -> str:
+    """A remembered reason naming the files as they are named now: a hard link
+    of a truncated file under another name was said to be the first name read."""
+    if isinstance(then, list) and len(then) == len(now):
+        for old, new in zip(then, now, strict=True):
+            if isinstance(old, str) and old != new:
+                reason = reason.replace(old, new)
+    return reason

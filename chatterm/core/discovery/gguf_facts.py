@@ -29,7 +29,13 @@ F16_BYTES = 2
 
 
 class Unusable(Exception):
-    """A file that is not a usable chat model; the message says why."""
+    """A file that is not a usable chat model; the message says why. `lasting`:
+    the file's content is the reason, which holds until the file changes (a
+    file that could not be read, say for its permissions, may be readable next time)."""
+
+    def __init__(self, reason: str, lasting: bool = True):
+        super().__init__(reason)
+        self.lasting = lasting
 
 
 @dataclass(frozen=True)
@@ -124,7 +130,7 @@ def _open(path: Path) -> tuple[Header, int]:
         with open(path, "rb") as fh:
             magic = fh.read(4)
     except OSError as exc:
-        raise Unusable(f"cannot read {path.name}: {exc.strerror or exc}") from None
+        raise Unusable(f"cannot read {path.name}: {exc.strerror or exc}", lasting=False) from None
     if magic != GGUF_MAGIC:
         raise Unusable(f"{path.name} is not a GGUF file (it does not start with the GGUF magic)")
     try:
@@ -132,7 +138,7 @@ def _open(path: Path) -> tuple[Header, int]:
     except HeaderError as exc:
         raise Unusable(f"{path.name} is truncated or damaged ({size:,} bytes; {exc})") from None
     except OSError as exc:
-        raise Unusable(f"cannot read {path.name}: {exc.strerror or exc}") from None
+        raise Unusable(f"cannot read {path.name}: {exc.strerror or exc}", lasting=False) from None
 
 
 def read_facts(files: Sequence[Path]) -> GgufFacts:

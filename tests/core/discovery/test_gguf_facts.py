@@ -88,6 +88,32 @@ def test_cache_remembers_why_a_file_is_unusable_and_survives_garbage(tmp_path):
         FactsCache(cache_file).facts([cut])
 
 
+def test_a_remembered_reason_names_the_link_asked_about_and_a_read_error_is_not_kept(tmp_path, monkeypatch):
+    first = tmp_path / "first.gguf"
+    first.write_bytes(b"GGUF\x03\x00\x00\x00")
+    (tmp_path / "t2").mkdir()
+    second = link(first, tmp_path / "t2" / "second-name.gguf")
+    cache = FactsCache(tmp_path / "facts.json")
+    for path in (first, second):
+        with pytest.raises(Unusable, match=f"^{path.name} is truncated"):
+            cache.facts([path])
+    # A file that could not be read (permissions, which chmod changes without
+    # changing the cache's key) is read again next time, not refused for good.
+    whole = tiny_gguf(tmp_path / "whole.gguf")
+    real_open = open
+
+    def refusing(path, *args, **kwargs):
+        if str(path) == str(whole):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr("builtins.open", refusing)
+    with pytest.raises(Unusable, match="^cannot read whole.gguf: Permission denied$"):
+        cache.facts([whole])
+    monkeypatch.setattr("builtins.open", real_open)
+    assert cache.facts([whole]).architecture == "llama"
+
+
 def test_a_file_whose_tensor_data_is_cut_short(tmp_path):
     whole = tiny_gguf(tmp_path / "whole.gguf")
     cut = tmp_path / "cut.gguf"
