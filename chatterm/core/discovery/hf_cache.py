@@ -4,11 +4,12 @@ Contract:
 - The cache: `$HF_HUB_CACHE`, else `$HF_HOME/hub`, else
   `$XDG_CACHE_HOME/huggingface/hub`, else `~/.cache/huggingface/hub` (the
   first one set, as huggingface_hub chooses it).
-- A repo is `models--ORG--NAME`; its current revision is the commit in
+- A repo is `models--ORG--NAME` (`models--NAME` for one of no organisation,
+  such as gpt2); its current revision is the commit in
   `refs/main` (else its newest snapshot), its files are under
   `snapshots/REV/`, symlinks into `blobs/`. GGUFs in subfolders of the
   snapshot count too.
-- Ids: `hf:ORG/NAME` when the revision holds one model, `hf:ORG/NAME:FILE`
+- Ids: `hf:ORG/NAME` (`hf:NAME`) when the revision holds one model, `hf:ORG/NAME:FILE`
   (FILE relative to the snapshot, a split's shard 1) for each when it holds
   several. A snapshot file that is a symlink loop or links to a missing blob
   is an unusable entry with that reason; symlinked folders are not followed.
@@ -52,7 +53,7 @@ def _snapshot(repo: Path) -> Path | None:
 
 def _repo(repo: Path) -> list[Found]:
     org, _, name = repo.name[len(REPO_PREFIX):].partition("--")
-    base = f"hf:{org}/{name}"
+    base = f"hf:{org}/{name}" if name else f"hf:{org}"  # models--gpt2: a repo of no organisation
     snapshot = _snapshot(repo)
     if snapshot is None:
         return []
@@ -88,11 +89,12 @@ def scan(root: Path) -> Iterator[Found]:
 
 def find(name: str, store_roots: list[Path]) -> list[Found]:
     repo_name, _, file = name.partition(":")
-    org, _, model = repo_name.partition("/")
-    if not org or not model or "/" in model or any(p in (".", "..") for p in (org, model)):
-        raise StoreError(f"hf:{name} is not a Hugging Face model name (hf:ORG/NAME[:FILE])")
+    org, slash, model = repo_name.partition("/")
+    parts = (org, model) if slash else (org,)
+    if not all(parts) or "/" in model or "--" in repo_name or any(p in (".", "..") for p in parts):
+        raise StoreError(f"hf:{name} is not a Hugging Face model name (hf:[ORG/]NAME[:FILE])")
     for root in store_roots:
-        repo = root / f"{REPO_PREFIX}{org}--{model}"
+        repo = root / f"{REPO_PREFIX}{'--'.join(parts)}"
         if not os.path.isdir(repo):  # False, not an error, where this user cannot look
             continue
         models = _repo(repo)

@@ -2,7 +2,7 @@
 
 Contract:
 - `ollama:MODEL[:TAG]` (also `NAMESPACE/MODEL`, `HOST/NAMESPACE/MODEL`),
-  `lmstudio:PUBLISHER/REPO[/FILE]`, `hf:ORG/NAME[:FILE]`, or a GGUF path
+  `lmstudio:PUBLISHER/REPO[/FILE]`, `hf:[ORG/]NAME[:FILE]`, or a GGUF path
   (it holds a `/`, starts with `~` or ends in `.gguf`); `is_model_name` says
   whether a text is one of those.
 - `resolve(name)` finds the model in its store without scanning the others:
@@ -44,7 +44,7 @@ class Store:
 STORES = (
     Store("ollama", "Ollama", "ollama:MODEL[:TAG]", ollama.roots, ollama.scan, ollama.find, ollama.shared_roots),
     Store("lmstudio", "LM Studio", "lmstudio:PUBLISHER/REPO[/FILE]", lmstudio.roots, lmstudio.scan, lmstudio.find),
-    Store("hf", "Hugging Face cache", "hf:ORG/NAME[:FILE]", hf_cache.roots, hf_cache.scan, hf_cache.find),
+    Store("hf", "Hugging Face cache", "hf:[ORG/]NAME[:FILE]", hf_cache.roots, hf_cache.scan, hf_cache.find),
 )
 
 

@@ -181,6 +181,12 @@ def build(root: Path, smol: Path, gemma: Path) -> Layout:
     (hf / "refs").mkdir()
     (hf / "refs" / "main").write_text(REV)
     lay.usable["hf:HuggingFaceTB/SmolLM2-135M-Instruct-GGUF"] = snap
+    hf = hub / "models--solo"  # a repo of no organisation (gpt2, bert-base-uncased)
+    snap = symlink(hf / "snapshots" / REV / SMOL_NAME, f"../../blobs/{smol_sha}")
+    link(smol, hf / "blobs" / smol_sha)
+    (hf / "refs").mkdir()
+    (hf / "refs" / "main").write_text(REV)
+    lay.usable["hf:solo"] = snap
     hf = hub / "models--chatterm--split-test"
     for shard in split:
         digest = sha256(shard)
