@@ -185,6 +185,9 @@ def configured(catalog: ModelCatalog) -> list[Found]:
 def describe(found: Found, cache: FactsCache, memory: Memory) -> ModelRow:
     if found.problem:
         return ModelRow(found, problem=found.problem)
+    if not all(_utf8(str(f)) for f in found.files):
+        return ModelRow(found, problem="its path is not UTF-8, and llama-cpp-python opens a model by a UTF-8 path; "
+                                       "rename the folder or file")
     try:
         facts = cache.facts(found.files)
     except Unusable as exc:
@@ -237,3 +240,12 @@ def _same_file(a: Path, b: Path) -> bool:
         return os.path.samefile(a, b)
     except OSError:
         return os.path.realpath(a) == os.path.realpath(b)
+
+
+def _utf8(text: str) -> bool:
+    """Whether a path's name is UTF-8 (an undecodable byte is a lone surrogate here)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True

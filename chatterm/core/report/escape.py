@@ -158,13 +158,37 @@ def json_document(value) -> str:
 def _safe_json(value, option: int) -> bytes:
     # orjson writes UTF-8, escapes C0 controls, " and \ as JSON requires,
     # and writes NaN and infinities as null (JSON has none).
-    line = orjson.dumps(value, default=_plain, option=option)
+    try:
+        line = orjson.dumps(value, default=_plain, option=option)
+    except TypeError:  # a lone surrogate: a file name that is not UTF-8 (models --json)
+        line = orjson.dumps(_utf8(value), default=_plain, option=option)
     # isascii is a fast C scan; DEL is the one ASCII character to escape.
     if not line.isascii() or b"\x7f" in line:
         text = line.decode()
         if _JSON_RAW.search(text):
             line = _JSON_RAW.sub(lambda m: f"\\u{ord(m.group()):04x}", text).encode()
     return line
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _byte_or_replacement(match: re.Match) -> str:
+    code = ord(match.group())
+    return f"\\x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else "\ufffd"
+
+
+def _utf8(value: object) -> object:
+    """`value` with each text's undecodable bytes (Python's lone surrogates
+    for them) written as `\\xff`, as `repr` of the bytes would; another lone
+    surrogate as U+FFFD."""
+    if isinstance(value, str):
+        return _SURROGATE.sub(_byte_or_replacement, value)
+    if isinstance(value, dict):
+        return {_utf8(k): _utf8(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_utf8(v) for v in value]
+    return value
 
 
 def _plain(value: object) -> str:

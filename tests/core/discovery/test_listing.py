@@ -95,6 +95,23 @@ def test_fifos_deep_json_and_a_huge_manifest_in_the_stores_are_reasons_not_hangs
                                               "more than the 1 MiB a manifest is")
 
 
+def test_a_path_that_is_not_utf8_is_listed_as_unusable_and_written_as_json(tmp_path):
+    """Listed as usable, it failed when chosen (llama-cpp-python encodes the
+    path as UTF-8), and `models --json` raised TypeError on it."""
+    import json
+
+    from chatterm.core.report.escape import json_document
+    from tests.core.discovery.layouts import link, smol_path
+
+    folder = tmp_path / "m"
+    odd = Path(os.fsdecode(bytes(folder) + b"/\xff\xfe"))
+    link(smol_path(), odd / "smol.gguf")
+    (row,) = list_models([folder], env={}, home=tmp_path, cache=FactsCache(tmp_path / "facts.json"), memory=PLENTY)
+    assert not row.usable and row.problem.startswith("its path is not UTF-8")
+    written = json.loads(json_document(row.to_dict()))
+    assert written["files"] == [f"{folder}/\\xff\\xfe/smol.gguf"]
+
+
 def test_projector_files_are_not_chat_models(layout):
     rows = rows_of(layout)
     assert not [mid for mid in rows if "mmproj" in mid.lower()]
