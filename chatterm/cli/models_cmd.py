@@ -26,7 +26,7 @@ from chatterm.core.discovery.fit import BUDGET_SHARE, machine_memory
 from chatterm.core.discovery.listing import configured, list_models, store_roots
 from chatterm.core.discovery.row_text import COLUMNS, cells, memory_label, problem_text
 from chatterm.core.metrics.format import printable
-from chatterm.core.report.escape import json_document
+from chatterm.core.report.escape import json_document, one_line
 
 
 def register(sub, common) -> None:
@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
     if unusable:
         print(f"\n{len(unusable)} unusable:")
         for row in unusable:
-            print(f"  {printable(row.id)}: {printable(problem_text(row))}")
+            print(f"  {one_line(row.id)}: {one_line(problem_text(row))}")
     return 0
 
 

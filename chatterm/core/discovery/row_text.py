@@ -1,6 +1,7 @@
 """A model row's facts as short texts, the same in `chatterm models` and the
 model picker. Texts that come from files (names, paths, reasons) are passed
-through `printable`: a GGUF's or a folder's name is untrusted.
+through `one_line`: a GGUF's or a folder's name is untrusted, and a newline
+in one would split a row of the table that grep and awk read.
 
 `COLUMNS` / `cells` are the CLI table's; the picker, a dialog in a terminal
 often 120 columns wide, shows `PICKER_COLUMNS` / `picker_cells` (the same
@@ -11,7 +12,8 @@ from __future__ import annotations
 
 from chatterm.core.discovery.fit import Memory
 from chatterm.core.discovery.listing import ModelRow
-from chatterm.core.metrics.format import home_short, printable
+from chatterm.core.metrics.format import home_short
+from chatterm.core.report.escape import one_line
 
 COLUMNS = ("id", "arch", "params", "quant", "size", "trained ctx", "template", "KV/token", "fits", "found in")
 
@@ -57,7 +59,7 @@ def fits_text(row: ModelRow) -> str:
 
 def where(row: ModelRow) -> str:
     """Where the model was found, the home folder written as ~."""
-    return home_short(row.found.location)
+    return one_line(home_short(row.found.location))
 
 
 def problem_text(row: ModelRow) -> str:
@@ -79,13 +81,13 @@ def cells(row: ModelRow) -> tuple[str, ...]:
     """One text per `COLUMNS` entry."""
     found_in = where(row)
     if row.facts is None:
-        return (printable(row.id), "–", "–", "–", "–", "–", "–", "–", fits_text(row), found_in)
+        return (one_line(row.id), "–", "–", "–", "–", "–", "–", "–", fits_text(row), found_in)
     f = row.facts
     return (
-        printable(row.id),
-        printable(f.architecture),
+        one_line(row.id),
+        one_line(f.architecture),
         fmt_count(f.parameters),
-        printable(f.quantization),
+        one_line(f.quantization),
         fmt_bytes(f.file_size),
         "?" if f.context_length is None else f"{f.context_length:,}",
         "yes" if f.has_chat_template else "no",

@@ -112,6 +112,18 @@ def test_a_path_that_is_not_utf8_is_listed_as_unusable_and_written_as_json(tmp_p
     assert written["files"] == [f"{folder}/\\xff\\xfe/smol.gguf"]
 
 
+def test_a_newline_in_a_folder_name_stays_in_its_row(tmp_path):
+    """`chatterm models` piped is one line a model, for grep and awk: a folder
+    named with a newline split its row in two."""
+    from chatterm.core.discovery.row_text import cells
+    from tests.core.discovery.layouts import link, smol_path
+
+    link(smol_path(), tmp_path / "m" / "two\nlines" / "smol.gguf")
+    (row,) = list_models([tmp_path / "m"], env={}, home=tmp_path, cache=FactsCache(tmp_path / "f.json"),
+                         memory=PLENTY)
+    assert all("\n" not in text for text in cells(row)) and "two↵lines" in cells(row)[0]
+
+
 def test_projector_files_are_not_chat_models(layout):
     rows = rows_of(layout)
     assert not [mid for mid in rows if "mmproj" in mid.lower()]
