@@ -19,6 +19,9 @@ Contract:
 - Several processes may use one database at once: WAL mode lets readers run
   beside the writer, writers wait for each other (busy timeout) and take the
   write lock before computing the next turn index, so indexes never collide.
+  A read of several queries (a listing, a path, an export's rows) is one read
+  transaction: it sees the file as it was when it began. A write that waits
+  out the busy timeout names the other process's lock, not a damaged file.
 - One connection per store, shared by the caller's threads behind a lock
   (the TUI records turns from a worker thread).
 - The schema is `chatterm.core.store.schema`'s tuple of migrations (each run
@@ -100,6 +103,7 @@ def _reason(exc: Exception) -> str:
     if getattr(exc, "sqlite_errorname", "").startswith(_LOCKED):
         return f"another process is writing it and held its lock for over {opening.BUSY_TIMEOUT_S:g} s"
     return str(exc)
+
 
 def _rollback(conn: sqlite3.Connection) -> None:
     """Roll back the transaction a failed write left, where SQLite has not
