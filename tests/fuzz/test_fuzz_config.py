@@ -210,6 +210,15 @@ def test_a_broken_entry_is_skipped_and_named_when_asked_for(isolated_dirs):
         catalog.get("bad")
 
 
+@pytest.mark.parametrize("section", ["defaults", "models", "prices"])
+def test_a_section_that_is_an_empty_array_is_named_not_ignored(isolated_dirs, section):
+    """`defaults = []` read as no [defaults] at all: `or {}` took the empty array for none."""
+    path = paths.user_models_file()
+    path.parent.mkdir(parents=True)
+    path.write_text(f"{section} = []\n")
+    assert f"{path}: [{section}] must be a table" in load_catalog().errors
+
+
 def test_a_bad_default_or_price_says_what_it_is(tmp_path):
     """A bad [defaults] key skips that key only; a model whose price profile was
     skipped says so instead of calling the profile unknown."""

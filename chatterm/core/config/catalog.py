@@ -292,7 +292,7 @@ def _merge_file(path: Path, catalog: ModelCatalog) -> None:
     """Merge one file; a bad entry is skipped (and reported), the others load."""
     data = read_toml(path)
     for section, build, into in (("prices", _price_from, catalog.prices), ("models", _model_from, catalog.models)):
-        table = data.get(section) or {}
+        table = data.get(section, {})  # `models = []` is an error too, not nothing
         if not isinstance(table, dict):
             catalog.errors.append(str(bad(path, section, "must be a table")))
             continue
@@ -309,7 +309,7 @@ def _merge_file(path: Path, catalog: ModelCatalog) -> None:
                     catalog.broken_in[eid] = path
                 elif eid not in into:  # else an earlier file's entry still stands
                     catalog.skipped_prices.add(eid)
-    raw_defaults = data.get("defaults") or {}
+    raw_defaults = data.get("defaults", {})
     if not isinstance(raw_defaults, dict):
         catalog.errors.append(str(bad(path, "defaults", "must be a table")))
         raw_defaults = {}
