@@ -151,7 +151,11 @@ def cache_label(m: TurnMetrics) -> str:
     """Where the prompt prefix came from, with its cost in time when there was one."""
     match m.cache_outcome:
         case CacheOutcome.RESTORED:
-            return f"restored {fmt_ms(m.restore_ms)}" if m.restore_ms is not None else "restored"
+            if m.restore_ms is None:
+                return "restored"
+            # Restored at a persona switch or while the message was typed: not
+            # part of this TTFT, which it could otherwise read as exceeding.
+            return f"restored {fmt_ms(m.restore_ms)}" + (" before Enter" if m.restore_at_switch else "")
         case CacheOutcome.MEMORY:
             return "prefix in memory"
         case CacheOutcome.SWITCH:

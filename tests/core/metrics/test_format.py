@@ -38,6 +38,13 @@ def test_footer_line_matches_the_documented_shape():
     )
 
 
+def test_a_restore_made_before_enter_says_so_beside_a_shorter_ttft():
+    """"TTFT 124 ms · … · restored 134 ms" read as a restore longer than the wait
+    for the first token: it was made while the message was typed."""
+    m = metrics(ttft_ms=124.0, cache_outcome="restored", restore_ms=134.0, restore_at_switch=True)
+    assert footer_line(m).endswith(" · restored 134 ms before Enter")
+
+
 def test_footer_line_marks_stopped_estimated_and_missing_values():
     m = metrics(ttft_ms=None, generated_tokens=1, prefilled_tokens=5, cache_outcome="cold",
                 prefill_ms=12_345.0, stop_reason="cancelled", tokens_estimated=True)
