@@ -55,7 +55,7 @@ from chatterm.ui.engine_setup import EngineFactory, GpuProbe, MeterFactory, defa
 from chatterm.ui.key_footer import KeyFooter
 from chatterm.ui.latency_screen import LatencyScreen, TurnDetailScreen
 from chatterm.ui.notices import notify_plain
-from chatterm.ui.palette import TEXTUAL_HIDDEN, chat_commands
+from chatterm.ui.palette import TEXTUAL_HIDDEN, TEXTUAL_RETOLD, chat_commands
 from chatterm.ui.prompt import PromptArea
 from chatterm.ui.resume import Resume
 from chatterm.ui.screens import HelpScreen, PersonaPicker
@@ -350,6 +350,23 @@ class ChatApp(App[None]):
     def action_export(self, fmt: str = "md") -> None:
         self.session.export(fmt)
 
+    def action_screenshot(self, filename: str | None = None, path: str | None = None) -> None:
+        """The palette's Screenshot, where the exports go: Textual's own wrote to
+        ~/Downloads and said only "Failed to save screenshot" where there is none."""
+        from chatterm.core.config import paths
+        from chatterm.core.metrics.format import home_short
+
+        folder = Path(path) if path else paths.exports_dir()
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            saved = Path(self.save_screenshot(filename, str(folder)))
+        except OSError as exc:
+            notify_plain(self, f"{home_short(folder)}: {exc.strerror or exc}", title="Screenshot not saved",
+                         severity="error")
+            return
+        notify_plain(self, f"{printable(saved.name)}\nin {home_short(saved.parent)}", title="Screenshot saved",
+                     timeout=6)
+
     # The selected turn's actions (ui/transcript.py binds the letters and ← → to them).
     async def action_regenerate(self) -> None:
         await self.chat.regenerate()
@@ -394,7 +411,11 @@ class ChatApp(App[None]):
         return True
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
-        yield from (c for c in super().get_system_commands(screen) if c.title not in TEXTUAL_HIDDEN)
+        for command in super().get_system_commands(screen):
+            if command.title == "Screenshot":  # taken once the palette has closed, as Textual's own
+                command = command._replace(callback=lambda: self.set_timer(0.1, self.action_screenshot))
+            if command.title not in TEXTUAL_HIDDEN:
+                yield command._replace(help=TEXTUAL_RETOLD.get(command.title, command.help))
         commands = chat_commands(self, self.workspace.personas, self.session.switch_persona, self.session.return_to)
         if screen is self.screen_stack[0]:
             yield from commands

@@ -45,6 +45,12 @@ ACTIONS: tuple[tuple[str, str, str], ...] = (
 )
 """(title, help, action) of each app action in the palette."""
 
+TEXTUAL_RETOLD = {
+    "Quit": "Quit chatterm; a reply being written is stored as stopped (Ctrl+Q)",
+    "Screenshot": "Save an SVG picture of the screen to the data folder's exports",
+}
+"""Textual's own entries kept, described as the app's are (their key, where a file goes)."""
+
 TEXTUAL_HIDDEN = frozenset({"Keys", "Maximize", "Minimize"})
 """Textual's own entries the app leaves out: Help (F1) lists every key, and
 Textual's key panel squeezes the conversation; maximizing the focused widget

@@ -930,6 +930,27 @@ async def test_the_palette_leaves_out_textuals_key_panel_and_maximize(build):
         assert not {"Keys", "Maximize", "Minimize"} & set(titles), titles
 
 
+async def test_the_palette_screenshot_goes_to_the_exports_folder_and_says_where(build, isolated_dirs, monkeypatch):
+    """Textual's own wrote to ~/Downloads, and in a HOME without one said only
+    "Failed to save screenshot"."""
+    monkeypatch.setenv("HOME", str(isolated_dirs["CHATTERM_DATA_DIR"].parent / "empty-home"))
+    app, _ = build()
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        helps = {c.title: c.help for c in app.get_system_commands(app.screen)}
+        assert helps["Screenshot"] == "Save an SVG picture of the screen to the data folder's exports"
+        await pilot.press("ctrl+p")
+        await pilot.press(*"Screenshot")
+        await wait_for_palette_hit(pilot, "Screenshot")
+        await pilot.press("enter")
+        exports = isolated_dirs["CHATTERM_DATA_DIR"] / "exports"
+        await wait_for(pilot, lambda: list(exports.glob("*.svg")), what="the screenshot")
+        (svg,) = exports.glob("*.svg")
+        assert svg.read_text().lstrip().startswith("<svg")
+        toasts = [str(n.message) for n in app._notifications]
+        assert any(t.startswith(svg.name) and "exports" in t for t in toasts), toasts
+
+
 async def test_command_palette_switches_persona_and_exports_csv(build, workspace, isolated_dirs):
     store = SessionStore(workspace.db_path)
     app, engines = build(store=store)
