@@ -429,17 +429,18 @@ class ChatView(Vertical):
             if not await self._branch_at(editing, edit=True):
                 return
         else:
-            self._say_if_continued_elsewhere()
+            await self._say_if_continued_elsewhere()
         self._stop_ahead_timer()
         event.prompt.clear()
         user = await self.messages.add_user(text)
         await self._start_turn(text, user)
 
-    def _say_if_continued_elsewhere(self) -> None:
+    async def _say_if_continued_elsewhere(self) -> None:
         """Say so when another process (`chatterm ask --session`, a second
         window) moved this session on since it was shown: the message goes on
         from the conversation on screen, so it becomes a branch beside that
-        turn, which would otherwise appear as `‹ 1/2 ›` unexplained."""
+        turn, which would otherwise appear as `‹ 1/2 ›` unexplained. Also in
+        the conversation: a toast is gone before the reply is read."""
         conversation = self._conversation
         if conversation is None or conversation.store is None or conversation.session_id is None:
             return
@@ -448,9 +449,11 @@ class ChatView(Vertical):
         except ChattermError:
             return  # the record after the reply says what is wrong with the store
         if current is not None:
-            notify_plain(self.app, f"Session {conversation.session_id} was continued elsewhere (turn {current}): "
-                                   "this message goes on from the conversation shown, as a branch beside it; "
-                                   "← in the conversation shows the other.", severity="warning")
+            text = (f"Session {conversation.session_id} was continued elsewhere (turn {current}): this "
+                    "message goes on from the conversation shown, as a branch beside it; ← in the conversation "
+                    "shows the other.")
+            notify_plain(self.app, text, severity="warning")
+            await self.messages.add_notice(text, "warning")
 
     async def _start_turn(self, text: str, user: UserMessage) -> None:
         """Mount a streaming reply under `user` and run the turn that sends `text`."""

@@ -497,6 +497,11 @@ async def test_a_session_continued_by_another_process_meanwhile_is_said_and_bran
             other.record_turn(sid, "asked elsewhere", "Elsewhere.", full_metrics())
         await send(pilot, "second")
         assert any(f"Session {sid} was continued elsewhere (turn 2)" in n for n in notifications(app))
+        # In the conversation too, above the message: the toast is gone before the reply is read.
+        from chatterm.ui.transcript import Notice
+
+        assert [str(n.render()).startswith(f"Session {sid} was continued elsewhere") for n in app.query(Notice)
+                if n.has_class("-warning")] == [True]
         # The message went on from the conversation shown: a branch beside that turn.
         assert [r.user_text for r in store.turns(sid)] == ["first", "second"]
         assert store.siblings(sid, 3) == [2, 3]
