@@ -210,6 +210,19 @@ def test_a_broken_entry_is_skipped_and_named_when_asked_for(isolated_dirs):
         catalog.get("bad")
 
 
+def test_a_key_of_a_nested_table_at_the_top_says_where_it_belongs(tmp_path):
+    from chatterm.core.config.personas import load_persona_file
+
+    path = tmp_path / "pirate.toml"
+    path.write_text('system_prompt = "Arr."\ntemperature = 0.5\n')
+    with pytest.raises(ChattermError) as refused:
+        load_persona_file(path)
+    assert str(refused.value) == f"{path}: unknown key 'temperature'; it belongs in [sampling]"
+    path.write_text('system_prompt = "Arr."\ntemprature = 0.5\n')  # a typo: no table has it
+    with pytest.raises(ChattermError, match="unknown key 'temprature'$"):
+        load_persona_file(path)
+
+
 @pytest.mark.parametrize("section", ["defaults", "models", "prices"])
 def test_a_section_that_is_an_empty_array_is_named_not_ignored(isolated_dirs, section):
     """`defaults = []` read as no [defaults] at all: `or {}` took the empty array for none."""

@@ -93,7 +93,8 @@ def from_table(
     unknown = sorted(set(raw) - known)
     if unknown:
         name = unknown[0]
-        raise bad(path, where, f"unknown key {name!r}{_dotted_id_hint(raw[name], where, name, known)}")
+        hint = _dotted_id_hint(raw[name], where, name, known) or _nested_hint(cls, where, name)
+        raise bad(path, where, f"unknown key {name!r}{hint}")
     values: dict[str, Any] = dict(fixed or {})
     for f in dataclasses.fields(cls):
         name = toml_name(f)
@@ -117,6 +118,16 @@ def from_table(
         missing = [toml_name(f) for f in dataclasses.fields(cls)
                    if f.name not in values and f.default is MISSING and f.default_factory is MISSING]
         raise bad(path, where, f"missing key {missing[0]!r}") from None
+
+
+def _nested_hint(cls: type, where: str, name: str) -> str:
+    """Where a key this table does not take belongs: `temperature` at the top of
+    a persona file is a key of its [sampling] table; "" when no table has it."""
+    for f in dataclasses.fields(cls):
+        check = f.metadata["config"].check if "config" in f.metadata else None
+        if dataclasses.is_dataclass(check) and name in toml_keys(check):
+            return f"; it belongs in [{_join(where, toml_name(f))}]"
+    return ""
 
 
 def _dotted_id_hint(value: Any, where: str, name: str, known: set[str] | frozenset[str]) -> str:
