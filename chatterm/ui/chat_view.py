@@ -648,7 +648,7 @@ class ChatView(Vertical):
             notify_plain(self.app, f"Cannot {what} now: wait for the reply (Esc stops it) or the model.")
             return None
         if conversation.store is None or conversation.session_id is None:
-            notify_plain(self.app, f"Nothing to {what} yet: this conversation has no stored turn.")
+            notify_plain(self.app, f"Cannot {what} yet: this conversation has no stored turn.")
             return None
         return conversation.store, conversation.session_id  # type: ignore[return-value]
 

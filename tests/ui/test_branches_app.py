@@ -346,8 +346,8 @@ async def test_empty_edit_and_actions_before_any_turn_are_one_line_and_lose_noth
     async with app.run_test(size=SIZE) as pilot:
         await loaded(pilot)
         await pilot.press("ctrl+r")
-        await wait_for(pilot, lambda: any("Nothing to regenerate yet" in n for n in notifications(app)),
-                       what="the refusal")
+        refusal = "Cannot regenerate yet: this conversation has no stored turn."
+        await wait_for(pilot, lambda: refusal in notifications(app), what="the refusal")
         await send(pilot, "hi")
         prompt = app.query_one("#prompt")
         prompt.focus()
