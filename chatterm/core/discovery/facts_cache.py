@@ -3,7 +3,8 @@
 Contract:
 - The key is each file's device, inode, size and mtime_ns: a hard link or a
   symlink to the same blob (Ollama, the HF cache, a folder of links) is one
-  entry, and a file rewritten in place is read again.
+  entry, and a file rewritten in place is read again. It starts with
+  `VERDICTS`, so an entry judged by an older chatterm is read again.
 - An entry holds the `GgufFacts` or the `Unusable` reason: a truncated file
   is not re-read on every listing either. Only a reason in the file's content
   is kept (not "cannot read": permissions change without the key), with the
@@ -33,12 +34,18 @@ def default_cache_file() -> Path:
     return paths.cache_dir() / "gguf-facts.json"
 
 
+VERDICTS = 2
+"""The version of what `read_facts` decides, in every key: bumped when it judges
+a file differently (v2: weightless files, lone shards, absurd headers refused,
+read errors not kept), so entries an older chatterm wrote are read again."""
+
+
 def _identity(files: Sequence[Path]) -> str:
     parts = []
     for f in files:
         st = os.stat(f)
         parts.append(f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}")
-    return "|".join(parts)
+    return f"v{VERDICTS}|" + "|".join(parts)
 
 
 class FactsCache:

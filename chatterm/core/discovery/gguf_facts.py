@@ -68,6 +68,10 @@ class GgufFacts:
 
 MAX_LAYERS = 10_000
 """More blocks than any model has (the largest have a few hundred)."""
+MAX_HEADS = 1 << 16
+MAX_HEAD_DIM = 1 << 16
+"""Far past any model's KV heads (at most a few hundred) and head size (at most
+a few thousand); beyond them a figure is unknown, and stays within 64 bits."""
 
 
 def _kv_bytes_per_token(meta: dict[str, Any], arch: str) -> int | None:
@@ -84,22 +88,23 @@ def _kv_bytes_per_token(meta: dict[str, Any], arch: str) -> int | None:
     value_len = meta.get(f"{arch}.attention.value_length") or head_dim
     # A header's numbers are the file's word: a count past any real model's (a
     # crafted 227-byte file said 4 billion layers) or a negative length is unknown.
-    if not (isinstance(layers, int) and 0 < layers <= MAX_LAYERS and _positive(key_len) and _positive(value_len)):
+    if not (isinstance(layers, int) and 0 < layers <= MAX_LAYERS and _sane(key_len) and _sane(value_len)):
         return None
     # Some architectures give KV heads per layer (an array), most one number.
     if isinstance(kv_heads, list):
-        if len(kv_heads) < layers or not all(isinstance(h, int) and h >= 0 for h in kv_heads[:layers]):
+        if len(kv_heads) < layers or not all(isinstance(h, int) and 0 <= h <= MAX_HEADS for h in kv_heads[:layers]):
             return None
         heads_total = sum(kv_heads[:layers])
-    elif isinstance(kv_heads, int) and kv_heads >= 0:
+    elif isinstance(kv_heads, int) and 0 <= kv_heads <= MAX_HEADS:
         heads_total = kv_heads * layers
     else:
         return None
     return F16_BYTES * heads_total * (key_len + value_len)
 
 
-def _positive(value: object) -> bool:
-    return isinstance(value, int) and value > 0
+def _sane(length: object) -> bool:
+    """A head's key or value length a model can have (positive, at most MAX_HEAD_DIM)."""
+    return isinstance(length, int) and 0 < length <= MAX_HEAD_DIM
 
 
 def _quantization(header: Header) -> str:

@@ -160,7 +160,7 @@ def _safe_json(value, option: int) -> bytes:
     # and writes NaN and infinities as null (JSON has none).
     try:
         line = orjson.dumps(value, default=_plain, option=option)
-    except TypeError:  # a lone surrogate: a file name that is not UTF-8 (models --json)
+    except TypeError:  # a lone surrogate (a file name that is not UTF-8), an int past 64 bits
         line = orjson.dumps(_utf8(value), default=_plain, option=option)
     # isascii is a fast C scan; DEL is the one ASCII character to escape.
     if not line.isascii() or b"\x7f" in line:
@@ -180,10 +180,12 @@ def _byte_or_replacement(match: re.Match) -> str:
 
 def _utf8(value: object) -> object:
     """`value` with each text's undecodable bytes (Python's lone surrogates
-    for them) written as `\\xff`, as `repr` of the bytes would; another lone
-    surrogate as U+FFFD."""
+    for them) written as `\\xff`, as `repr` of the bytes would, another lone
+    surrogate as U+FFFD, and an integer past 64 bits as its digits in a string."""
     if isinstance(value, str):
         return _SURROGATE.sub(_byte_or_replacement, value)
+    if isinstance(value, int) and not isinstance(value, bool) and not -(1 << 63) <= value < 1 << 64:
+        return str(value)  # orjson's integers end at 64 bits; json.dumps wrote any
     if isinstance(value, dict):
         return {_utf8(k): _utf8(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):

@@ -186,6 +186,42 @@ def test_header_numbers_no_model_has_leave_the_kv_size_unknown(tmp_path, layers,
     assert read_facts([header_only(tmp_path / "y.gguf", 40)]).kv_bytes_per_token == 2 * 40 * 8 * (64 + 128)
 
 
+def test_a_head_count_past_any_model_leaves_the_kv_size_unknown_and_json_whole(tmp_path):
+    """head_count_kv = 2**62 made a KV size past 64 bits, which orjson cannot write."""
+    import gguf
+
+    from chatterm.core.report.escape import json_document
+
+    writer = gguf.GGUFWriter(tmp_path / "big.gguf", "llama")
+    writer.add_block_count(40)
+    writer.add_head_count(32)
+    writer.add_embedding_length(4096)
+    writer.add_key_value("llama.attention.head_count_kv", 2**62, gguf.GGUFValueType.UINT64)
+    writer.add_tensor("token_embd.weight", np.zeros((8, 64), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    assert read_facts([tmp_path / "big.gguf"]).kv_bytes_per_token is None
+    assert json.loads(json_document({"n": 2**70})) == {"n": str(2**70)}  # whatever else is that big
+
+
+def test_entries_an_older_chatterm_judged_are_read_again(tmp_path):
+    """A weightless file cached as usable before the check existed stayed usable."""
+    from chatterm.core.discovery import facts_cache
+
+    vocab = header_only(tmp_path / "vocab.gguf", 40, tensors=False)
+    cache_file = tmp_path / "facts.json"
+    st = os.stat(vocab)
+    old_key = f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}"  # as the key was before VERDICTS
+    facts = {"architecture": "llama", "parameters": 0, "quantization": "F32", "file_size": st.st_size,
+             "context_length": None, "has_chat_template": False, "kv_bytes_per_token": 1, "name": ""}
+    cache_file.write_text(json.dumps({old_key: {"facts": facts}}))
+    assert facts_cache.VERDICTS >= 2
+    with pytest.raises(Unusable, match="holds no weights"):
+        FactsCache(cache_file).facts([vocab])
+
+
 def test_a_gguf_without_weights_or_with_its_shards_missing_is_not_a_model(tmp_path):
     with pytest.raises(Unusable, match=r"^v\.gguf holds no weights \(a vocabulary-only GGUF, not a model\)$"):
         read_facts([header_only(tmp_path / "v.gguf", 40, tensors=False)])
