@@ -8,13 +8,12 @@ anywhere becomes one line on stderr and exit status 2 — never a traceback.
 from __future__ import annotations
 
 import argparse
-import errno
 import logging
-import os
 import sys
 from pathlib import Path
 
 from chatterm import __version__
+from chatterm.cli.stdout_guard import StdoutError, guarded_stdout, silence
 from chatterm.core.config import paths
 from chatterm.core.metrics.format import printable
 from chatterm.errors import ChattermError
@@ -130,7 +129,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return int(args.func(args) or 0)
+        with guarded_stdout():
+            return int(args.func(args) or 0)
     except ChattermError as exc:
         print(f"chatterm: error: {printable(str(exc))}", file=sys.stderr)
         return exc.exit_status
@@ -139,30 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
-    except OSError as exc:
-        if not _stdout_refused(exc):
-            raise
+    except StdoutError as exc:
+        silence()
         print(f"chatterm: error: cannot write to standard output: {exc.strerror or exc}", file=sys.stderr)
         return 2
-
-
-_WRITE_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO}
-"""A write's failures: chatterm's own files report theirs by name (atomic
-writes), so one that reaches `main` unnamed was a write to stdout."""
-
-
-def _stdout_refused(exc: OSError) -> bool:
-    """Whether stdout is what failed (`> FILE` on a full disk, an I/O error):
-    what it still holds fails again, or the error is a write's and names no
-    file. It is then pointed at /dev/null, as Python's docs advise for a
-    closed pipe, so the flush at exit does not fail a second time."""
-    try:
-        sys.stdout.flush()
-        if exc.filename is not None or exc.errno not in _WRITE_ERRORS:
-            return False
-    except OSError:
-        pass
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())
-    os.close(devnull)
-    return True

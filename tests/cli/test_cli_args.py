@@ -299,6 +299,23 @@ def test_an_argument_that_is_not_utf8_is_one_line(args, isolated_dirs):
     assert out.stderr.decode().strip() == f"chatterm: error: argument {args[-1]!r} is not UTF-8"
 
 
+def test_an_oserror_that_is_not_stdout_s_is_not_blamed_on_it(monkeypatch, capsys, isolated_dirs):
+    """Only a write to stdout is "cannot write to standard output": an I/O
+    error elsewhere (a disk read) was reported so, by its errno alone."""
+    import errno
+
+    from chatterm.cli import paths_cmd
+
+    def failing(args):
+        print("a line first")
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(paths_cmd, "run", failing)
+    with pytest.raises(OSError) as raised:
+        main(["paths"])
+    assert type(raised.value) is OSError and "standard output" not in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(("command", "line"), [
     (f"printf '\\377\\376 bad' | {CHATTERM_CMD} ask --no-store",
      "the message on standard input is not UTF-8 (byte 0xff at offset 0)"),
