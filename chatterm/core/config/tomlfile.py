@@ -13,14 +13,16 @@ TOML_MAX_BYTES = 16 << 20
 """Far more than any models.toml, persona or settings file."""
 
 
-def read_toml(path: Path) -> dict[str, Any]:
+def read_toml(path: Path, *, named: bool = False) -> dict[str, Any]:
     """Parse `path`; a missing, unreadable or malformed file is a one-line ChattermError.
+    `named`: the user named it (`--models FILE`), so a pipe is read as well;
+    else a FIFO is an error, not a hang.
 
     tomllib's message already carries "(at line N, column M)".
     """
     data = b""
     try:
-        data = read_small(path, TOML_MAX_BYTES, "a TOML file")  # a FIFO or a huge file: an error, not a hang
+        data = read_small(path, TOML_MAX_BYTES, "a TOML file", streams=named)
         return tomllib.loads(data.decode("utf-8"))
     except FileNotFoundError:
         raise ChattermError(f"{path}: file not found") from None
