@@ -27,7 +27,7 @@ import sys
 import threading
 from typing import TYPE_CHECKING, Callable
 
-from chatterm.cli.common import add_model_persona_options, db_path, session_id, workspace
+from chatterm.cli.common import add_model_persona_options, db_path, session_id, workspace, write_stdout
 from chatterm.core.config.catalog import ModelSpec
 from chatterm.core.config.personas import Persona
 from chatterm.core.engine.context_window import one_turn_context
@@ -259,13 +259,13 @@ def run(args: argparse.Namespace) -> int:
         if args.json:
             from chatterm.core.report.escape import json_document  # orjson, only for --json
 
-            print(json_document({
+            write_stdout([json_document({
                 "reply": turn.reply,
                 "session_id": conversation.session_id,
                 "notices": [*(plan.warnings if plan else []), *turn.notices],
                 "store_error": conversation.store_error,
                 "metrics": m.to_dict(),
-            }))
+            })])
         else:
             if turn.reply and not turn.reply.endswith("\n"):
                 sys.stdout.write("\n")

@@ -21,7 +21,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from chatterm.cli.common import catalog
+from chatterm.cli.common import catalog, write_stdout
 from chatterm.core.discovery.fit import BUDGET_SHARE, machine_memory
 from chatterm.core.discovery.listing import configured, list_models, store_roots
 from chatterm.core.discovery.row_text import COLUMNS, cells, memory_label, problem_text
@@ -48,13 +48,13 @@ def run(args: argparse.Namespace) -> int:
     rows = list_models(folders, memory=memory, configured=configured(models))
     roots = store_roots()
     if args.json:
-        print(json_document({
+        write_stdout([json_document({
             "memory": {"kind": memory.kind, "available_bytes": memory.available_bytes,
                        "budget_share": BUDGET_SHARE},
             "stores": [{"store": r.store, "path": str(r.path), "scanned": r.scanned, "state": r.state}
                        for r in roots],
             "models": [row.to_dict() for row in rows],
-        }))
+        })])
         return 0
     if args.verbose:
         print("Store folders:")

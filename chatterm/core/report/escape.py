@@ -149,10 +149,11 @@ def json_line(value) -> bytes:
     return _safe_json(value, orjson.OPT_APPEND_NEWLINE)
 
 
-def json_document(value) -> str:
-    """`value` as indented JSON, escaped as `json_line` escapes it: what a
-    command's `--json` prints (floats as `0.000014`, not json's `1.4e-05`)."""
-    return _safe_json(value, orjson.OPT_INDENT_2).decode()
+def json_document(value) -> bytes:
+    """`value` as indented JSON in UTF-8, newline included, escaped as
+    `json_line` escapes it: what a command's `--json` writes to stdout's bytes
+    (JSON is UTF-8 whatever the locale; floats as `0.000014`, not `1.4e-05`)."""
+    return _safe_json(value, orjson.OPT_INDENT_2 | orjson.OPT_APPEND_NEWLINE)
 
 
 def _safe_json(value, option: int) -> bytes:

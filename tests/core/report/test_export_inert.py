@@ -209,7 +209,7 @@ def test_json_output_is_inert_and_writes_small_floats_plainly():
     """What `ask --json` and `models --json` print: read in a terminal, so no
     control reaches it; a cost reads `0.000014`, as the JSONL export writes it."""
     value = {"reply": "\x1b[31mred\x9b2J\u202eevil\u2028", "cost_usd": 1.4e-05, "nan": float("nan")}
-    text = json_document(value)
+    text = json_document(value).decode("utf-8")
     assert all(ch == "\n" or ch.isprintable() for ch in text), repr(text)
     assert '"cost_usd": 0.000014' in text and '"nan": null' in text
     assert json.loads(text) == {**value, "nan": None}
