@@ -180,9 +180,10 @@ class ModelPicker(ModalScreen["ModelSwitch | None"]):
         # Keyed by position: a shadowed model shows the id of the one it shadows.
         self._rows = {str(i): row for i, row in enumerate(rows)}
         table = self.query_one(DataTable)
+        marked = next((key for key, row in self._rows.items() if row.id == self._current), None)
         for key, row in self._rows.items():
             texts = picker_cells(row)
-            if row.id == self._current and row.usable:
+            if key == marked:  # the first row of its id: a shadowed one repeats it
                 texts = (f"● {texts[0]}", *texts[1:])
             table.add_row(*(Text(t) for t in texts), key=key)
         usable = sum(1 for r in rows if r.usable)
