@@ -19,7 +19,7 @@ from chatterm.core.store.session_store import SessionStore
 from chatterm.ui.launch import make_app
 from chatterm.ui.models_screen import ModelPicker
 from chatterm.ui.prompt import PromptArea
-from tests.core.discovery.layouts import STORE_ENV_VARS, link, smol_path
+from tests.core.discovery.layouts import STORE_ENV_VARS, finish_gguf, link, smol_path
 
 SIZE = (140, 40)
 SMOL_ID = "lmstudio:HuggingFaceTB/SmolLM2-135M-Instruct-GGUF"
@@ -39,11 +39,7 @@ def tiny_gguf(path):
     writer.add_head_count(4)
     writer.add_head_count_kv(2)
     writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
-    writer.add_tensor("token_embd.weight", np.zeros((32, 64), dtype=np.float16))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    finish_gguf(writer, np.zeros((32, 64), dtype=np.float16))
     return path
 
 

@@ -28,6 +28,19 @@ REV = "0123456789abcdef0123456789abcdef01234567"
 STORE_ENV_VARS = ("OLLAMA_MODELS", "LMSTUDIO_HOME", "HF_HUB_CACHE", "HF_HOME", "XDG_CACHE_HOME")
 
 
+def finish_gguf(writer, tensor=None) -> None:
+    """Write a `gguf.GGUFWriter`'s file: its header, its key-value pairs and one
+    tensor (`tensor`, else 8 x 64 f32 zeros; False: none, a vocabulary-only file)."""
+    import numpy as np
+
+    if tensor is not False:
+        writer.add_tensor("token_embd.weight", np.zeros((8, 64), dtype=np.float32) if tensor is None else tensor)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
 def link(src: Path, dst: Path) -> Path:
     """A hard link (a symlink across file systems): never a copy."""
     dst.parent.mkdir(parents=True, exist_ok=True)

@@ -6,12 +6,11 @@ from __future__ import annotations
 import json
 import os
 
-import numpy as np
 import pytest
 
 from chatterm.core.discovery.facts_cache import FactsCache
 from chatterm.core.discovery.gguf_facts import Unusable, read_facts
-from tests.core.discovery.layouts import link
+from tests.core.discovery.layouts import finish_gguf, link
 
 
 def tiny_gguf(path, arch="llama", general_type=None):
@@ -25,11 +24,7 @@ def tiny_gguf(path, arch="llama", general_type=None):
     writer.add_head_count_kv(2)
     if general_type:
         writer.add_type(general_type)
-    writer.add_tensor("token_embd.weight", np.zeros((8, 64), dtype=np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    finish_gguf(writer)
     return path
 
 
@@ -144,11 +139,7 @@ def test_per_layer_kv_heads_and_key_lengths(tmp_path):
     writer.add_key_length(64)
     writer.add_value_length(32)
     writer.add_token_list([f"t{i}".encode() for i in range(5000)])  # a string array: skipped, not read into Python
-    writer.add_tensor("token_embd.weight", np.zeros((8, 64), dtype=np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    finish_gguf(writer)
     facts = read_facts([path])
     assert facts.kv_bytes_per_token == 2 * (2 + 0 + 4) * (64 + 32)
     assert facts.context_length is None and facts.quantization == "F32"
@@ -167,12 +158,7 @@ def header_only(path, layers, key_length=64, tensors=True, split_count=None):
     writer.add_key_value("llama.attention.key_length", key_length, gguf.GGUFValueType.INT32)
     if split_count is not None:
         writer.add_key_value("split.count", split_count, gguf.GGUFValueType.UINT16)
-    if tensors:
-        writer.add_tensor("token_embd.weight", np.zeros((8, 64), dtype=np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    finish_gguf(writer, None if tensors else False)
     return path
 
 
@@ -197,11 +183,7 @@ def test_a_head_count_past_any_model_leaves_the_kv_size_unknown_and_json_whole(t
     writer.add_head_count(32)
     writer.add_embedding_length(4096)
     writer.add_key_value("llama.attention.head_count_kv", 2**62, gguf.GGUFValueType.UINT64)
-    writer.add_tensor("token_embd.weight", np.zeros((8, 64), dtype=np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    finish_gguf(writer)
     assert read_facts([tmp_path / "big.gguf"]).kv_bytes_per_token is None
     assert json.loads(json_document({"n": 2**70})) == {"n": str(2**70)}  # whatever else is that big
 

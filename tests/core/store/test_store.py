@@ -510,6 +510,17 @@ def test_sessions_json_is_one_session_info_per_line(env, capsys):
     assert [json.loads(line)["id"] for line in capsys.readouterr().out.splitlines()] == [first]
 
 
+def database_in_a_folder_made_read_only(tmp_path) -> Path:
+    """A database holding one turn ("kept"), in a folder of mode 555."""
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    db = folder / "chatterm.db"
+    with SessionStore(db) as store:
+        store.record_turn(new_session(store), "kept", "safe", full_metrics())
+    folder.chmod(0o555)
+    return db
+
+
 @pytest.fixture
 def read_only_folder(tmp_path):
     """A folder holding a database, made so that it cannot be written (chmod;
@@ -518,12 +529,8 @@ def read_only_folder(tmp_path):
 
     from chatterm.core.system.atomic import cannot_create_in
 
-    folder = tmp_path / "ro"
-    folder.mkdir()
-    db = folder / "chatterm.db"
-    with SessionStore(db) as store:
-        store.record_turn(new_session(store), "kept", "safe", full_metrics())
-    folder.chmod(0o555)
+    db = database_in_a_folder_made_read_only(tmp_path)
+    folder = db.parent
     flagged = False
     if cannot_create_in(folder) is None:
         flagged = subprocess.run(["chattr", "+i", str(folder)], capture_output=True).returncode == 0
@@ -633,12 +640,8 @@ def test_a_database_in_a_folder_whose_mode_refuses_its_user(tmp_path):
     import subprocess
     import sys
 
-    folder = tmp_path / "ro"
-    folder.mkdir()
-    db = folder / "chatterm.db"
-    with SessionStore(db) as store:
-        store.record_turn(new_session(store), "kept", "safe", full_metrics())
-    folder.chmod(0o555)
+    db = database_in_a_folder_made_read_only(tmp_path)
+    folder = db.parent
     command = [sys.executable, "-c", _AS_ANOTHER_USER, str(db)]
     if os.geteuid() == 0:
         if shutil.which("setpriv") is None:
