@@ -36,13 +36,13 @@ def run(args: argparse.Namespace) -> int:
     user_models = paths.user_models_file()
     rows = [
         ("config folder", paths.config_dir()),
-        ("models files", ", ".join(str(f) for f in ws.catalog.files)),
+        ("models.toml files read", ", ".join(str(f) for f in ws.catalog.files)),
         ("user models.toml", f"{user_models}{'' if user_models.exists() else ' (not created yet)'}"),
         ("user personas", paths.user_personas_dir()),
         ("user themes", paths.user_themes_dir()),
         ("session database", ws.db_path),
         ("exports", paths.exports_dir()),
-        ("persona KV cache", ws.kv_dir),
+        ("KV cache (personas, sessions)", ws.kv_dir),
         ("default model", _default_model(ws)),
         ("GPU offload", _gpu_offload()),
     ]

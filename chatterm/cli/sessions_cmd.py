@@ -86,7 +86,7 @@ def register(sub, common) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.limit is not None:
-        require_positive("--limit", args.limit)
+        require_positive("-n/--limit", args.limit)
     if args.models is not None:
         catalog(args)
     db = db_path(args)

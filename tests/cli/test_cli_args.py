@@ -127,8 +127,8 @@ def test_an_export_without_ids_names_the_session_it_chose_on_stderr_only(tmp_pat
 @pytest.mark.parametrize(
     ("args", "line"),
     [
-        (["sessions", "-n", "0"], "--limit must be at least 1 (got 0)"),
-        (["sessions", "--limit", "-1"], "--limit must be at least 1 (got -1)"),
+        (["sessions", "-n", "0"], "-n/--limit must be at least 1 (got 0)"),
+        (["sessions", "--limit", "-1"], "-n/--limit must be at least 1 (got -1)"),
         (["bench", "--runs", "0"], "--runs must be at least 1 (got 0)"),
         (["bench", "--max-tokens", "-2"], "--max-tokens must be at least 1 (got -2)"),
     ],
