@@ -12,8 +12,9 @@ Contract:
 - `configured(catalog)`: the local models models.toml defines (the
   shipped default model among them), by their ids, store "models.toml",
   with the entry's `n_ctx` and `kv_type`: their row's KV/token and fit are
-  at those (and against RAM with `n_gpu_layers = 0`); one whose file cannot be used is an entry with the reason, and
-  so is an entry models.toml's checks skipped (the reason its error).
+  at those (and against RAM with `n_gpu_layers = 0`); one whose file cannot
+  be used is an entry with the reason, and so is an entry models.toml's
+  checks skipped (the reason its error).
 - `list_models(...)` adds each model's header facts (through `FactsCache`),
   its default context and whether it fits `machine_memory()`: the
   `configured` entries it is given first, then what `discover` finds, one
@@ -222,7 +223,7 @@ def unique(found: Iterable[Found]) -> list[Found]:
     out = []
     for f in found:
         seen = first.setdefault(f.id, f)
-        if seen is f:
+        if seen is f or f.problem is not None:  # an unusable one keeps its own reason (a folder's several)
             out.append(f)
         elif not _same_files(seen, f):
             out.append(replace(f, files=(), problem=f"{seen.location} has the same id, listed first; "

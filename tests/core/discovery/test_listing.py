@@ -66,6 +66,15 @@ def test_an_id_is_one_row_listed_again_for_the_same_file_and_shadowed_for_anothe
                                 "--model lmstudio:HuggingFaceTB/SmolLM2 loads that one")
 
 
+def test_unusable_rows_of_one_id_keep_their_own_reasons():
+    """A folder with two unreadable subfolders is two rows of its id, each with its reason."""
+    from chatterm.core.discovery.found import Found
+    from chatterm.core.discovery.listing import unique
+
+    rows = [Found("/m", "folder", Path("/m"), problem=f"cannot read folder /m/{n}") for n in "ab"]
+    assert [f.problem for f in unique(rows)] == ["cannot read folder /m/a", "cannot read folder /m/b"]
+
+
 def test_fifos_deep_json_and_a_huge_manifest_in_the_stores_are_reasons_not_hangs(tmp_path):
     """A FIFO as LM Studio's settings or home pointer or as a Hugging Face ref
     hung `chatterm models` (and the TUI's exit); JSON nested 100,000 deep was a
