@@ -54,7 +54,7 @@ from chatterm.ui.engine_lease import EngineLease
 from chatterm.ui.engine_setup import EngineFactory, GpuProbe, MeterFactory, default_gpu_status, energy_meter_factory
 from chatterm.ui.key_footer import KeyFooter
 from chatterm.ui.latency_screen import LatencyScreen, TurnDetailScreen
-from chatterm.ui.notices import notify_plain
+from chatterm.ui.notices import notify_plain, notify_saved
 from chatterm.ui.palette import TEXTUAL_HIDDEN, TEXTUAL_RETOLD, chat_commands
 from chatterm.ui.prompt import PromptArea
 from chatterm.ui.resume import Resume
@@ -364,8 +364,7 @@ class ChatApp(App[None]):
             notify_plain(self, f"{home_short(folder)}: {exc.strerror or exc}", title="Screenshot not saved",
                          severity="error")
             return
-        notify_plain(self, f"{printable(saved.name)}\nin {home_short(saved.parent)}", title="Screenshot saved",
-                     timeout=6)
+        notify_saved(self, saved, title="Screenshot saved")
 
     # The selected turn's actions (ui/transcript.py binds the letters and ← → to them).
     async def action_regenerate(self) -> None:

@@ -41,14 +41,14 @@ from textual.message import Message
 
 from chatterm.core.config.personas import Persona
 from chatterm.core.engine.conversation import Conversation
-from chatterm.core.metrics.format import home_short, prefix_outcome_label, printable
+from chatterm.core.metrics.format import prefix_outcome_label
 from chatterm.core.store.resume import resume_conversation
 from chatterm.errors import ChattermError
 from chatterm.ui.chat_view import ChatView
 from chatterm.ui.dashboard import Dashboard
 from chatterm.ui.engine_lease import EngineLease
 from chatterm.ui.engine_setup import EngineFactory, EngineSetup, GpuProbe, MeterFactory
-from chatterm.ui.notices import notify_plain
+from chatterm.ui.notices import notify_plain, notify_saved
 from chatterm.ui.resume import Resume, read_history, read_resume, resumed_notice, turns_phrase
 from chatterm.ui.sessions_screen import SessionChoice, SessionsScreen
 from chatterm.ui.transcript import OlderTurns
@@ -560,9 +560,7 @@ class ChatSession(Horizontal):
     @on(Exported)
     def _exported(self, event: Exported) -> None:
         if event.path is not None:
-            # The name on a line of its own: a toast wraps a long path anywhere, the name included.
-            folder = home_short(event.path.parent)
             again = " (replacing the earlier export)" if event.replaced else ""
-            notify_plain(self.app, f"{printable(event.path.name)}{again}\nin {folder}", title="Exported", timeout=6)
+            notify_saved(self.app, event.path, title="Exported", note=again)
         else:
             notify_plain(self.app, event.error or "export failed", title="Export failed", severity="error")

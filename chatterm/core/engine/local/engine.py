@@ -584,10 +584,9 @@ class LocalEngine(Engine):
         entries = self.kv_cache.entries(None if self._compat else self.spec.id)
         usable = [e for e in entries if e.slot == slot and not e.problem
                   and (e.model_id == self.spec.id or e.compat == self._compat)]
-        for entry in sorted(usable, key=lambda e: e.model_id != self.spec.id):
-            anchor = entry.info.get("context_anchor", "")
-            return anchor if isinstance(anchor, str) else ""
-        return ""
+        entry = min(usable, key=lambda e: e.model_id != self.spec.id, default=None)  # the model's own first
+        anchor = entry.info.get("context_anchor", "") if entry is not None else ""
+        return anchor if isinstance(anchor, str) else ""
 
     def keep_conversation(self, session_id: int) -> None:
         """Keep the live context as session `session_id`'s conversation state."""
@@ -735,11 +734,11 @@ class LocalEngine(Engine):
         if target[: len(prefix)] != prefix:
             return None  # the template does not start with the persona prefix
         keep = len(prefix) if dropped else 0  # as a turn shifts: only for turns its prompt leaves out
+        session = session_id if session_id is not None else self._session  # whose history this is
         if not self._ahead.began:
             # The first prefill since the last turn: a stored state may hold more
             # of the prompt than the context does (a resumed conversation, whose
             # state is restored instead of prefilled again while the user types).
-            session = session_id if session_id is not None else self._session  # whose history this is
             expect = [self._session_slot(session)] if session is not None else []
             # The history alone (nothing typed) needs no logits: its restore may
             # cover it whole (`_reuse` leaves a prompt's last token to decode),
@@ -765,7 +764,7 @@ class LocalEngine(Engine):
         report = self._ahead.prefill(llm, live, target, total, on_batch, epoch, self._gate.abort.release,
                                      self._rotation_batch())
         if report is not None:  # the context holds this history now (a caller that named none: the noted one's)
-            self._live_session = session_id if session_id is not None else self._session
+            self._live_session = session
         if (not draft and report is not None and report.ready == len(target) > already
                 and session_id is not None and session_id == self._session and self.kv_cache is not None):
             # The history on screen (a version gone back to with ←, a fork) now
