@@ -144,7 +144,7 @@ def session_scope(db_path: Path) -> str:
     other is its resolved path's digest."""
     import hashlib
 
-    own = paths.data_dir() / "chatterm.db"
+    own = paths.data_db_path()
     try:
         resolved, own = db_path.resolve(), own.resolve()
     except (OSError, RuntimeError):  # a looping link: the path as given

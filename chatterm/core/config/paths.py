@@ -64,8 +64,13 @@ def named_db_path() -> Path | None:
     return Path(value).expanduser() if value else None
 
 
+def data_db_path() -> Path:
+    """The data folder's own database (what `default_db_path` is without $CHATTERM_DB)."""
+    return data_dir() / "chatterm.db"
+
+
 def default_db_path() -> Path:
-    return named_db_path() or data_dir() / "chatterm.db"
+    return named_db_path() or data_db_path()
 
 
 def exports_dir() -> Path:
